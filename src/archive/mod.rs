@@ -1,0 +1,118 @@
+//! Archive formats: scan an image into members (path, kind, attributes, data extent).
+//!
+//! A format knows nothing of FUSE or caching. A malformed image is an `ArchiveError` that names the
+//! image and the byte offset; a member that cannot be served (device node, sparse file, unsafe name)
+//! is skipped with a warning so that one odd member never takes a whole dataset down.
+
+pub mod name;
+pub mod tar;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// What a member is, after format-specific types are folded away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberKind {
+    File,
+    Dir,
+    Symlink,
+    /// A hard link whose target could not be resolved yet; scanners resolve them before returning.
+    HardLink,
+}
+
+/// A byte range inside `ScannedImage::strings`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// One member of an image. Names live in the image's string arena, so a scan of a million members
+/// makes no per-member heap allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct Member {
+    /// Sanitized path (no leading `/` or `./`, no `..`), empty for the root directory itself.
+    pub path: Span,
+    /// Symlink target as stored (never followed), or hard-link target path.
+    pub link: Span,
+    pub kind: MemberKind,
+    /// Permission bits (`0o7777` at most).
+    pub mode: u32,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    /// File size in bytes.
+    pub size: u64,
+    /// Absolute offset of the member's data in the image.
+    pub data_offset: u64,
+    /// Offset of the member's (first) header, for messages.
+    pub header_offset: u64,
+}
+
+/// The result of scanning one image.
+#[derive(Debug)]
+pub struct ScannedImage {
+    pub path: PathBuf,
+    /// Image size in bytes at scan time.
+    pub size: u64,
+    pub members: Vec<Member>,
+    pub strings: Vec<u8>,
+    /// Members left out with a warning.
+    pub skipped: u64,
+}
+
+impl ScannedImage {
+    pub fn bytes(&self, span: Span) -> &[u8] {
+        &self.strings[span.start..span.start + span.len]
+    }
+
+    pub fn path_of(&self, member: &Member) -> &[u8] {
+        self.bytes(member.path)
+    }
+
+    pub fn link_of(&self, member: &Member) -> &[u8] {
+        self.bytes(member.link)
+    }
+
+    fn push_string(&mut self, bytes: &[u8]) -> Span {
+        let start = self.strings.len();
+        self.strings.extend_from_slice(bytes);
+        Span {
+            start,
+            len: bytes.len(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("cannot read {}: {error}", image.display())]
+    Io { image: PathBuf, error: io::Error },
+    #[error("{}: at byte offset {offset}: {reason}", image.display())]
+    Malformed {
+        image: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+}
+
+impl ArchiveError {
+    pub(crate) fn malformed(image: &Path, offset: u64, reason: impl Into<String>) -> Self {
+        ArchiveError::Malformed {
+            image: image.to_path_buf(),
+            offset,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(image: &Path, source: io::Error) -> Self {
+        ArchiveError::Io {
+            image: image.to_path_buf(),
+            error: source,
+        }
+    }
+}
+
+/// Scans an image, detecting its format from its content.
+pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
+    tar::scan(path)
+}

@@ -1,0 +1,91 @@
+//! Member-name sanitizing shared by all formats: archive names are untrusted input.
+
+use std::borrow::Cow;
+
+/// Why a member name was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadName {
+    Nul,
+    DotDot,
+    EmptyComponent,
+}
+
+impl std::fmt::Display for BadName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BadName::Nul => "name contains a NUL byte",
+            BadName::DotDot => "name has a '..' component",
+            BadName::EmptyComponent => "name has an empty component",
+        })
+    }
+}
+
+/// Normalizes an archive member name into a relative path of plain components joined by `/`.
+///
+/// Leading `/` and `.` components are dropped (as GNU tar does when extracting), one trailing `/`
+/// (directory members) is accepted. `..`, empty inner components (`a//b`) and NUL bytes are refused:
+/// such a member would escape or alias the tree. The empty result is the root directory.
+pub fn sanitize(raw: &[u8]) -> Result<Cow<'_, [u8]>, BadName> {
+    if raw.contains(&0) {
+        return Err(BadName::Nul);
+    }
+    let mut rest = raw;
+    while let [b'/', tail @ ..] = rest {
+        rest = tail;
+    }
+    if let [head @ .., b'/'] = rest {
+        rest = head;
+    }
+    if rest.is_empty() {
+        return Ok(Cow::Borrowed(rest));
+    }
+    let mut clean = true;
+    for comp in rest.split(|&b| b == b'/') {
+        match comp {
+            b"" => return Err(BadName::EmptyComponent),
+            b".." => return Err(BadName::DotDot),
+            b"." => clean = false,
+            _ => {}
+        }
+    }
+    if clean {
+        return Ok(Cow::Borrowed(rest));
+    }
+    let mut out = Vec::with_capacity(rest.len());
+    for comp in rest.split(|&b| b == b'/').filter(|c| *c != b".") {
+        if !out.is_empty() {
+            out.push(b'/');
+        }
+        out.extend_from_slice(comp);
+    }
+    Ok(Cow::Owned(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(raw: &str) -> String {
+        String::from_utf8(sanitize(raw.as_bytes()).unwrap().into_owned()).unwrap()
+    }
+
+    #[test]
+    fn strips_leading_slash_and_dot() {
+        assert_eq!(ok("/abs/file"), "abs/file");
+        assert_eq!(ok("///abs"), "abs");
+        assert_eq!(ok("./a/b"), "a/b");
+        assert_eq!(ok("./"), "");
+        assert_eq!(ok("."), "");
+        assert_eq!(ok("dir/"), "dir");
+        assert_eq!(ok("a/./b"), "a/b");
+        assert_eq!(ok("plain name.jpg"), "plain name.jpg");
+    }
+
+    #[test]
+    fn refuses_unsafe_names() {
+        assert_eq!(sanitize(b"../evil"), Err(BadName::DotDot));
+        assert_eq!(sanitize(b"a/../../evil"), Err(BadName::DotDot));
+        assert_eq!(sanitize(b"a//b"), Err(BadName::EmptyComponent));
+        assert_eq!(sanitize(b"a\0b"), Err(BadName::Nul));
+    }
+}

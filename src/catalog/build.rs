@@ -1,0 +1,419 @@
+//! Building the catalog from scanned images.
+//!
+//! All member paths are sorted once, component by component. In that order a directory comes right
+//! before everything below it, so one pass with a stack of open directories creates the tree in
+//! pre-order, synthesizes missing parents and sees duplicates as neighbours. A counting pass then
+//! lays the children of every directory out contiguously.
+
+use std::cmp::Ordering;
+use std::path::PathBuf;
+
+use tracing::debug;
+
+use super::entry::{Entry, S_IFDIR, S_IFLNK, S_IFREG};
+use super::{Catalog, ImageInfo};
+use crate::archive::{Member, MemberKind, ScannedImage};
+
+/// What to do when two images hold the same path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DuplicatePolicy {
+    /// Refuse to mount, naming both images.
+    #[default]
+    Error,
+    /// The image given last wins.
+    LastWins,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(
+        "{path:?} is in two images: {} and {} (pass --duplicates last-wins to let the later one win)",
+        first.display(), second.display()
+    )]
+    Duplicate {
+        path: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error(
+        "{path:?} is a file in {} but a directory in {}",
+        file_image.display(), dir_image.display()
+    )]
+    FileIsDir {
+        path: String,
+        file_image: PathBuf,
+        dir_image: PathBuf,
+    },
+    #[error("the catalog is too large: {0}")]
+    TooLarge(&'static str),
+}
+
+/// A member as referenced during the build: (image index, member index).
+#[derive(Clone, Copy)]
+struct Ref {
+    image: u32,
+    member: u32,
+}
+
+/// A node of the tree under construction, in pre-order.
+struct Node<'a> {
+    parent: u32,
+    name: &'a [u8],
+    /// The member behind the node; a synthesized directory borrows its mtime from the member that
+    /// implied it and has `is_synth` set. Only the root of an empty catalog has none.
+    src: Option<Ref>,
+    is_synth: bool,
+}
+
+/// Orders paths component by component: `/` sorts below every other byte, so `a/b` < `a b`.
+fn cmp_paths(a: &[u8], b: &[u8]) -> Ordering {
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => {
+            let key = |c: u8| if c == b'/' { 0 } else { c };
+            key(a[i]).cmp(&key(b[i]))
+        }
+        None => a.len().cmp(&b.len()),
+    }
+}
+
+/// Merges scanned images into one immutable catalog.
+pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog, BuildError> {
+    let member = |r: Ref| -> &Member { &images[r.image as usize].members[r.member as usize] };
+    let path = |r: Ref| -> &[u8] { images[r.image as usize].path_of(member(r)) };
+    let image_path = |r: Ref| images[r.image as usize].path.clone();
+    let shown = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+
+    let mut refs: Vec<Ref> = Vec::new();
+    let mut root_attrs: Option<Ref> = None;
+    for (i, image) in images.iter().enumerate() {
+        for (j, m) in image.members.iter().enumerate() {
+            let r = Ref {
+                image: i as u32,
+                member: j as u32,
+            };
+            if m.path.len == 0 {
+                if m.kind == MemberKind::Dir {
+                    root_attrs = Some(r);
+                }
+                continue;
+            }
+            refs.push(r);
+        }
+    }
+    if refs.len() >= u32::MAX as usize - 1 {
+        return Err(BuildError::TooLarge("more than 4 billion members"));
+    }
+    // Stable order for equal paths: by image, then by position in the image.
+    refs.sort_by(|&a, &b| {
+        cmp_paths(path(a), path(b))
+            .then(a.image.cmp(&b.image))
+            .then(a.member.cmp(&b.member))
+    });
+
+    // Keep one member per path.
+    let mut winners: Vec<Ref> = Vec::with_capacity(refs.len());
+    for group in refs.chunk_by(|&a, &b| path(a) == path(b)) {
+        let last = *group.last().expect("non-empty group");
+        let first = group[0];
+        let all_dirs = group.iter().all(|&r| member(r).kind == MemberKind::Dir);
+        if all_dirs {
+            winners.push(first);
+            continue;
+        }
+        if first.image != last.image && policy == DuplicatePolicy::Error {
+            return Err(BuildError::Duplicate {
+                path: shown(path(first)),
+                first: image_path(first),
+                second: image_path(last),
+            });
+        }
+        if group.len() > 1 {
+            debug!(path = %shown(path(last)), "duplicate path: the later member wins");
+        }
+        winners.push(last);
+    }
+    drop(refs);
+
+    // Pre-order tree with synthesized parents.
+    let root_src = root_attrs.or(winners.first().copied());
+    let mut nodes: Vec<Node> = vec![Node {
+        parent: 0,
+        name: b"",
+        src: root_src,
+        is_synth: root_attrs.is_none(),
+    }];
+    // The nodes on the path to the last one placed, below the root: (node index, is_dir).
+    let mut open: Vec<(u32, bool)> = Vec::new();
+    let mut comps: Vec<&[u8]> = Vec::new();
+    for &r in &winners {
+        comps.clear();
+        comps.extend(path(r).split(|&b| b == b'/'));
+        let parents = comps.len() - 1;
+        let mut depth = 0;
+        while depth < open.len()
+            && depth < parents
+            && nodes[open[depth].0 as usize].name == comps[depth]
+        {
+            if !open[depth].1 {
+                let file_src = nodes[open[depth].0 as usize].src.unwrap_or(r);
+                return Err(BuildError::FileIsDir {
+                    path: shown(&comps[..=depth].join(&b'/')),
+                    file_image: image_path(file_src),
+                    dir_image: image_path(r),
+                });
+            }
+            depth += 1;
+        }
+        open.truncate(depth);
+        for comp in &comps[depth..parents] {
+            let parent = open.last().map_or(0, |o| o.0);
+            nodes.push(Node {
+                parent,
+                name: comp,
+                src: Some(r),
+                is_synth: true,
+            });
+            open.push(((nodes.len() - 1) as u32, true));
+        }
+        let parent = open.last().map_or(0, |o| o.0);
+        nodes.push(Node {
+            parent,
+            name: comps[parents],
+            src: Some(r),
+            is_synth: false,
+        });
+        open.push(((nodes.len() - 1) as u32, member(r).kind == MemberKind::Dir));
+    }
+    drop(winners);
+    if nodes.len() >= u32::MAX as usize {
+        return Err(BuildError::TooLarge("more than 4 billion entries"));
+    }
+
+    // Lay out children contiguously: groups ordered by parent, siblings already in name order.
+    let n = nodes.len();
+    let mut child_count = vec![0u32; n];
+    for node in &nodes[1..] {
+        child_count[node.parent as usize] += 1;
+    }
+    let mut first_child = vec![0u32; n];
+    let mut cursor = 1u32;
+    for (v, &count) in child_count.iter().enumerate() {
+        first_child[v] = cursor;
+        cursor += count;
+    }
+    let mut position = vec![0u32; n];
+    let mut placed = vec![0u32; n];
+    for (v, node) in nodes.iter().enumerate().skip(1) {
+        let p = node.parent as usize;
+        position[v] = first_child[p] + placed[p];
+        placed[p] += 1;
+    }
+    drop(placed);
+
+    let mut entries = vec![Entry::default(); n];
+    let mut names: Vec<u8> = Vec::new();
+    let mut file_count = 0u64;
+    let mut file_bytes = 0u64;
+    for (v, node) in nodes.iter().enumerate() {
+        let name_off =
+            u32::try_from(names.len()).map_err(|_| BuildError::TooLarge("names exceed 4 GiB"))?;
+        let name_len = u16::try_from(node.name.len())
+            .map_err(|_| BuildError::TooLarge("a name exceeds 64 KiB"))?;
+        names.extend_from_slice(node.name);
+        let m = node.src.map(member);
+        let mut e = Entry {
+            mtime: m.map_or(0, |m| m.mtime),
+            mtime_nsec: m.map_or(0, |m| m.mtime_nsec),
+            parent: position[node.parent as usize],
+            name_off,
+            name_len,
+            ..Entry::default()
+        };
+        let m = match m {
+            Some(m) if !node.is_synth => m,
+            _ => {
+                e.mode = S_IFDIR | 0o755;
+                e.size = child_count[v] as u64;
+                e.offset = first_child[v] as u64;
+                entries[position[v] as usize] = e;
+                continue;
+            }
+        };
+        match m.kind {
+            MemberKind::Dir => {
+                e.mode = S_IFDIR | m.mode;
+                e.size = child_count[v] as u64;
+                e.offset = first_child[v] as u64;
+            }
+            MemberKind::Symlink => {
+                let target = images[node.src.map_or(0, |r| r.image) as usize].link_of(m);
+                e.mode = S_IFLNK | 0o777;
+                e.offset = names.len() as u64;
+                e.size = target.len() as u64;
+                names.extend_from_slice(target);
+            }
+            MemberKind::File | MemberKind::HardLink => {
+                e.mode = S_IFREG | m.mode;
+                e.size = m.size;
+                e.offset = m.data_offset;
+                e.image = node.src.map_or(0, |r| r.image);
+                file_count += 1;
+                file_bytes += m.size;
+            }
+        }
+        entries[position[v] as usize] = e;
+    }
+    names.shrink_to_fit();
+
+    Ok(Catalog {
+        entries,
+        names,
+        images: images
+            .iter()
+            .map(|i| ImageInfo {
+                path: i.path.clone(),
+                size: i.size,
+            })
+            .collect(),
+        file_count,
+        file_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::Span;
+    use crate::catalog::{Kind, ROOT};
+
+    fn image(name: &str, members: &[(&str, MemberKind)]) -> ScannedImage {
+        let mut img = ScannedImage {
+            path: PathBuf::from(name),
+            size: 1 << 20,
+            members: Vec::new(),
+            strings: Vec::new(),
+            skipped: 0,
+        };
+        for (i, (path, kind)) in members.iter().enumerate() {
+            let start = img.strings.len();
+            img.strings.extend_from_slice(path.as_bytes());
+            img.members.push(Member {
+                path: Span {
+                    start,
+                    len: path.len(),
+                },
+                link: Span::default(),
+                kind: *kind,
+                mode: 0o644,
+                mtime: 1_700_000_000,
+                mtime_nsec: 0,
+                size: if *kind == MemberKind::File {
+                    10 + i as u64
+                } else {
+                    0
+                },
+                data_offset: 512 * (i as u64 + 1),
+                header_offset: 0,
+            });
+        }
+        img
+    }
+
+    fn names_of(cat: &Catalog, dir: u32) -> Vec<String> {
+        let e = cat.entry(dir).unwrap();
+        cat.children(e)
+            .map(|c| String::from_utf8_lossy(cat.name(cat.entry(c).unwrap())).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn merges_shards_and_synthesizes_parents() {
+        use MemberKind::*;
+        let a = image(
+            "a.tar",
+            &[("train/cat/1.jpg", File), ("train/dog/2.jpg", File)],
+        );
+        let b = image(
+            "b.tar",
+            &[
+                ("train/cat/3.jpg", File),
+                ("train/cat", Dir),
+                ("val/x", File),
+            ],
+        );
+        let cat = build(&[a, b], DuplicatePolicy::Error).unwrap();
+        assert_eq!(names_of(&cat, ROOT), ["train", "val"]);
+        let train = cat.lookup(ROOT, b"train").unwrap();
+        assert_eq!(names_of(&cat, train), ["cat", "dog"]);
+        let cat_dir = cat.resolve(b"train/cat").unwrap();
+        assert_eq!(names_of(&cat, cat_dir), ["1.jpg", "3.jpg"]);
+        let three = cat.entry(cat.resolve(b"train/cat/3.jpg").unwrap()).unwrap();
+        assert_eq!((three.kind(), three.image, three.size), (Kind::File, 1, 10));
+        assert_eq!(cat.file_count(), 4);
+        assert_eq!(
+            cat.path_of(cat.resolve(b"train/dog/2.jpg").unwrap()),
+            b"train/dog/2.jpg"
+        );
+        assert_eq!(cat.resolve(b"train/missing"), None);
+        // Every entry's parent lists it among its children.
+        for id in cat.walk(ROOT) {
+            let e = cat.entry(id).unwrap();
+            assert!(cat.children(cat.entry(e.parent).unwrap()).contains(&id));
+        }
+    }
+
+    #[test]
+    fn sibling_order_is_by_component() {
+        use MemberKind::*;
+        let a = image(
+            "a.tar",
+            &[("a b", File), ("a/x", File), ("a-c", File), ("a", Dir)],
+        );
+        let cat = build(&[a], DuplicatePolicy::Error).unwrap();
+        assert_eq!(names_of(&cat, ROOT), ["a", "a b", "a-c"]);
+        assert!(cat.lookup(ROOT, b"a-c").is_some());
+        assert_eq!(names_of(&cat, cat.lookup(ROOT, b"a").unwrap()), ["x"]);
+    }
+
+    #[test]
+    fn duplicates_across_images() {
+        use MemberKind::*;
+        let a = || image("a.tar", &[("x/1", File), ("x", Dir)]);
+        let b = || image("b.tar", &[("x/1", File), ("x", Dir)]);
+        let err = build(&[a(), b()], DuplicatePolicy::Error).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("a.tar") && msg.contains("b.tar") && msg.contains("x/1"),
+            "{msg}"
+        );
+        let cat = build(&[a(), b()], DuplicatePolicy::LastWins).unwrap();
+        let one = cat.entry(cat.resolve(b"x/1").unwrap()).unwrap();
+        assert_eq!(one.image, 1);
+        // Within one image the later member silently wins, as when tar extracts.
+        let c = image("c.tar", &[("y", File), ("y", File)]);
+        let cat = build(&[c], DuplicatePolicy::Error).unwrap();
+        assert_eq!(cat.entry(cat.resolve(b"y").unwrap()).unwrap().size, 11);
+    }
+
+    #[test]
+    fn file_and_directory_conflict() {
+        use MemberKind::*;
+        let a = image("a.tar", &[("x", File)]);
+        let b = image("b.tar", &[("x/1", File)]);
+        let msg = build(&[a, b], DuplicatePolicy::Error)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("\"x\" is a file in a.tar but a directory in b.tar"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn empty_catalog_has_a_root() {
+        let cat = build(&[image("e.tar", &[])], DuplicatePolicy::Error).unwrap();
+        assert_eq!(cat.len(), 1);
+        assert!(cat.entry(ROOT).unwrap().is_dir());
+        assert!(cat.is_empty());
+    }
+}

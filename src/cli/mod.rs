@@ -1,0 +1,58 @@
+//! Command-line interface: one module per subcommand.
+
+mod cat;
+mod demo;
+mod ls;
+mod mount;
+mod umount;
+
+use std::path::Path;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "packfs",
+    version,
+    about = "Mount tar shards of a dataset as one read-only tree"
+)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Mount images as one read-only directory tree.
+    Mount(mount::Args),
+    /// Unmount a packfs mount (also a stale one whose daemon died).
+    Umount(umount::Args),
+    /// List the merged tree of images without mounting.
+    Ls(ls::Args),
+    /// Write one file of the merged tree to standard output.
+    Cat(cat::Args),
+    /// Generate a small dataset, pack, mount, verify every byte and report the speed.
+    Demo(demo::Args),
+}
+
+impl Cli {
+    pub fn log_file(&self) -> Option<&Path> {
+        match &self.command {
+            Command::Mount(args) => args.log_file.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Mount(args) => mount::run(args),
+        Command::Umount(args) => umount::run(args),
+        Command::Ls(args) => ls::run(args),
+        Command::Cat(args) => cat::run(args),
+        Command::Demo(args) => demo::run(args),
+    }
+}

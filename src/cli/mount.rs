@@ -1,0 +1,70 @@
+//! `packfs mount`
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use packfs::catalog::DuplicatePolicy;
+use packfs::daemon::{self, MountRequest};
+use packfs::fs::FsOptions;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Tar images; brace ranges (`train-{000000..000127}.tar`) and globs are expanded.
+    #[arg(required = true, num_args = 1..)]
+    images: Vec<String>,
+    /// An existing empty directory.
+    mountpoint: PathBuf,
+    /// Stay in the foreground instead of returning once the mount is ready.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Threads answering FUSE requests (lookups, attributes, listings).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Threads reading file data from the images.
+    #[arg(long, default_value_t = 16)]
+    io_threads: usize,
+    /// Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).
+    #[arg(long)]
+    allow_other: bool,
+    /// What to do when two images hold the same path.
+    #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
+    duplicates: DuplicatePolicy,
+    /// Append the daemon's log to this file.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Write the daemon's process id to this file while it runs.
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    /// Internal: set on the re-executed daemon process.
+    #[arg(long, hide = true)]
+    daemon_child: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let request = MountRequest {
+        images: args.images.clone(),
+        mountpoint: args.mountpoint.clone(),
+        duplicates: args.duplicates,
+        fs: FsOptions {
+            threads: args.threads,
+            io_threads: args.io_threads,
+            allow_other: args.allow_other,
+            ..FsOptions::default()
+        },
+        pid_file: args
+            .pid_file
+            .as_ref()
+            .map(std::path::absolute)
+            .transpose()?,
+    };
+    if args.daemon_child {
+        return daemon::serve(&request, daemon::detach_from_launcher);
+    }
+    if args.foreground {
+        return daemon::serve(&request, || {});
+    }
+    // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
+    let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    child_args.push("--daemon-child".into());
+    daemon::spawn_background(&child_args, &args.mountpoint)
+}

@@ -1,0 +1,232 @@
+//! Mount lifecycle for batch jobs: check, build, mount, report readiness, serve until unmounted or
+//! signalled, unmount.
+//!
+//! In the background mode `packfs mount` re-executes itself as a detached child and relays the
+//! child's messages until the child says it is ready (it closes its stderr) or dies; so the command
+//! returns 0 only when the mount answers, and otherwise prints why it failed.
+
+pub mod mounts;
+mod unmount;
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing::{info, warn};
+
+pub use unmount::{Unmounted, unmount};
+
+use crate::catalog::DuplicatePolicy;
+use crate::fs::{self, FsOptions};
+use crate::tiers::Source;
+
+/// The line a daemon writes to its launcher once the mount answers; the launcher does not print it.
+const READY_MARKER: &[u8] = b"\x01packfs-ready";
+
+/// After a signal, open files may keep a detached mount alive; the daemon waits this long for them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Everything needed to serve one mount.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    pub images: Vec<String>,
+    pub mountpoint: PathBuf,
+    pub duplicates: DuplicatePolicy,
+    pub fs: FsOptions,
+    pub pid_file: Option<PathBuf>,
+}
+
+/// Checks that `path` can take a new mount, and returns it absolute.
+pub fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    let abs = mounts::absolute(path)?;
+    match std::fs::metadata(&abs) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => bail!("mountpoint {} is not a directory", abs.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("mountpoint {} does not exist", abs.display())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "{} is a stale mount whose daemon died; clean it with `packfs umount {}`",
+            abs.display(),
+            abs.display()
+        ),
+        Err(e) => bail!("cannot use mountpoint {}: {e}", abs.display()),
+    }
+    if let Some(m) = mounts::find(&abs)? {
+        // The kernel may still answer stat from cached attributes; listing shows a dead daemon.
+        let stale = m.fstype.starts_with("fuse")
+            && std::fs::read_dir(&abs).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+        if stale {
+            bail!(
+                "{} is a stale mount whose daemon died; clean it with `packfs umount {}`",
+                abs.display(),
+                abs.display()
+            );
+        }
+        bail!(
+            "{} is already a mount point ({} from {}); unmount it first (`packfs umount {}`)",
+            abs.display(),
+            m.fstype,
+            m.source,
+            abs.display()
+        );
+    }
+    Ok(abs)
+}
+
+/// Checks that this process can mount a FUSE file system at all.
+pub fn check_fuse_available() -> anyhow::Result<()> {
+    const DEV: &str = "/dev/fuse";
+    match std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{DEV} does not exist: load the fuse kernel module (modprobe fuse) or give the container the device"
+        ),
+        Err(e) => bail!("cannot open {DEV}: {e}"),
+    }
+    if !nix::unistd::geteuid().is_root()
+        && !unmount::which("fusermount3")
+        && !unmount::which("fusermount")
+    {
+        bail!("mounting as a non-root user needs fusermount3 (install the fuse3 package)");
+    }
+    Ok(())
+}
+
+/// Serves a mount in this process until it is unmounted or a signal arrives. `on_ready` runs once
+/// the mount answers a stat of its root.
+pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> {
+    let mountpoint = check_mountpoint(&req.mountpoint)?;
+    check_fuse_available()?;
+    let catalog = Arc::new(crate::dataset::load(&req.images, req.duplicates)?);
+    let source = Arc::new(Source::open(catalog.images())?);
+
+    // Registered before mounting, so that a signal arriving from here on unmounts.
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("cannot install signal handlers")?;
+    let mut mounted = fs::mount(catalog.clone(), source.clone(), &mountpoint, &req.fs)
+        .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
+    if let Err(e) = std::fs::metadata(&mountpoint) {
+        let _ = unmount(&mountpoint, true);
+        bail!("the mount at {} does not answer: {e}", mountpoint.display());
+    }
+    if let Some(pid_file) = &req.pid_file {
+        std::fs::write(pid_file, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write pid file {}", pid_file.display()))?;
+    }
+    info!(
+        files = catalog.file_count(),
+        images = catalog.images().len(),
+        "mounted at {}",
+        mountpoint.display()
+    );
+    // Do not pin the directory the job started in.
+    let _ = std::env::set_current_dir("/");
+    on_ready();
+
+    let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("packfs-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let _ = sig_tx.send(sig);
+            }
+        })?;
+    crossbeam_channel::select! {
+        recv(mounted.ended()) -> ended => {
+            info!("unmounted");
+            if let Ok(Err(e)) = ended {
+                warn!("session ended with an error: {e}");
+            }
+        }
+        recv(sig_rx) -> sig => {
+            info!("signal {}: unmounting {}", sig.unwrap_or(0), mountpoint.display());
+            match unmount(&mountpoint, true) {
+                Ok(_) => {}
+                Err(e) => warn!("{e:#}"),
+            }
+            if mounted.wait(Some(SHUTDOWN_GRACE)).is_none() {
+                warn!(
+                    "files under {} are still open after {} s; exiting anyway",
+                    mountpoint.display(),
+                    SHUTDOWN_GRACE.as_secs()
+                );
+            }
+        }
+    }
+    handle.close();
+    let stats = source.stats();
+    info!(
+        opens = stats.opens,
+        reads = stats.reads,
+        bytes = stats.bytes,
+        "source operations"
+    );
+    if let Some(pid_file) = &req.pid_file {
+        let _ = std::fs::remove_file(pid_file);
+    }
+    Ok(())
+}
+
+/// Re-executes this program with `child_args` as a detached daemon, relays its messages, and
+/// returns once it reports the mount ready, or an error if it exits first.
+pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the packfs executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(child_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the job's terminal and
+    // process group, so a Ctrl-C aimed at the launching shell does not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the packfs daemon")?;
+    let stderr = child.stderr.take().expect("piped");
+    let mut out = std::io::stderr().lock();
+    let mut ready = false;
+    for line in BufReader::new(stderr).split(b'\n') {
+        let Ok(line) = line else { break };
+        if line == READY_MARKER {
+            ready = true;
+            break;
+        }
+        let _ = out.write_all(&line);
+        let _ = out.write_all(b"\n");
+    }
+    drop(out);
+    if !ready {
+        let status = child.wait()?;
+        bail!(
+            "the packfs daemon exited before {} was mounted ({status})",
+            mountpoint.display()
+        );
+    }
+    Ok(())
+}
+
+/// Called in the daemon once the mount is ready: tell the launcher, then stop writing to its pipe.
+/// Logs continue in the log file, if one was given.
+pub fn detach_from_launcher() {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(READY_MARKER);
+    let _ = err.write_all(b"\n");
+    let _ = err.flush();
+    drop(err);
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stderr(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+}

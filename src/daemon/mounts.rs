@@ -1,0 +1,113 @@
+//! The kernel's mount table, read from /proc/self/mountinfo.
+//!
+//! Paths are made absolute without touching the mount root itself: a stale FUSE mount answers every
+//! stat with ENOTCONN, and `packfs umount` must still find it.
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+/// Parses mountinfo text: `id parent major:minor root mount_point options [optional...] - fstype source super`.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            let mut right = right.split(' ');
+            Some(MountEntry {
+                mount_point: PathBuf::from(unescape(mount_point)),
+                fstype: right.next()?.to_string(),
+                source: unescape(right.next().unwrap_or("")),
+            })
+        })
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo` octal escapes.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+            && let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The topmost mount at exactly `path` (absolute, as returned by [`absolute`]).
+pub fn find(path: &Path) -> io::Result<Option<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path))
+}
+
+/// Makes `path` absolute and resolves symlinks in its parent, never in its last component.
+pub fn absolute(path: &Path) -> io::Result<PathBuf> {
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    let mut lexical = PathBuf::from("/");
+    for comp in joined.components() {
+        match comp {
+            Component::Normal(c) => lexical.push(c),
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            _ => {}
+        }
+    }
+    match (lexical.parent(), lexical.file_name()) {
+        (Some(parent), Some(name)) => Ok(parent
+            .canonicalize()
+            .unwrap_or_else(|_| parent.to_path_buf())
+            .join(name)),
+        _ => Ok(lexical),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo_lines() {
+        let text = "36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n\
+                    90 36 0:55 / /tmp/with\\040space ro,nosuid,nodev - fuse.packfs packfs ro,user_id=0\n";
+        let mounts = parse_mountinfo(text);
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0].fstype, "ext3");
+        assert_eq!(mounts[1].mount_point, PathBuf::from("/tmp/with space"));
+        assert_eq!(mounts[1].fstype, "fuse.packfs");
+        assert_eq!(mounts[1].source, "packfs");
+    }
+
+    #[test]
+    fn absolute_is_lexical_in_the_last_component() {
+        let abs = absolute(Path::new("/proc/self/../self/./mountinfo")).unwrap();
+        assert!(abs.ends_with("mountinfo"));
+        assert!(abs.is_absolute());
+        assert!(!abs.to_string_lossy().contains(".."));
+    }
+}

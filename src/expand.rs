@@ -1,0 +1,190 @@
+//! Image arguments as WebDataset users write them: brace ranges (`train-{000000..000127}.tar`),
+//! brace lists (`{train,val}.tar`) and globs (`shards/*.tar`), expanded by packfs itself because job
+//! scripts quote them.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+/// Expands every pattern, in order. A glob that matches nothing is an error; a plain path is kept
+/// as is (a missing file is reported when it is opened, with its name).
+pub fn expand_images(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for pattern in patterns {
+        for word in expand_braces(pattern)? {
+            if word.contains(['*', '?', '[']) {
+                let mut matched: Vec<PathBuf> = glob::glob(&word)
+                    .with_context(|| format!("bad pattern {word:?}"))?
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("cannot expand {word:?}"))?;
+                if matched.is_empty() {
+                    bail!("no file matches {word:?}");
+                }
+                matched.sort();
+                out.append(&mut matched);
+            } else {
+                out.push(PathBuf::from(word));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Bash-style brace expansion: `{a,b}` alternatives and `{000..127}` / `{0..10..2}` ranges, zero
+/// padded when either bound is. Braces nest and several groups multiply out.
+pub fn expand_braces(word: &str) -> anyhow::Result<Vec<String>> {
+    let Some((open, close)) = first_group(word) else {
+        return Ok(vec![word.to_string()]);
+    };
+    let (prefix, body, suffix) = (&word[..open], &word[open + 1..close], &word[close + 1..]);
+    let alternatives = match range(body)? {
+        Some(items) => items,
+        None => {
+            let parts = split_top_level(body);
+            if parts.len() < 2 {
+                // `{x}` is literal in bash too; keep it and expand what follows.
+                let rest = expand_braces(suffix)?;
+                return Ok(rest
+                    .into_iter()
+                    .map(|r| format!("{prefix}{{{body}}}{r}"))
+                    .collect());
+            }
+            let mut items = Vec::new();
+            for part in parts {
+                items.extend(expand_braces(part)?);
+            }
+            items
+        }
+    };
+    let tails = expand_braces(suffix)?;
+    let mut out = Vec::with_capacity(alternatives.len() * tails.len());
+    for alt in &alternatives {
+        for tail in &tails {
+            out.push(format!("{prefix}{alt}{tail}"));
+        }
+    }
+    Ok(out)
+}
+
+/// The byte positions of the first top-level `{` and its matching `}`.
+fn first_group(word: &str) -> Option<(usize, usize)> {
+    let open = word.find('{')?;
+    let mut depth = 0;
+    for (i, c) in word[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((open, open + i));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn split_top_level(body: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in body.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&body[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&body[start..]);
+    parts
+}
+
+/// `first..last[..step]` with integer bounds, or `None` if `body` is not a range.
+fn range(body: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let parts: Vec<&str> = body.split("..").collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Ok(None);
+    }
+    let num = |s: &str| s.parse::<i64>().ok();
+    let (Some(first), Some(last)) = (num(parts[0]), num(parts[1])) else {
+        return Ok(None);
+    };
+    let step = match parts.get(2) {
+        Some(s) => match num(s) {
+            Some(0) | None => bail!("bad step in range {{{body}}}"),
+            Some(s) => s.unsigned_abs() as i64,
+        },
+        None => 1,
+    };
+    let padded =
+        |s: &str| s.trim_start_matches('-').len() > 1 && s.trim_start_matches('-').starts_with('0');
+    let width = if padded(parts[0]) || padded(parts[1]) {
+        parts[0].len().max(parts[1].len())
+    } else {
+        0
+    };
+    let count = (first - last).unsigned_abs() / step as u64 + 1;
+    if count > 10_000_000 {
+        bail!("range {{{body}}} has {count} items");
+    }
+    let dir = if last >= first { step } else { -step };
+    Ok(Some(
+        (0..count as i64)
+            .map(|k| format!("{:0width$}", first + k * dir, width = width))
+            .collect(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(w: &str) -> Vec<String> {
+        expand_braces(w).unwrap()
+    }
+
+    #[test]
+    fn ranges_keep_zero_padding() {
+        assert_eq!(
+            ex("train-{000000..000002}.tar"),
+            ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+        );
+        assert_eq!(ex("s{8..11}"), ["s8", "s9", "s10", "s11"]);
+        assert_eq!(ex("s{3..1}"), ["s3", "s2", "s1"]);
+        assert_eq!(ex("s{0..6..3}"), ["s0", "s3", "s6"]);
+        assert_eq!(ex("{08..10}"), ["08", "09", "10"]);
+    }
+
+    #[test]
+    fn lists_nest_and_multiply() {
+        assert_eq!(
+            ex("{train,val}-{0..1}.tar"),
+            ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]
+        );
+        assert_eq!(ex("{a,b{1,2}}"), ["a", "b1", "b2"]);
+        assert_eq!(ex("plain.tar"), ["plain.tar"]);
+        assert_eq!(ex("odd{x}.tar"), ["odd{x}.tar"]);
+        assert_eq!(ex("open{.tar"), ["open{.tar"]);
+    }
+
+    #[test]
+    fn globs_must_match() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["b.tar", "a.tar", "c.txt"] {
+            std::fs::write(dir.path().join(n), b"").unwrap();
+        }
+        let pat = format!("{}/*.tar", dir.path().display());
+        let got = expand_images(&[pat]).unwrap();
+        assert_eq!(got, [dir.path().join("a.tar"), dir.path().join("b.tar")]);
+        let none = format!("{}/*.zip", dir.path().display());
+        assert!(
+            expand_images(&[none])
+                .unwrap_err()
+                .to_string()
+                .contains("no file matches")
+        );
+    }
+}

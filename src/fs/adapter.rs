@@ -1,0 +1,233 @@
+//! `fuser::Filesystem` over the catalog. Every answer but READ comes straight from the immutable
+//! catalog; READ goes to the worker pool. This is also the one place that picks errnos.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use fuser::{
+    Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen,
+    ReplyStatfs, Request,
+};
+use tracing::{debug, info};
+
+use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
+use super::reads::{ReadJob, ReadPool};
+use crate::catalog::{Catalog, Entry, EntryId, Kind};
+use crate::tiers::Source;
+
+/// Bounds on asynchronous reads (readahead) the kernel keeps in flight.
+const MAX_BACKGROUND: u16 = 64;
+
+pub struct PackFs {
+    catalog: Arc<Catalog>,
+    reads: ReadPool,
+    owner: Owner,
+}
+
+impl PackFs {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        source: Arc<Source>,
+        io_threads: usize,
+    ) -> std::io::Result<Self> {
+        let reads = ReadPool::start(io_threads, catalog.clone(), source)?;
+        let owner = Owner {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        };
+        Ok(PackFs {
+            catalog,
+            reads,
+            owner,
+        })
+    }
+
+    fn entry(&self, ino: INodeNo) -> Option<(EntryId, &Entry)> {
+        let id = id_of(ino)?;
+        Some((id, self.catalog.entry(id)?))
+    }
+
+    /// The entry and name at `slot` of a listing: "." is 0, ".." is 1, child `i` is `2 + i`. The
+    /// readdir offset handed to the kernel for a slot is `slot + 1`, where the next call resumes.
+    fn dir_slot<'a>(
+        &'a self,
+        dir_id: EntryId,
+        dir: &'a Entry,
+        slot: u64,
+    ) -> Option<(EntryId, &'a [u8])> {
+        match slot {
+            0 => Some((dir_id, b".".as_slice())),
+            1 => Some((dir.parent, b"..".as_slice())),
+            _ => {
+                let child = self.catalog.children(dir).nth((slot - 2) as usize)?;
+                let e = self.catalog.entry(child)?;
+                Some((child, self.catalog.name(e)))
+            }
+        }
+    }
+}
+
+impl Filesystem for PackFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // One flag at a time: `add_capabilities` adds nothing if any bit is unsupported.
+        for flag in [
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            if config.add_capabilities(flag).is_err() {
+                info!("kernel does not offer {flag:?}");
+            }
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.reads.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some((parent_id, dir)) = self.entry(parent) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if !dir.is_dir() {
+            return reply.error(Errno::ENOTDIR);
+        }
+        match self.catalog.lookup(parent_id, name.as_bytes()) {
+            Some(id) => {
+                let e = self.catalog.entry(id).expect("lookup returns valid ids");
+                reply.entry(&TTL, &attr_of(id, e, self.owner), Generation(0))
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.entry(ino) {
+            Some((id, e)) => reply.attr(&TTL, &attr_of(id, e, self.owner)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.entry(ino) {
+            Some((_, e)) if e.kind() == Kind::Symlink => reply.data(self.catalog.symlink_target(e)),
+            Some(_) => reply.error(Errno::EINVAL),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    /// ENOSYS makes the kernel stop sending OPEN and RELEASE for good and keep every file's pages
+    /// cached across opens (FOPEN_KEEP_CACHE): one round trip less per sample.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// As for `open`: no OPENDIR/RELEASEDIR, and listings cached by the kernel (FOPEN_CACHE_DIR).
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some((id, e)) = self.entry(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        match e.kind() {
+            Kind::File => {}
+            Kind::Dir => return reply.error(Errno::EISDIR),
+            Kind::Symlink => return reply.error(Errno::EINVAL),
+        }
+        if offset >= e.size || size == 0 {
+            return reply.data(&[]);
+        }
+        let len = (e.size - offset).min(size as u64) as usize;
+        self.reads.submit(ReadJob {
+            id,
+            image: e.image,
+            offset: e.offset + offset,
+            len,
+            reply,
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some((dir_id, dir)) = self.entry(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if !dir.is_dir() {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let mut slot = offset;
+        while let Some((id, name)) = self.dir_slot(dir_id, dir, slot) {
+            let e = self.catalog.entry(id).expect("valid id");
+            if reply.add(ino_of(id), slot + 1, file_type(e), OsStr::from_bytes(name)) {
+                break;
+            }
+            slot += 1;
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some((dir_id, dir)) = self.entry(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if !dir.is_dir() {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let mut slot = offset;
+        while let Some((id, name)) = self.dir_slot(dir_id, dir, slot) {
+            let e = self.catalog.entry(id).expect("valid id");
+            let attr = attr_of(id, e, self.owner);
+            if reply.add(
+                ino_of(id),
+                slot + 1,
+                OsStr::from_bytes(name),
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
+                break;
+            }
+            slot += 1;
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        const BSIZE: u32 = 4096;
+        let blocks = self.catalog.file_bytes().div_ceil(BSIZE as u64);
+        let files = self.catalog.len() as u64;
+        debug!(blocks, files, "statfs");
+        reply.statfs(blocks, 0, 0, files, 0, BSIZE, 255, BSIZE);
+    }
+}

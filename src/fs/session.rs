@@ -1,0 +1,113 @@
+//! Mounting: FUSE options, the session threads, and a handle to wait for the end of the session.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use fuser::{Config, MountOption, Session, SessionACL};
+
+use super::PackFs;
+use crate::catalog::Catalog;
+use crate::tiers::Source;
+
+#[derive(Clone, Debug)]
+pub struct FsOptions {
+    /// Threads reading FUSE requests (lookups, attributes, listings; reads are handed off).
+    pub threads: usize,
+    /// Threads serving reads.
+    pub io_threads: usize,
+    /// Let users other than the mounting one read the tree.
+    pub allow_other: bool,
+    /// Shown as the source in /proc/mounts.
+    pub fsname: String,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions {
+            threads: 4,
+            io_threads: 16,
+            allow_other: false,
+            fsname: "packfs".into(),
+        }
+    }
+}
+
+/// A mounted file system whose session runs on background threads.
+pub struct Mounted {
+    mountpoint: PathBuf,
+    ended: Receiver<io::Result<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Mounts the catalog at `mountpoint`. Returns once the kernel handshake is done, so the mount
+/// answers requests as soon as this returns.
+pub fn mount(
+    catalog: Arc<Catalog>,
+    source: Arc<Source>,
+    mountpoint: &Path,
+    opts: &FsOptions,
+) -> io::Result<Mounted> {
+    let fs = PackFs::new(catalog, source, opts.io_threads)?;
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(opts.fsname.clone()),
+        MountOption::Subtype("packfs".into()),
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    let session = Session::new(fs, mountpoint, &config)?;
+    let (tx, ended) = crossbeam_channel::bounded(1);
+    let thread = std::thread::Builder::new()
+        .name("packfs-session".into())
+        .spawn(move || {
+            let _ = tx.send(session.run());
+        })?;
+    Ok(Mounted {
+        mountpoint: mountpoint.to_path_buf(),
+        ended,
+        thread: Some(thread),
+    })
+}
+
+impl Mounted {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Waits for the session to end (after an unmount), at most `timeout`. `None` if it has not.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Option<io::Result<()>> {
+        let result = match timeout {
+            Some(t) => match self.ended.recv_timeout(t) {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => return None,
+                Err(RecvTimeoutError::Disconnected) => Err(io::Error::other("session thread died")),
+            },
+            None => self
+                .ended
+                .recv()
+                .unwrap_or_else(|_| Err(io::Error::other("session thread died"))),
+        };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        Some(result)
+    }
+
+    /// The channel that yields the session's end, for `select!`.
+    pub fn ended(&self) -> &Receiver<io::Result<()>> {
+        &self.ended
+    }
+}

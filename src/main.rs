@@ -1,0 +1,22 @@
+//! The `packfs` command: parses arguments and calls the library.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    if let Err(e) = packfs::logging::init(args.verbose, args.log_file()) {
+        eprintln!("packfs: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("packfs: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
