@@ -6,14 +6,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use fuser::{
-    Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen,
-    ReplyStatfs, Request,
+    Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
 use tracing::{debug, info};
 
 use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
-use super::reads::{ReadJob, ReadPool};
+use super::reads::{ReadJob, Reads};
 use crate::catalog::{Catalog, Entry, EntryId, Kind};
 use crate::tiers::Source;
 
@@ -22,7 +22,7 @@ const MAX_BACKGROUND: u16 = 64;
 
 pub struct PackFs {
     catalog: Arc<Catalog>,
-    reads: ReadPool,
+    reads: Reads,
     owner: Owner,
 }
 
@@ -30,9 +30,10 @@ impl PackFs {
     pub fn new(
         catalog: Arc<Catalog>,
         source: Arc<Source>,
+        request_threads: usize,
         io_threads: usize,
     ) -> std::io::Result<Self> {
-        let reads = ReadPool::start(io_threads, catalog.clone(), source)?;
+        let reads = Reads::start(request_threads, io_threads, catalog.clone(), source)?;
         let owner = Owner {
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
@@ -221,6 +222,22 @@ impl Filesystem for PackFs {
             slot += 1;
         }
         reply.ok();
+    }
+
+    /// Python's `open()` asks every file `isatty()` (TCGETS), which FUSE forwards on every open and
+    /// does not stop asking after a refusal: answer at once, without fuser's default warning.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -1,7 +1,8 @@
 //! The FUSE side: the only module that knows fuser.
 //!
-//! `adapter` answers kernel requests from the catalog and hands reads to the `reads` worker pool, so
-//! a slow read on the parallel filesystem never holds up a lookup; `session` mounts and runs it.
+//! `adapter` answers kernel requests from the catalog; `reads` serves file data inline or from a
+//! worker pool so that a slow read on the parallel filesystem never holds up a lookup; `session`
+//! mounts and runs it.
 
 mod adapter;
 mod attr;

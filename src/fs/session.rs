@@ -15,9 +15,9 @@ use crate::tiers::Source;
 
 #[derive(Clone, Debug)]
 pub struct FsOptions {
-    /// Threads reading FUSE requests (lookups, attributes, listings; reads are handed off).
+    /// Threads reading FUSE requests; all but one of them may also serve reads inline.
     pub threads: usize,
-    /// Threads serving reads.
+    /// Threads serving the reads that would otherwise occupy the last free request thread.
     pub io_threads: usize,
     /// Let users other than the mounting one read the tree.
     pub allow_other: bool,
@@ -51,7 +51,8 @@ pub fn mount(
     mountpoint: &Path,
     opts: &FsOptions,
 ) -> io::Result<Mounted> {
-    let fs = PackFs::new(catalog, source, opts.io_threads)?;
+    let threads = opts.threads.max(1);
+    let fs = PackFs::new(catalog, source, threads, opts.io_threads)?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -67,7 +68,7 @@ pub fn mount(
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(opts.threads.max(1));
+    config.n_threads = Some(threads);
     let session = Session::new(fs, mountpoint, &config)?;
     let (tx, ended) = crossbeam_channel::bounded(1);
     let thread = std::thread::Builder::new()

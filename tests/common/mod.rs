@@ -1,0 +1,260 @@
+//! Helpers for the integration tests: they mount real FUSE file systems with the `packfs` binary
+//! and read them with ordinary tools.
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub fn packfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_packfs"))
+}
+
+/// Runs a command, panics with its output unless it succeeds, returns stdout.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let abs = packfs::daemon::mounts::absolute(path).unwrap();
+    packfs::daemon::mounts::find(&abs).unwrap().is_some()
+}
+
+/// A background `packfs mount`; unmounts and waits for the daemon on drop.
+pub struct Mount {
+    pub dir: PathBuf,
+    pub pid: i32,
+    pub stderr: String,
+}
+
+impl Mount {
+    /// Mounts `images` at `dir` (created if missing) with `extra` options; panics on failure.
+    pub fn new(images: &[&Path], dir: &Path, extra: &[&str]) -> Mount {
+        fs::create_dir_all(dir).unwrap();
+        let pid_file = dir.with_extension("pid");
+        let out = mount_cmd(images, dir, extra, Some(&pid_file));
+        assert!(
+            out.status.success(),
+            "mount failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pid = fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        Mount {
+            dir: dir.to_path_buf(),
+            pid,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    pub fn daemon_alive(&self) -> bool {
+        Path::new(&format!("/proc/{}", self.pid)).exists() && !is_zombie(self.pid)
+    }
+
+    pub fn wait_daemon_exit(&self, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if !self.daemon_alive() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.dir) {
+            let _ = packfs().arg("umount").arg("--lazy").arg(&self.dir).output();
+        }
+        self.wait_daemon_exit(Duration::from_secs(10));
+    }
+}
+
+/// Runs `packfs mount` in the background mode and returns its output (the mount may have failed).
+pub fn mount_cmd(images: &[&Path], dir: &Path, extra: &[&str], pid_file: Option<&Path>) -> Output {
+    let mut cmd = packfs();
+    cmd.arg("mount").args(extra).args(images).arg(dir);
+    if let Some(p) = pid_file {
+        cmd.arg("--pid-file").arg(p);
+    }
+    cmd.output().expect("run packfs mount")
+}
+
+/// A deterministic pseudo-random byte stream (xorshift), so tests need no data files.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn write_file(path: &Path, data: &[u8], mode: u32) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, data).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn set_mtime(path: &Path, secs: u64) {
+    let f = fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(UNIX_EPOCH + Duration::from_secs(secs))
+        .unwrap();
+}
+
+/// The name of the subtree whose paths exceed 255 bytes: ustar cannot store them.
+pub const VERY_LONG_DIR: &str = "verylong_only_non_ustar";
+
+/// A tree with everything a dataset may hold: names with spaces and UTF-8, paths over 200 bytes,
+/// empty files, files of several MiB, odd modes and mtimes, symlinks (relative, absolute,
+/// dangling), a hard link, and a directory of `many` entries.
+pub fn build_tree(root: &Path, many: usize) {
+    write_file(
+        &root.join("train/cls_a/img 001.jpg"),
+        &bytes(1, 3000),
+        0o644,
+    );
+    write_file(
+        &root.join("train/cls_a/img 002.jpg"),
+        &bytes(2, 5000),
+        0o600,
+    );
+    write_file(
+        &root.join("train/cls_ü/ñame_日本.jpg"),
+        &bytes(3, 1234),
+        0o644,
+    );
+    write_file(
+        &root.join("train/cls_ü/script.sh"),
+        b"#!/bin/sh\necho hi\n",
+        0o755,
+    );
+    write_file(&root.join("train/readonly.txt"), b"read only\n", 0o444);
+    write_file(&root.join("empty.bin"), b"", 0o644);
+    write_file(
+        &root.join("big/blob.bin"),
+        &bytes(4, 5 * 1024 * 1024 + 123),
+        0o644,
+    );
+    write_file(&root.join("big/odd.bin"), &bytes(5, 1024 * 1024 + 1), 0o644);
+    set_mtime(&root.join("train/cls_a/img 002.jpg"), 1_000_000_000);
+    // A path of about 240 bytes that ustar can still split into prefix and name.
+    let mut deep = root.join("deep");
+    for i in 0..4 {
+        deep = deep.join(format!("level{i}_{}", "x".repeat(34)));
+    }
+    write_file(
+        &deep.join("sample_with_a_long_name_00001.jpg"),
+        &bytes(6, 777),
+        0o644,
+    );
+    // A path of over 300 bytes with a component of over 100 bytes: GNU and PAX only.
+    let mut very = root.join(VERY_LONG_DIR);
+    for i in 0..3 {
+        very = very.join(format!("component{i}_{}", "y".repeat(110)));
+    }
+    write_file(&very.join("file.jpg"), &bytes(7, 99), 0o644);
+    symlink("cls_a/img 001.jpg", root.join("train/latest")).unwrap();
+    symlink("/etc/hostname", root.join("abs_link")).unwrap();
+    symlink("nowhere/at/all", root.join("dangling")).unwrap();
+    fs::hard_link(
+        root.join("train/cls_a/img 001.jpg"),
+        root.join("train/cls_a/hard.jpg"),
+    )
+    .unwrap();
+    let many_dir = root.join("many");
+    fs::create_dir_all(&many_dir).unwrap();
+    for i in 0..many {
+        fs::write(many_dir.join(format!("{i:05}.txt")), format!("{i}\n")).unwrap();
+    }
+    fs::set_permissions(root.join("big"), fs::Permissions::from_mode(0o750)).unwrap();
+}
+
+/// `diff -r` finds no difference, and sizes, modes, mtimes and symlink targets match.
+pub fn assert_same_tree(src: &Path, mnt: &Path, exclude: &[&str]) {
+    let mut diff = Command::new("diff");
+    diff.arg("-r").arg("--no-dereference");
+    for x in exclude {
+        diff.arg("-x").arg(x);
+    }
+    run(diff.arg(src).arg(mnt));
+    let mut compared = 0;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for entry in fs::read_dir(src.join(&rel)).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if exclude.iter().any(|x| name == *x) {
+                continue;
+            }
+            let rel = rel.join(&name);
+            let a = fs::symlink_metadata(src.join(&rel)).unwrap();
+            let b = fs::symlink_metadata(mnt.join(&rel))
+                .unwrap_or_else(|e| panic!("{}: {e}", rel.display()));
+            assert_eq!(a.file_type(), b.file_type(), "type of {}", rel.display());
+            if a.file_type().is_symlink() {
+                assert_eq!(
+                    fs::read_link(src.join(&rel)).unwrap(),
+                    fs::read_link(mnt.join(&rel)).unwrap(),
+                    "target of {}",
+                    rel.display()
+                );
+            } else {
+                assert_eq!(
+                    a.mode() & 0o7777,
+                    b.mode() & 0o7777,
+                    "mode of {}",
+                    rel.display()
+                );
+                assert_eq!(a.mtime(), b.mtime(), "mtime of {}", rel.display());
+            }
+            if a.is_file() {
+                assert_eq!(a.len(), b.len(), "size of {}", rel.display());
+            }
+            if a.is_dir() {
+                stack.push(rel);
+            }
+            compared += 1;
+        }
+    }
+    assert!(compared > 0, "nothing compared under {}", src.display());
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}

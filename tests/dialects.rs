@@ -1,0 +1,131 @@
+//! Shards written by different tar writers mount as the tree they were made from.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+
+/// Entries in the big directory.
+const MANY: usize = 20_000;
+
+/// One source tree shared by the tests of this file (built once; the tests run in parallel).
+fn source() -> PathBuf {
+    static TREE: OnceLock<tempfile::TempDir> = OnceLock::new();
+    TREE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        build_tree(&dir.path().join("src"), MANY);
+        dir
+    })
+    .path()
+    .join("src")
+}
+
+fn gnu_tar(format: &str, out: &Path, exclude: Option<&str>) {
+    let mut cmd = Command::new("tar");
+    cmd.arg(format!("--format={format}")).arg("-cf").arg(out);
+    if let Some(x) = exclude {
+        cmd.arg(format!("--exclude=./{x}"));
+    }
+    run(cmd.arg("-C").arg(source()).arg("."));
+}
+
+fn mount_and_compare(shards: &[&Path], exclude: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = Mount::new(shards, &dir.path().join("mnt"), &[]);
+    assert_same_tree(&source(), &mnt.dir, exclude);
+    let many = std::fs::read_dir(mnt.dir.join("many")).unwrap().count();
+    assert_eq!(many, MANY);
+}
+
+fn shard_path(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
+}
+
+#[test]
+fn gnu_tar_gnu_format() {
+    let (_d, shard) = shard_path("gnu.tar");
+    gnu_tar("gnu", &shard, None);
+    mount_and_compare(&[&shard], &[]);
+}
+
+#[test]
+fn gnu_tar_posix_format() {
+    let (_d, shard) = shard_path("posix.tar");
+    gnu_tar("posix", &shard, None);
+    mount_and_compare(&[&shard], &[]);
+}
+
+#[test]
+fn gnu_tar_ustar_format() {
+    let (_d, shard) = shard_path("ustar.tar");
+    gnu_tar("ustar", &shard, Some(VERY_LONG_DIR));
+    mount_and_compare(&[&shard], &[VERY_LONG_DIR]);
+}
+
+#[test]
+fn tar_crate() {
+    let (_d, shard) = shard_path("crate.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&shard).unwrap());
+    builder.follow_symlinks(false);
+    builder.append_dir_all(".", source()).unwrap();
+    builder.into_inner().unwrap();
+    mount_and_compare(&[&shard], &[]);
+}
+
+#[test]
+fn python_tarfile() {
+    let (_d, shard) = shard_path("python.tar");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, tarfile\n\
+             with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as t:\n\
+             \x20   t.add(sys.argv[2], arcname='.')\n",
+        )
+        .arg(&shard)
+        .arg(source()));
+    mount_and_compare(&[&shard], &[]);
+}
+
+/// The tree split over three shards, named with a brace range as job scripts do, merges back.
+#[test]
+fn shards_merge_into_one_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let groups: [&[&str]; 3] = [
+        &["./train", "./deep"],
+        &["./many", "./big", "./empty.bin"],
+        &["./abs_link", "./dangling", &format!("./{VERY_LONG_DIR}")],
+    ];
+    for (i, members) in groups.iter().enumerate() {
+        let shard = dir.path().join(format!("part-{i:06}.tar"));
+        run(Command::new("tar")
+            .arg("--format=gnu")
+            .arg("-cf")
+            .arg(&shard)
+            .arg("-C")
+            .arg(source())
+            .args(*members));
+    }
+    let pattern = dir.path().join("part-{000000..000002}.tar");
+    let mnt = Mount::new(&[&pattern], &dir.path().join("mnt"), &[]);
+    assert_same_tree(&source(), &mnt.dir, &[]);
+    // statfs reports the dataset: every file and directory, and the data size.
+    let out = run(Command::new("stat")
+        .arg("-f")
+        .arg("-c")
+        .arg("%c %b %S")
+        .arg(&mnt.dir));
+    let fields: Vec<u64> = out.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    let (files, blocks, bsize) = (fields[0], fields[1], fields[2]);
+    assert!(files > MANY as u64, "statfs files = {files}");
+    assert!(
+        blocks * bsize >= 6 * 1024 * 1024,
+        "statfs size = {}",
+        blocks * bsize
+    );
+}

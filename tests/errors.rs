@@ -1,0 +1,287 @@
+//! Bad input gets a clear error naming the shard and the byte offset; odd members are skipped
+//! with a warning; writes fail with EROFS; an I/O error fails only the read that hit it.
+
+mod common;
+
+use std::fs;
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// A GNU tar of the given (name, contents) members; returns its path.
+fn make_tar(dir: &Path, name: &str, members: &[(&str, Vec<u8>)]) -> PathBuf {
+    let path = dir.join(name);
+    let mut b = tar::Builder::new(fs::File::create(&path).unwrap());
+    for (member, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        b.append_data(&mut h, member, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+    path
+}
+
+/// Mounting `images` fails; returns the error output, and checks nothing was left mounted.
+fn mount_fails(images: &[&Path], mnt: &Path) -> String {
+    let out = mount_cmd(images, mnt, &[], None);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "mount succeeded unexpectedly:\n{stderr}"
+    );
+    assert!(!is_mounted(mnt), "left a mount behind");
+    stderr
+}
+
+#[test]
+fn bad_shards_are_rejected_with_shard_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let good = make_tar(dir.path(), "good.tar", &[("a.txt", bytes(1, 1000))]);
+
+    let missing = dir.path().join("missing.tar");
+    let err = mount_fails(&[&good, &missing], &mnt);
+    assert!(
+        err.contains("missing.tar") && err.contains("No such file"),
+        "{err}"
+    );
+
+    let junk = dir.path().join("junk.tar");
+    fs::write(&junk, bytes(2, 4096)).unwrap();
+    let err = mount_fails(&[&junk], &mnt);
+    assert!(
+        err.contains("junk.tar: at byte offset 0: not a tar archive"),
+        "{err}"
+    );
+
+    // A member whose data runs past the end of the file.
+    let truncated = make_tar(
+        dir.path(),
+        "truncated.tar",
+        &[("a.txt", bytes(3, 1000)), ("big.bin", bytes(4, 100_000))],
+    );
+    fs::File::options()
+        .write(true)
+        .open(&truncated)
+        .unwrap()
+        .set_len(50_000)
+        .unwrap();
+    let err = mount_fails(&[&good, &truncated], &mnt);
+    assert!(
+        err.contains("truncated.tar: at byte offset 1536: member runs past the end"),
+        "{err}"
+    );
+
+    // A flipped byte in the second header (at 512 + 1024).
+    let corrupt = make_tar(
+        dir.path(),
+        "corrupt.tar",
+        &[("a.txt", bytes(5, 1000)), ("b.txt", bytes(6, 10))],
+    );
+    let mut raw = fs::read(&corrupt).unwrap();
+    raw[1536 + 3] ^= 0x20;
+    fs::write(&corrupt, raw).unwrap();
+    let err = mount_fails(&[&corrupt], &mnt);
+    assert!(
+        err.contains("corrupt.tar: at byte offset 1536: header checksum mismatch"),
+        "{err}"
+    );
+
+    let err = mount_fails(&[&good], &dir.path().join("no-such-dir"));
+    assert!(err.contains("no-such-dir does not exist"), "{err}");
+
+    // The mountpoint is still usable after all these failures.
+    let m = Mount::new(&[&good], &mnt, &[]);
+    assert_eq!(fs::read(m.dir.join("a.txt")).unwrap(), bytes(1, 1000));
+    let out = mount_cmd(&[&good], &mnt, &[], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is already a mount point"),
+        "{err}"
+    );
+    assert_eq!(fs::read(m.dir.join("a.txt")).unwrap(), bytes(1, 1000));
+}
+
+#[test]
+fn same_path_in_two_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = make_tar(dir.path(), "a.tar", &[("x/same.txt", b"first".to_vec())]);
+    let b = make_tar(dir.path(), "b.tar", &[("x/same.txt", b"second".to_vec())]);
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let err = mount_fails(&[&a, &b], &mnt);
+    assert!(
+        err.contains("\"x/same.txt\" is in two images")
+            && err.contains("a.tar")
+            && err.contains("b.tar"),
+        "{err}"
+    );
+    let m = Mount::new(&[&a, &b], &mnt, &["--duplicates", "last-wins"]);
+    assert_eq!(fs::read(m.dir.join("x/same.txt")).unwrap(), b"second");
+}
+
+const ODD_MEMBERS: &str = r#"
+import io, sys, tarfile
+def add(t, name, data=b"", kind=tarfile.REGTYPE):
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = len(data)
+    info.mode = 0o644
+    t.addfile(info, io.BytesIO(data) if data else None)
+with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
+    add(t, "../evil.txt", b"evil")
+    add(t, "/abs/file.txt", b"abs")
+    add(t, "./dot/file.txt", b"dot")
+    add(t, "a//b.txt", b"empty component")
+    add(t, "dev/null0", kind=tarfile.CHRTYPE)
+    add(t, "fifo0", kind=tarfile.FIFOTYPE)
+    add(t, "ok/keep.txt", b"keep")
+"#;
+
+#[test]
+fn odd_members_are_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("odd.tar");
+    run(Command::new("python3").arg("-c").arg(ODD_MEMBERS).arg(&odd));
+    // A GNU sparse member in a second shard.
+    let sparse_dir = dir.path().join("sparse");
+    fs::create_dir(&sparse_dir).unwrap();
+    let f = fs::File::create(sparse_dir.join("holes.bin")).unwrap();
+    f.set_len(4 << 20).unwrap();
+    let sparse = dir.path().join("sparse.tar");
+    run(Command::new("tar")
+        .args(["--format=gnu", "--sparse", "-cf"])
+        .arg(&sparse)
+        .arg("-C")
+        .arg(&sparse_dir)
+        .arg("holes.bin"));
+
+    let m = Mount::new(&[&odd, &sparse], &dir.path().join("mnt"), &[]);
+    for (name, why) in [
+        ("../evil.txt", "'..' component"),
+        ("a//b.txt", "empty component"),
+        ("dev/null0", "device nodes"),
+        ("fifo0", "FIFOs"),
+        ("holes.bin", "sparse"),
+    ] {
+        let line = m
+            .stderr
+            .lines()
+            .find(|l| l.contains(&format!("skipping member \"{name}\"")))
+            .unwrap_or_else(|| panic!("no warning for {name}:\n{}", m.stderr));
+        assert!(line.contains(why) && line.contains("offset="), "{line}");
+        assert!(
+            line.contains("odd.tar") || line.contains("sparse.tar"),
+            "{line}"
+        );
+    }
+    assert_eq!(fs::read(m.dir.join("abs/file.txt")).unwrap(), b"abs");
+    assert_eq!(fs::read(m.dir.join("dot/file.txt")).unwrap(), b"dot");
+    assert_eq!(fs::read(m.dir.join("ok/keep.txt")).unwrap(), b"keep");
+    let mut top: Vec<String> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(top, ["abs", "dot", "ok"]);
+    assert!(!dir.path().join("evil.txt").exists());
+}
+
+#[test]
+fn missing_paths_and_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = make_tar(dir.path(), "s.tar", &[("d/a.txt", b"a".to_vec())]);
+    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    let p = |rel: &str| m.dir.join(rel);
+    assert_eq!(
+        fs::metadata(p("nope")).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        fs::metadata(p("d/nope.txt")).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        fs::read(p("d/a.txt/x")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTDIR)
+    );
+    let erofs =
+        |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    erofs(fs::File::create(p("new.txt")).map(drop));
+    erofs(fs::File::options().write(true).open(p("d/a.txt")).map(drop));
+    erofs(
+        fs::File::options()
+            .append(true)
+            .open(p("d/a.txt"))
+            .map(drop),
+    );
+    erofs(fs::create_dir(p("newdir")));
+    erofs(fs::remove_file(p("d/a.txt")));
+    erofs(fs::rename(p("d/a.txt"), p("d/b.txt")));
+    erofs(fs::set_permissions(
+        p("d/a.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    ));
+    erofs(std::os::unix::fs::symlink("x", p("link")));
+    // The mount is read-only, nosuid and nodev.
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let abs = packfs::daemon::mounts::absolute(&m.dir).unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(abs.to_str().unwrap()))
+        .expect("mount listed");
+    let opts = line.split(' ').nth(5).unwrap();
+    for o in ["ro", "nosuid", "nodev"] {
+        assert!(opts.split(',').any(|x| x == o), "{o} missing in {opts}");
+    }
+}
+
+#[test]
+fn io_error_fails_only_that_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = make_tar(
+        dir.path(),
+        "s.tar",
+        &[
+            ("a.txt", bytes(1, 5000)),
+            ("b.txt", bytes(2, 7000)),
+            ("tail.bin", bytes(3, 300_000)),
+        ],
+    );
+    let log = dir.path().join("daemon.log");
+    let log_arg = log.to_str().unwrap().to_string();
+    let m = Mount::new(
+        &[&shard],
+        &dir.path().join("mnt"),
+        &["--log-file", &log_arg],
+    );
+    // Cut the last member's data out from under the running daemon.
+    let len = fs::metadata(&shard).unwrap().len();
+    fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len - 200_000)
+        .unwrap();
+    let mut f = fs::File::open(m.dir.join("tail.bin")).unwrap();
+    let mut buf = Vec::new();
+    let err = f.read_to_end(&mut buf).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(fs::read(m.dir.join("a.txt")).unwrap(), bytes(1, 5000));
+    assert_eq!(fs::read(m.dir.join("b.txt")).unwrap(), bytes(2, 7000));
+    assert!(m.daemon_alive());
+    let logged = fs::read_to_string(&log).unwrap();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("read failed"))
+        .unwrap_or_else(|| panic!("no read error logged:\n{logged}"));
+    assert!(
+        line.contains("s.tar") && line.contains("offset=") && line.contains("tail.bin"),
+        "{line}"
+    );
+}

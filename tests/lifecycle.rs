@@ -1,0 +1,198 @@
+//! Mount lifecycle as a Slurm prologue and epilog use it: readiness, signals, stale mounts.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn shard(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    write_file(&src.join("train/a/1.jpg"), &bytes(1, 20_000), 0o644);
+    write_file(&src.join("train/b/2.jpg"), &bytes(2, 30_000), 0o644);
+    let shard = dir.join("s.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&shard)
+        .arg("-C")
+        .arg(&src)
+        .arg("train"));
+    shard
+}
+
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn killed_daemon_leaves_a_stale_mount_that_umount_cleans() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let mnt_dir = dir.path().join("mnt");
+    let m = Mount::new(&[&shard], &mnt_dir, &[]);
+    assert_eq!(
+        fs::read(mnt_dir.join("train/a/1.jpg")).unwrap(),
+        bytes(1, 20_000)
+    );
+    run(Command::new("kill").arg("-9").arg(m.pid.to_string()));
+    assert!(m.wait_daemon_exit(Duration::from_secs(5)));
+    let err = fs::read_dir(&mnt_dir).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+
+    // A new mount on the stale one is refused with the remedy.
+    let out = mount_cmd(&[&shard], &mnt_dir, &[], None);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && msg.contains("stale mount"),
+        "{msg}"
+    );
+
+    run(packfs().arg("umount").arg(&mnt_dir));
+    assert!(!is_mounted(&mnt_dir));
+    assert_eq!(
+        fs::read_dir(&mnt_dir).unwrap().count(),
+        0,
+        "mountpoint not clean"
+    );
+    drop(m);
+
+    let again = Mount::new(&[&shard], &mnt_dir, &[]);
+    assert_eq!(
+        fs::read(again.dir.join("train/b/2.jpg")).unwrap(),
+        bytes(2, 30_000)
+    );
+}
+
+#[test]
+fn sigterm_unmounts_the_background_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    let pid_file = m.dir.with_extension("pid");
+    assert!(pid_file.exists());
+    run(Command::new("kill").arg("-TERM").arg(m.pid.to_string()));
+    assert!(
+        m.wait_daemon_exit(Duration::from_secs(10)),
+        "daemon still running"
+    );
+    assert!(!is_mounted(&m.dir));
+    assert!(!pid_file.exists(), "pid file left behind");
+}
+
+#[test]
+fn foreground_mount_exits_zero_on_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut child = packfs()
+        .arg("mount")
+        .arg("--foreground")
+        .arg(&shard)
+        .arg(&mnt)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || is_mounted(&mnt)),
+        "never mounted"
+    );
+    assert_eq!(
+        fs::read(mnt.join("train/a/1.jpg")).unwrap(),
+        bytes(1, 20_000)
+    );
+    run(Command::new("kill").arg("-INT").arg(child.id().to_string()));
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn busy_mount_is_detached_and_open_files_keep_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    let mut open = fs::File::open(m.dir.join("train/b/2.jpg")).unwrap();
+    let out = packfs().arg("umount").arg(&m.dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("detached"));
+    assert!(!is_mounted(&m.dir), "still in the mount table");
+    // The open file still reads through the detached mount, then the daemon goes away.
+    let mut data = Vec::new();
+    open.read_to_end(&mut data).unwrap();
+    assert_eq!(data, bytes(2, 30_000));
+    assert!(m.daemon_alive());
+    drop(open);
+    assert!(
+        m.wait_daemon_exit(Duration::from_secs(10)),
+        "daemon outlived its last open file"
+    );
+}
+
+#[test]
+fn umount_refuses_what_packfs_did_not_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = packfs().arg("umount").arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a mount point"));
+    let out = packfs().arg("umount").arg("/proc").output().unwrap();
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("not a packfs mount"), "{msg}");
+    assert!(Path::new("/proc/self").exists());
+}
+
+#[test]
+fn ls_and_cat_read_images_without_mounting() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let listing = run(packfs().arg("ls").arg(&shard));
+    assert_eq!(
+        listing.lines().collect::<Vec<_>>(),
+        [
+            "train",
+            "train/a",
+            "train/a/1.jpg",
+            "train/b",
+            "train/b/2.jpg"
+        ]
+    );
+    let out = packfs()
+        .arg("cat")
+        .arg(&shard)
+        .arg("train/b/2.jpg")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, bytes(2, 30_000));
+    let out = packfs()
+        .arg("cat")
+        .arg(&shard)
+        .arg("train/none.jpg")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("train/none.jpg: no such file"));
+}
