@@ -224,3 +224,40 @@ fn slow_read_does_not_stall_lookups() {
     }
     drop(upper);
 }
+
+/// File data stays in the kernel's page cache across opens (the images never change): after a
+/// first read, the shard is cut short under the running daemon, and new opens still read the data.
+#[test]
+fn data_stays_cached_across_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    write_file(&src.join("a/cached.bin"), &bytes(21, 300_000), 0o644);
+    write_file(&src.join("a/uncached.bin"), &bytes(22, 300_000), 0o644);
+    let shard = dir.path().join("s.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&shard)
+        .arg("-C")
+        .arg(&src)
+        .arg("a"));
+    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    assert_eq!(
+        fs::read(m.dir.join("a/cached.bin")).unwrap(),
+        bytes(21, 300_000)
+    );
+    fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            fs::read(m.dir.join("a/cached.bin")).unwrap(),
+            bytes(21, 300_000)
+        );
+    }
+    // The file never read before does hit the (now empty) shard.
+    let err = fs::read(m.dir.join("a/uncached.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+}
