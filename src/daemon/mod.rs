@@ -81,21 +81,32 @@ pub fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(abs)
 }
 
-/// Checks that this process can mount a FUSE file system at all.
+/// Checks that this process can mount a FUSE file system at all. Root opens /dev/fuse itself;
+/// other users go through the setuid helper fusermount3, which opens it for them.
 pub fn check_fuse_available() -> anyhow::Result<()> {
     const DEV: &str = "/dev/fuse";
-    match std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+    if !Path::new(DEV).exists() {
+        bail!(
             "{DEV} does not exist: load the fuse kernel module (modprobe fuse) or give the container the device"
-        ),
-        Err(e) => bail!("cannot open {DEV}: {e}"),
+        );
     }
-    if !nix::unistd::geteuid().is_root()
-        && !unmount::which("fusermount3")
-        && !unmount::which("fusermount")
-    {
+    if nix::unistd::geteuid().is_root() {
+        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
+            bail!("cannot open {DEV}: {e}");
+        }
+    } else if !unmount::which("fusermount3") && !unmount::which("fusermount") {
         bail!("mounting as a non-root user needs fusermount3 (install the fuse3 package)");
+    } else if nix::unistd::access(
+        DEV,
+        nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+    )
+    .is_err()
+    {
+        // Neither fuser nor fusermount3 can mount for an ordinary user then.
+        bail!(
+            "{DEV} is not readable and writable by this user, so no FUSE file system can be \
+             mounted without root; it needs mode 0666, as the fuse3 package's udev rule sets it"
+        );
     }
     Ok(())
 }
