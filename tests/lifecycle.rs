@@ -15,12 +15,7 @@ fn shard(dir: &Path) -> std::path::PathBuf {
     write_file(&src.join("train/a/1.jpg"), &bytes(1, 20_000), 0o644);
     write_file(&src.join("train/b/2.jpg"), &bytes(2, 30_000), 0o644);
     let shard = dir.join("s.tar");
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(&shard)
-        .arg("-C")
-        .arg(&src)
-        .arg("train"));
+    tar_members(&src, &shard, &["train"]);
     shard
 }
 
@@ -132,11 +127,7 @@ fn busy_mount_is_detached_and_open_files_keep_working() {
     let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
     let mut open = fs::File::open(m.dir.join("train/b/2.jpg")).unwrap();
     let out = packfs().arg("umount").arg(&m.dir).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stderr).contains("detached"));
     assert!(!is_mounted(&m.dir), "still in the mount table");
     // The open file still reads through the detached mount, then the daemon goes away.

@@ -162,19 +162,9 @@ fn slow_read_does_not_stall_lookups() {
     }
     let inner_dir = dir.path().join("inner");
     fs::create_dir(&inner_dir).unwrap();
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(inner_dir.join("inner.tar"))
-        .arg("-C")
-        .arg(&src)
-        .arg("."));
+    tar_members(&src, &inner_dir.join("inner.tar"), &["."]);
     let outer = dir.path().join("outer.tar");
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(&outer)
-        .arg("-C")
-        .arg(&inner_dir)
-        .arg("inner.tar"));
+    tar_members(&inner_dir, &outer, &["inner.tar"]);
 
     let lower = Mount::new(&[&outer], &dir.path().join("lower"), &[]);
     let upper = Mount::new(
@@ -234,12 +224,7 @@ fn data_stays_cached_across_opens() {
     write_file(&src.join("a/cached.bin"), &bytes(21, 300_000), 0o644);
     write_file(&src.join("a/uncached.bin"), &bytes(22, 300_000), 0o644);
     let shard = dir.path().join("s.tar");
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(&shard)
-        .arg("-C")
-        .arg(&src)
-        .arg("a"));
+    tar_members(&src, &shard, &["a"]);
     let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
     assert_eq!(
         fs::read(m.dir.join("a/cached.bin")).unwrap(),

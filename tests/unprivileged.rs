@@ -42,12 +42,7 @@ fn ordinary_user_mounts_reads_and_unmounts() {
     let src = dir.path().join("src");
     write_file(&src.join("train/c/1.jpg"), &bytes(1, 50_000), 0o644);
     let shard = dir.path().join("s.tar");
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(&shard)
-        .arg("-C")
-        .arg(&src)
-        .arg("train"));
+    tar_members(&src, &shard, &["train"]);
     fs::set_permissions(&shard, fs::Permissions::from_mode(0o644)).unwrap();
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();

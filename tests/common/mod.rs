@@ -109,6 +109,26 @@ pub fn mount_cmd(images: &[&Path], dir: &Path, extra: &[&str], pid_file: Option<
     cmd.output().expect("run packfs mount")
 }
 
+/// Packs `members` (paths relative to `src`) into `shard` with GNU tar.
+pub fn tar_members<S: AsRef<std::ffi::OsStr>>(src: &Path, shard: &Path, members: &[S]) {
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(shard)
+        .arg("-C")
+        .arg(src)
+        .args(members));
+}
+
+/// Asserts that a command run with `output()` succeeded, showing its stderr otherwise.
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A deterministic pseudo-random byte stream (xorshift), so tests need no data files.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
