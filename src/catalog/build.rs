@@ -220,45 +220,37 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         let name_len = u16::try_from(node.name.len())
             .map_err(|_| BuildError::TooLarge("a name exceeds 64 KiB"))?;
         names.extend_from_slice(node.name);
-        let m = node.src.map(member);
         let mut e = Entry {
-            mtime: m.map_or(0, |m| m.mtime),
-            mtime_nsec: m.map_or(0, |m| m.mtime_nsec),
             parent: position[node.parent as usize],
             name_off,
             name_len,
             ..Entry::default()
         };
-        let m = match m {
-            Some(m) if !node.is_synth => m,
-            _ => {
-                e.mode = S_IFDIR | 0o755;
-                e.size = child_count[v] as u64;
-                e.offset = first_child[v] as u64;
-                entries[position[v] as usize] = e;
-                continue;
-            }
-        };
-        match m.kind {
-            MemberKind::Dir => {
-                e.mode = S_IFDIR | m.mode;
-                e.size = child_count[v] as u64;
-                e.offset = first_child[v] as u64;
-            }
-            MemberKind::Symlink => {
-                let target = images[node.src.map_or(0, |r| r.image) as usize].link_of(m);
+        if let Some(r) = node.src {
+            (e.mtime, e.mtime_nsec) = (member(r).mtime, member(r).mtime_nsec);
+        }
+        let explicit = node.src.filter(|_| !node.is_synth).map(|r| (r, member(r)));
+        match explicit {
+            Some((r, m)) if m.kind == MemberKind::Symlink => {
+                let target = images[r.image as usize].link_of(m);
                 e.mode = S_IFLNK | 0o777;
                 e.offset = names.len() as u64;
                 e.size = target.len() as u64;
                 names.extend_from_slice(target);
             }
-            MemberKind::File | MemberKind::HardLink => {
+            Some((r, m)) if matches!(m.kind, MemberKind::File | MemberKind::HardLink) => {
                 e.mode = S_IFREG | m.mode;
                 e.size = m.size;
                 e.offset = m.data_offset;
-                e.image = node.src.map_or(0, |r| r.image);
+                e.image = r.image;
                 file_count += 1;
                 file_bytes += m.size;
+            }
+            // An explicit directory keeps its mode; a synthesized one gets 0755.
+            _ => {
+                e.mode = S_IFDIR | explicit.map_or(0o755, |(_, m)| m.mode);
+                e.size = child_count[v] as u64;
+                e.offset = first_child[v] as u64;
             }
         }
         entries[position[v] as usize] = e;

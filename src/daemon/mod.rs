@@ -119,6 +119,7 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     let catalog = Arc::new(crate::dataset::load(&req.images, req.duplicates)?);
     let source = Arc::new(Source::open(catalog.images())?);
 
+    let _pid_file = req.pid_file.as_deref().map(PidFile::create).transpose()?;
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("cannot install signal handlers")?;
@@ -127,10 +128,6 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     if let Err(e) = std::fs::metadata(&mountpoint) {
         let _ = unmount(&mountpoint, true);
         bail!("the mount at {} does not answer: {e}", mountpoint.display());
-    }
-    if let Some(pid_file) = &req.pid_file {
-        std::fs::write(pid_file, format!("{}\n", std::process::id()))
-            .with_context(|| format!("cannot write pid file {}", pid_file.display()))?;
     }
     info!(
         files = catalog.file_count(),
@@ -181,10 +178,24 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         bytes = stats.bytes,
         "source operations"
     );
-    if let Some(pid_file) = &req.pid_file {
-        let _ = std::fs::remove_file(pid_file);
-    }
     Ok(())
+}
+
+/// The daemon's process id in a file, for as long as the daemon runs.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn create(path: &Path) -> anyhow::Result<PidFile> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write pid file {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Re-executes this program with `child_args` as a detached daemon, relays its messages, and
