@@ -42,8 +42,15 @@ fn killed_daemon_leaves_a_stale_mount_that_umount_cleans() {
     );
     run(Command::new("kill").arg("-9").arg(m.pid.to_string()));
     assert!(m.wait_daemon_exit(Duration::from_secs(5)));
-    let err = fs::read_dir(&mnt_dir).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    // Requests caught while the daemon's threads are still exiting end with ECONNABORTED; after
+    // that every request on the dead mount fails with ENOTCONN.
+    let stale = wait_until(Duration::from_secs(5), || {
+        fs::read_dir(&mnt_dir).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+    });
+    assert!(
+        stale,
+        "the mount does not report ENOTCONN after the daemon died"
+    );
 
     // A new mount on the stale one is refused with the remedy.
     let out = mount_cmd(&[&shard], &mnt_dir, &[], None);
@@ -186,4 +193,50 @@ fn ls_and_cat_read_images_without_mounting() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("train/none.jpg: no such file"));
+}
+
+/// Every shard stays open while mounted; a job's soft open-file limit must not cap the shard count.
+#[test]
+fn more_shards_than_the_soft_open_file_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..100 {
+        let mut b =
+            tar::Builder::new(fs::File::create(dir.path().join(format!("s-{i:03}.tar"))).unwrap());
+        let data = format!("{i}\n");
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, format!("class_{i:03}/sample.txt"), data.as_bytes())
+            .unwrap();
+        b.into_inner().unwrap();
+    }
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let pid_file = dir.path().join("pid");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 40 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_packfs"))
+        .arg("mount")
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .arg(dir.path().join("s-{000..099}.tar"))
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let m = Mount {
+        dir: mnt.clone(),
+        pid: fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap(),
+        stderr: String::new(),
+    };
+    assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 100);
+    assert_eq!(
+        fs::read_to_string(m.dir.join("class_077/sample.txt")).unwrap(),
+        "77\n"
+    );
 }

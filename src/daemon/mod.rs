@@ -116,6 +116,7 @@ pub fn check_fuse_available() -> anyhow::Result<()> {
 pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> {
     let mountpoint = check_mountpoint(&req.mountpoint)?;
     check_fuse_available()?;
+    raise_open_file_limit();
     let catalog = Arc::new(crate::dataset::load(&req.images, req.duplicates)?);
     let source = Arc::new(Source::open(catalog.images())?);
 
@@ -179,6 +180,18 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         "source operations"
     );
     Ok(())
+}
+
+/// Every image stays open for the life of the mount, and datasets come in thousands of shards:
+/// lift the soft limit on open files to the hard one.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+    }
 }
 
 /// The daemon's process id in a file, for as long as the daemon runs.
