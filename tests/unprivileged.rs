@@ -1,10 +1,11 @@
-//! An ordinary user mounts, reads and unmounts through fusermount3, as HPC users do (no root).
-//! Needs fusermount3 and /dev/fuse mode 0666 (the fuse3 package's default; `.ci/run` sets both).
+//! Ordinary users: mounting through fusermount3 as HPC users do (no root), and reading a mount
+//! that a root prologue made for them. The first needs fusermount3 and /dev/fuse mode 0666 (the
+//! fuse3 package's default; `.ci/run` sets both).
 
 mod common;
 
 use std::fs;
-use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -13,15 +14,21 @@ use common::*;
 
 const NOBODY: u32 = 65534;
 
-/// Runs the packfs binary as user `nobody`.
-fn as_nobody(packfs: &Path, args: &[&str]) -> Output {
+/// Runs `program` as user `uid` (group `uid` too).
+fn as_user(uid: u32, program: &Path, args: &[&str]) -> Output {
     Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(packfs)
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--"])
+        .arg(program)
         .args(args)
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .output()
         .expect("run setpriv")
+}
+
+fn as_nobody(packfs: &Path, args: &[&str]) -> Output {
+    as_user(NOBODY, packfs, args)
 }
 
 #[test]
@@ -118,4 +125,37 @@ fn ordinary_user_mounts_reads_and_unmounts() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!is_mounted(&mnt));
+}
+
+/// A root prologue mounts for the job's user: `--allow-other` lets the user in, `--uid/--gid` make
+/// the user the owner, so the archive's owner bits (a 0600 file) apply to that user and no other.
+#[test]
+fn root_mounts_for_a_job_user() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path().join("src");
+    write_file(&src.join("data/private.bin"), &bytes(2, 1000), 0o600);
+    write_file(&src.join("data/public.bin"), &bytes(3, 1000), 0o644);
+    let shard = dir.path().join("s.tar");
+    tar_members(&src, &shard, &["data"]);
+    let uid = NOBODY.to_string();
+    let m = Mount::new(
+        &[&shard],
+        &dir.path().join("mnt"),
+        &["--allow-other", "--uid", &uid, "--gid", &uid],
+    );
+    let private = m.dir.join("data/private.bin");
+    let public = m.dir.join("data/public.bin");
+    let meta = fs::metadata(&private).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (NOBODY, NOBODY));
+    let cat = Path::new("cat");
+    let out = as_user(NOBODY, cat, &[private.to_str().unwrap()]);
+    assert_ok(&out);
+    assert_eq!(out.stdout, bytes(2, 1000));
+    // Another user reads what the archive lets others read, and nothing else.
+    let other = NOBODY - 1;
+    assert_ok(&as_user(other, cat, &[public.to_str().unwrap()]));
+    let denied = as_user(other, cat, &[private.to_str().unwrap()]);
+    assert!(!denied.status.success());
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
 }

@@ -26,6 +26,13 @@ pub struct Args {
     /// Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).
     #[arg(long)]
     allow_other: bool,
+    /// Owner shown for every file, e.g. $SLURM_JOB_UID when a root prologue mounts for a job
+    /// (with --allow-other); the mounting user by default.
+    #[arg(long)]
+    uid: Option<u32>,
+    /// Group shown for every file; the mounting user's group by default.
+    #[arg(long)]
+    gid: Option<u32>,
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
     duplicates: DuplicatePolicy,
@@ -49,6 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             threads: args.threads,
             io_threads: args.io_threads,
             allow_other: args.allow_other,
+            uid: args.uid,
+            gid: args.gid,
             ..FsOptions::default()
         },
         pid_file: args

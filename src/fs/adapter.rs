@@ -12,6 +12,7 @@ use fuser::{
 };
 use tracing::{debug, info};
 
+use super::FsOptions;
 use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
 use super::reads::{ReadJob, Reads};
 use crate::catalog::{Catalog, Entry, EntryId, Kind};
@@ -30,13 +31,17 @@ impl PackFs {
     pub fn new(
         catalog: Arc<Catalog>,
         source: Arc<Source>,
-        request_threads: usize,
-        io_threads: usize,
+        opts: &FsOptions,
     ) -> std::io::Result<Self> {
-        let reads = Reads::start(request_threads, io_threads, catalog.clone(), source)?;
+        let reads = Reads::start(
+            opts.threads.max(1),
+            opts.io_threads,
+            catalog.clone(),
+            source,
+        )?;
         let owner = Owner {
-            uid: nix::unistd::geteuid().as_raw(),
-            gid: nix::unistd::getegid().as_raw(),
+            uid: opts.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
+            gid: opts.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw()),
         };
         Ok(PackFs {
             catalog,

@@ -44,8 +44,8 @@ fn time_of(secs: i64, nsec: u32) -> SystemTime {
     }
 }
 
-/// Owner of every entry: the mounting user (archive uids mean nothing on the cluster that reads
-/// them), so permission checks follow the archive's mode bits relative to that user.
+/// Owner of every entry: the mounting user or `--uid/--gid` (archive uids mean nothing on the
+/// cluster that reads them), so permission checks apply the archive's mode bits to that user.
 #[derive(Clone, Copy, Debug)]
 pub struct Owner {
     pub uid: u32,

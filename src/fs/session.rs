@@ -23,6 +23,9 @@ pub struct FsOptions {
     pub allow_other: bool,
     /// Shown as the source in /proc/mounts.
     pub fsname: String,
+    /// Owner and group shown for every entry; the mounting user's by default.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
 }
 
 impl Default for FsOptions {
@@ -32,6 +35,8 @@ impl Default for FsOptions {
             io_threads: 16,
             allow_other: false,
             fsname: "packfs".into(),
+            uid: None,
+            gid: None,
         }
     }
 }
@@ -52,7 +57,7 @@ pub fn mount(
     opts: &FsOptions,
 ) -> io::Result<Mounted> {
     let threads = opts.threads.max(1);
-    let fs = PackFs::new(catalog, source, threads, opts.io_threads)?;
+    let fs = PackFs::new(catalog, source, opts)?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
