@@ -100,13 +100,15 @@ class Peer:
         return os.path.join(self.ds, *p)
 
     def command(self):
-        shards = sorted(os.path.join(self.path("shards"), s) for s in os.listdir(self.path("shards")))
+        shards = sorted(os.path.join(self.path("shards"), s)
+                        for s in os.listdir(self.path("shards")) if s.endswith(".tar"))
+        index_dir = os.path.join(self.work, "ratarmount-index")
         img = self.path("image.sqfs")
         return {
             "squashfuse_ll": ["squashfuse_ll", img, self.mnt],
             "squashfuse": ["squashfuse", img, self.mnt],
             "kernel-squashfs": ["mount", "-t", "squashfs", "-o", "loop,ro", img, self.mnt],
-            "ratarmount": ["ratarmount", *shards, self.mnt],
+            "ratarmount": ["ratarmount", "--index-folders", index_dir, *shards, self.mnt],
             "archivemount": ["archivemount", "-o", "readonly", self.path("all.tar"), self.mnt],
             "packfs": [PACKFS, "mount", "-v", "--log-file", os.path.join(self.work, "packfs.log"),
                        *shards, self.mnt],
@@ -125,9 +127,8 @@ class Peer:
         os.makedirs(self.mnt, exist_ok=True)
         if self.name == "ratarmount":
             # First mount builds the index (timed apart), the measured mount reuses it.
-            for f in os.listdir(self.path("shards")):
-                if f.endswith(".index.sqlite"):
-                    os.remove(self.path("shards", f))
+            shutil.rmtree(os.path.join(self.work, "ratarmount-index"), ignore_errors=True)
+            os.makedirs(os.path.join(self.work, "ratarmount-index"))
             self.extra["index_build_s"] = self._mount(self.command())
             self.stop()
         return self._mount(self.command())
