@@ -224,11 +224,15 @@ def main():
     ap.add_argument("--work", default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--chart", metavar="JSON", help="only redraw the table and chart of a saved run")
+    ap.add_argument("--markdown", action="store_true", help="with --chart: the table as Markdown")
     args = ap.parse_args()
     if args.chart:
         with open(args.chart) as f:
             saved = json.load(f)
-        print_table(saved)
+        if args.markdown:
+            print_markdown(saved)
+        else:
+            print_table(saved)
         chart(saved, os.path.splitext(args.chart)[0] + ".png")
         return
     peers = PEERS if args.peers == "all" else args.peers.split(",")
@@ -341,6 +345,45 @@ def print_table(results):
         if v.get("backing_ops"):
             extra.append("backing files: " + ", ".join(f"{k} {x}" for k, x in v["backing_ops"].items()))
         print(f"{n}: " + "; ".join(extra))
+
+
+def print_markdown(results):
+    """The results as Markdown tables for docs/benchmarks.md."""
+    peers = {k: v for k, v in results["peers"].items() if "workloads" in v}
+    base = peers.get("packfs", {}).get("workloads", {})
+    names = list(peers)
+    print("| workload | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for wl in base:
+        for mode in ("cold", "warm"):
+            cells = []
+            mine = seconds_per_file(base.get(wl, {}).get(mode))
+            for n in names:
+                r = peers[n]["workloads"].get(wl, {}).get(mode)
+                theirs = seconds_per_file(r)
+                if theirs is None:
+                    cells.append("-")
+                    continue
+                mark = "" if r["complete"] else "\\*"
+                ratio = "" if n == "packfs" else f" ({theirs / mine:.2f}x)"
+                cells.append(f"{1 / theirs:,.0f}{mark}{ratio}")
+            print(f"| {wl} {mode} | " + " | ".join(cells) + " |")
+    print()
+    print("| peer | launch to first stat | peak RSS | notes |")
+    print("|---|---:|---:|---|")
+    for n, v in results["peers"].items():
+        if "missing" in v:
+            print(f"| {n} | - | - | missing: {v['missing']} |")
+            continue
+        rss = v.get("memory_kb", {}).get("VmHWM")
+        notes = []
+        if "index_build_s" in v:
+            notes.append(f"index build {v['index_build_s']:.2f} s (first mount)")
+        if v.get("backing_ops"):
+            notes.append("backing files: " + ", ".join(f"{k} {x:,}" for k, x in v["backing_ops"].items()))
+        if "error" in v:
+            notes.append("error: " + v["error"])
+        print(f"| {n} | {v.get('mount_s', 0):.3f} s | {f'{rss / 1024:.1f} MB' if rss else '-'} | {'; '.join(notes)} |")
 
 
 def chart(results, path):
