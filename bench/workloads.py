@@ -71,8 +71,7 @@ def read(paths, readers, deadline):
     return (sum(r[0] for r in results), sum(r[1] for r in results), all(r[2] for r in results))
 
 
-def loader(root, paths, workers, deadline):
-    import torch
+def loader(paths, workers, deadline):
     from PIL import Image
     from torch.utils.data import DataLoader, Dataset
     from torchvision import transforms
@@ -118,7 +117,7 @@ def main():
     elif args.workload == "read":
         files, nbytes, complete = read(paths, args.readers, deadline)
     else:
-        files, nbytes, complete = loader(args.root, paths, args.readers, deadline)
+        files, nbytes, complete = loader(paths, args.readers, deadline)
     seconds = time.perf_counter() - start
     print(json.dumps({"files": files, "bytes": nbytes, "seconds": round(seconds, 4),
                       "complete": complete}))

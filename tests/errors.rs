@@ -65,12 +65,7 @@ fn bad_shards_are_rejected_with_shard_and_offset() {
         "truncated.tar",
         &[("a.txt", bytes(3, 1000)), ("big.bin", bytes(4, 100_000))],
     );
-    fs::File::options()
-        .write(true)
-        .open(&truncated)
-        .unwrap()
-        .set_len(50_000)
-        .unwrap();
+    truncate(&truncated, 50_000);
     let err = mount_fails(&[&good, &truncated], &mnt);
     assert!(
         err.contains("truncated.tar: at byte offset 1536: member runs past the end"),
@@ -262,12 +257,7 @@ fn io_error_fails_only_that_read() {
     );
     // Cut the last member's data out from under the running daemon.
     let len = fs::metadata(&shard).unwrap().len();
-    fs::File::options()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_len(len - 200_000)
-        .unwrap();
+    truncate(&shard, len - 200_000);
     let mut f = fs::File::open(m.dir.join("tail.bin")).unwrap();
     let mut buf = Vec::new();
     let err = f.read_to_end(&mut buf).unwrap_err();

@@ -183,7 +183,7 @@ fn ls_and_cat_read_images_without_mounting() {
         .arg("train/b/2.jpg")
         .output()
         .unwrap();
-    assert!(out.status.success());
+    assert_ok(&out);
     assert_eq!(out.stdout, bytes(2, 30_000));
     let out = packfs()
         .arg("cat")
@@ -227,11 +227,7 @@ fn more_shards_than_the_soft_open_file_limit() {
     assert_ok(&out);
     let m = Mount {
         dir: mnt.clone(),
-        pid: fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap(),
+        pid: read_pid(&pid_file),
         stderr: String::new(),
     };
     assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 100);

@@ -230,12 +230,7 @@ fn data_stays_cached_across_opens() {
         fs::read(m.dir.join("a/cached.bin")).unwrap(),
         bytes(21, 300_000)
     );
-    fs::File::options()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    truncate(&shard, 0);
     for _ in 0..3 {
         assert_eq!(
             fs::read(m.dir.join("a/cached.bin")).unwrap(),

@@ -70,11 +70,7 @@ fn ordinary_user_mounts_reads_and_unmounts() {
             mnt_s,
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let line = fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
@@ -94,36 +90,20 @@ fn ordinary_user_mounts_reads_and_unmounts() {
         .arg(mnt.join("train/c/1.jpg"))
         .output()
         .unwrap();
-    assert!(out.status.success());
+    assert_ok(&out);
     assert_eq!(out.stdout, bytes(1, 50_000));
 
     // The daemon dies; the user cleans the stale mount and mounts again.
-    let pid: i32 = fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid: i32 = read_pid(&pid_file);
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     std::thread::sleep(Duration::from_millis(200));
     let out = as_nobody(&bin, &["umount", mnt_s]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(!is_mounted(&mnt));
     let out = as_nobody(&bin, &["mount", shard_s, mnt_s]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let out = as_nobody(&bin, &["umount", mnt_s]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(!is_mounted(&mnt));
 }
 

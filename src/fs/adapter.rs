@@ -34,7 +34,7 @@ impl PackFs {
         opts: &FsOptions,
     ) -> std::io::Result<Self> {
         let reads = Reads::start(
-            opts.threads.max(1),
+            opts.request_threads(),
             opts.io_threads,
             catalog.clone(),
             source,

@@ -41,6 +41,13 @@ impl Default for FsOptions {
     }
 }
 
+impl FsOptions {
+    /// FUSE request threads actually started (at least one); the inline-read limit derives from it.
+    pub fn request_threads(&self) -> usize {
+        self.threads.max(1)
+    }
+}
+
 /// A mounted file system whose session runs on background threads.
 pub struct Mounted {
     mountpoint: PathBuf,
@@ -56,7 +63,6 @@ pub fn mount(
     mountpoint: &Path,
     opts: &FsOptions,
 ) -> io::Result<Mounted> {
-    let threads = opts.threads.max(1);
     let fs = PackFs::new(catalog, source, opts)?;
     let mut config = Config::default();
     config.mount_options = vec![
@@ -73,7 +79,7 @@ pub fn mount(
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(threads);
+    config.n_threads = Some(opts.request_threads());
     let session = Session::new(fs, mountpoint, &config)?;
     let (tx, ended) = crossbeam_channel::bounded(1);
     let thread = std::thread::Builder::new()

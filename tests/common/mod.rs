@@ -50,11 +50,7 @@ impl Mount {
             "mount failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let pid = fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = read_pid(&pid_file);
         Mount {
             dir: dir.to_path_buf(),
             pid,
@@ -129,6 +125,21 @@ pub fn assert_ok(out: &Output) {
     );
 }
 
+/// Cuts `path` to `len` bytes (a shard damaged under a running daemon).
+pub fn truncate(path: &Path, len: u64) {
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// The process id a `--pid-file` holds.
+pub fn read_pid(path: &Path) -> i32 {
+    fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
 /// A deterministic pseudo-random byte stream (xorshift), so tests need no data files.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -161,27 +172,20 @@ pub const VERY_LONG_DIR: &str = "verylong_only_non_ustar";
 /// empty files, files of several MiB, odd modes and mtimes, symlinks (relative, absolute,
 /// dangling), a hard link, and a directory of `many` entries.
 pub fn build_tree(root: &Path, many: usize) {
-    write_file(
-        &root.join("train/cls_a/img 001.jpg"),
-        &bytes(1, 3000),
-        0o644,
-    );
-    write_file(
-        &root.join("train/cls_a/img 002.jpg"),
-        &bytes(2, 5000),
-        0o600,
-    );
-    write_file(
-        &root.join("train/cls_ü/ñame_日本.jpg"),
-        &bytes(3, 1234),
-        0o644,
-    );
-    write_file(
-        &root.join("train/cls_ü/script.sh"),
-        b"#!/bin/sh\necho hi\n",
-        0o755,
-    );
-    write_file(&root.join("train/readonly.txt"), b"read only\n", 0o444);
+    let files: [(&str, Vec<u8>, u32); 5] = [
+        ("train/cls_a/img 001.jpg", bytes(1, 3000), 0o644),
+        ("train/cls_a/img 002.jpg", bytes(2, 5000), 0o600),
+        ("train/cls_ü/ñame_日本.jpg", bytes(3, 1234), 0o644),
+        (
+            "train/cls_ü/script.sh",
+            b"#!/bin/sh\necho hi\n".to_vec(),
+            0o755,
+        ),
+        ("train/readonly.txt", b"read only\n".to_vec(), 0o444),
+    ];
+    for (path, data, mode) in &files {
+        write_file(&root.join(path), data, *mode);
+    }
     write_file(&root.join("empty.bin"), b"", 0o644);
     write_file(
         &root.join("big/blob.bin"),
