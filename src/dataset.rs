@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing::{info, warn};
 
 use crate::archive::{self, ArchiveError, ScannedImage};
@@ -26,11 +27,45 @@ pub fn image_paths(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// The catalog of `sources`: one index file, mapped; or images, scanned and merged.
+pub fn open(sources: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
+    let paths = image_paths(sources)?;
+    let indexes: Vec<&PathBuf> = paths
+        .iter()
+        .filter(|p| catalog::index::is_index(p))
+        .collect();
+    match (indexes.as_slice(), paths.len()) {
+        ([], _) => load_paths(&paths, policy),
+        ([index], 1) => {
+            let started = std::time::Instant::now();
+            let catalog = catalog::index::open(index)?;
+            info!(
+                entries = catalog.len(),
+                files = catalog.file_count(),
+                images = catalog.images().len(),
+                "index {} opened in {:.3} s",
+                index.display(),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(catalog)
+        }
+        ([index, ..], _) => anyhow::bail!(
+            "{} is an index file: give it alone, not together with images or other indexes",
+            index.display()
+        ),
+    }
+}
+
 /// Scans all images (several at once) and merges them into one catalog.
 pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
-    let paths = image_paths(patterns)?;
+    load_paths(&image_paths(patterns)?, policy)
+}
+
+fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
     let started = std::time::Instant::now();
-    let scanned = scan_all(&paths)?;
+    let bar = progress_bar(paths);
+    let scanned = scan_all(paths, &bar)?;
+    bar.finish_and_clear();
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
     let skipped: u64 = scanned.iter().map(|s| s.skipped).sum();
     if skipped > 0 {
@@ -49,9 +84,26 @@ pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Cata
     Ok(catalog)
 }
 
+/// A bar over the images' bytes, drawn only when stderr is a terminal.
+fn progress_bar(paths: &[PathBuf]) -> ProgressBar {
+    let total = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+    if let Ok(style) = ProgressStyle::with_template(
+        "scanning {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} eta {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
 /// Scans images in parallel; results keep the order of `paths`, and the first failing image (in
 /// that order) is the error reported.
-pub fn scan_all(paths: &[PathBuf]) -> Result<Vec<ScannedImage>, ArchiveError> {
+pub fn scan_all(paths: &[PathBuf], bar: &ProgressBar) -> Result<Vec<ScannedImage>, ArchiveError> {
+    let members = std::sync::atomic::AtomicU64::new(0);
     let next = AtomicUsize::new(0);
     let results: Vec<Mutex<Option<Result<ScannedImage, ArchiveError>>>> =
         paths.iter().map(|_| Mutex::new(None)).collect();
@@ -63,6 +115,11 @@ pub fn scan_all(paths: &[PathBuf]) -> Result<Vec<ScannedImage>, ArchiveError> {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
                     let result = archive::scan(path);
+                    if let Ok(image) = &result {
+                        let n = members.fetch_add(image.members.len() as u64, Ordering::Relaxed);
+                        bar.set_message(format!("{} members", n + image.members.len() as u64));
+                        bar.inc(image.size);
+                    }
                     *results[i].lock().expect("not poisoned") = Some(result);
                 }
             });
@@ -76,4 +133,15 @@ pub fn scan_all(paths: &[PathBuf]) -> Result<Vec<ScannedImage>, ArchiveError> {
                 .expect("every image scanned")
         })
         .collect()
+}
+
+/// Paths for a message or a command line: all of them when few, else the first and the last.
+pub fn show_paths<'a>(paths: impl ExactSizeIterator<Item = &'a std::path::Path>) -> String {
+    let n = paths.len();
+    let shown: Vec<String> = paths.map(|p| p.display().to_string()).collect();
+    if n <= 4 {
+        shown.join(" ")
+    } else {
+        format!("{} ... {} ({n} images)", shown[0], shown[n - 1])
+    }
 }

@@ -4,11 +4,15 @@
 //! image and the byte offset; a member that cannot be served (device node, sparse file, unsafe name)
 //! is skipped with a warning so that one odd member never takes a whole dataset down.
 
+pub mod fingerprint;
 pub mod name;
 pub mod tar;
 
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+
+pub use fingerprint::Fingerprint;
 
 /// What a member is, after format-specific types are folded away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +58,8 @@ pub struct ScannedImage {
     pub path: PathBuf,
     /// Image size in bytes at scan time.
     pub size: u64,
+    /// Taken before the scan, so a later check catches a change made during it too.
+    pub fingerprint: Fingerprint,
     pub members: Vec<Member>,
     pub strings: Vec<u8>,
     /// Members left out with a warning.
@@ -114,5 +120,20 @@ impl ArchiveError {
 
 /// Scans an image, detecting its format from its content.
 pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    tar::scan(path)
+    let file = File::open(path).map_err(|e| ArchiveError::io(path, e))?;
+    let meta = file.metadata().map_err(|e| ArchiveError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(ArchiveError::malformed(path, 0, "not a regular file"));
+    }
+    let fingerprint = Fingerprint::of(&file).map_err(|e| ArchiveError::io(path, e))?;
+    let mut image = ScannedImage {
+        path: path.to_path_buf(),
+        size: fingerprint.size,
+        fingerprint,
+        members: Vec::new(),
+        strings: Vec::new(),
+        skipped: 0,
+    };
+    tar::scan(&file, &mut image)?;
+    Ok(image)
 }

@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use tar::{EntryType, Header, PaxExtensions};
 use tracing::{debug, warn};
@@ -17,8 +16,14 @@ use super::name::sanitize;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
 
 const BLOCK: u64 = 512;
-/// Headers are read through a window of this size, so runs of small members cost one read.
-const WINDOW: usize = 64 * 1024;
+/// While members are small, headers are read through windows this large, so a run of small
+/// members costs one read (and the data read along with them is cheaper than more system calls).
+const WIDE_WINDOW: usize = 256 * 1024;
+/// While members are large, each header is read alone, with room for extension records; the data
+/// between headers is skipped.
+const NARROW_WINDOW: usize = 4 * 1024;
+/// Headers closer together than this on average count as small members.
+const SMALL_GAP: u64 = 16 * 1024;
 /// GNU long names and PAX records larger than this are treated as corruption.
 const MAX_EXTENSION: u64 = 1 << 20;
 /// Hard links pointing at hard links are followed this many times at most.
@@ -37,12 +42,14 @@ struct Pending {
     first_offset: Option<u64>,
 }
 
-/// Positioned reads through a small buffer.
+/// Positioned reads through a buffer whose size follows the gaps between headers.
 struct Window<'a> {
     file: &'a File,
     len: u64,
     buf: Vec<u8>,
     start: u64,
+    /// Running mean of the distance between consecutive headers.
+    mean_gap: u64,
 }
 
 impl<'a> Window<'a> {
@@ -50,9 +57,15 @@ impl<'a> Window<'a> {
         Window {
             file,
             len,
-            buf: Vec::with_capacity(WINDOW),
+            buf: Vec::with_capacity(WIDE_WINDOW),
             start: 0,
+            mean_gap: 0,
         }
+    }
+
+    /// Records the distance from one header to the next.
+    fn note_gap(&mut self, gap: u64) {
+        self.mean_gap = (self.mean_gap * 7 + gap) / 8;
     }
 
     /// Returns `len` bytes at `offset`; the caller has checked that they lie inside the image.
@@ -60,7 +73,12 @@ impl<'a> Window<'a> {
         let end = offset + len as u64;
         let cached_end = self.start + self.buf.len() as u64;
         if offset < self.start || end > cached_end {
-            let want = len.max(WINDOW).min((self.len - offset) as usize);
+            let window = if self.mean_gap <= SMALL_GAP {
+                WIDE_WINDOW
+            } else {
+                NARROW_WINDOW
+            };
+            let want = len.max(window).min((self.len - offset) as usize);
             self.buf.resize(want, 0);
             self.file.read_exact_at(&mut self.buf, offset)?;
             self.start = offset;
@@ -70,23 +88,14 @@ impl<'a> Window<'a> {
     }
 }
 
-/// Scans a tar image. Fails on anything that makes the member table untrustworthy; skips (with a
-/// warning naming image and offset) members that cannot be served.
-pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    let file = File::open(path).map_err(|e| ArchiveError::io(path, e))?;
-    let meta = file.metadata().map_err(|e| ArchiveError::io(path, e))?;
-    if !meta.is_file() {
-        return Err(ArchiveError::malformed(path, 0, "not a regular file"));
-    }
-    let len = meta.len();
-    let mut image = ScannedImage {
-        path: path.to_path_buf(),
-        size: len,
-        members: Vec::new(),
-        strings: Vec::new(),
-        skipped: 0,
-    };
-    let mut window = Window::new(&file, len);
+/// Scans a tar image into `image` (whose path and size are set). Fails on anything that makes the
+/// member table untrustworthy; skips (with a warning naming image and offset) members that cannot
+/// be served.
+pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let path = path.as_path();
+    let len = image.size;
+    let mut window = Window::new(file, len);
     let mut pending = Pending::default();
     let mut pos = 0u64;
     let io_err = |e| ArchiveError::io(path, e);
@@ -167,19 +176,12 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
         } else {
             let first = pending.first_offset.unwrap_or(pos);
             let ext = std::mem::take(&mut pending);
-            record_member(
-                &mut image,
-                header,
-                entry_type,
-                ext,
-                first,
-                data_offset,
-                size,
-            );
+            record_member(image, header, entry_type, ext, first, data_offset, size);
         }
-        pos = data_offset + size.div_ceil(BLOCK) * BLOCK;
+        let next = data_offset + size.div_ceil(BLOCK) * BLOCK;
+        window.note_gap(next - pos);
         // Data padding may be cut off at the very end of a file; the data itself was checked.
-        pos = pos.min(len);
+        pos = next.min(len);
     }
     if pending.first_offset.is_some() {
         return Err(ArchiveError::malformed(
@@ -188,8 +190,8 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
             "extension header is not followed by a member (truncated shard?)",
         ));
     }
-    resolve_hard_links(&mut image);
-    Ok(image)
+    resolve_hard_links(image);
+    Ok(())
 }
 
 /// Adds a real member (after its extension records) or skips it with a warning.

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use tracing::debug;
 
 use super::entry::{Entry, S_IFDIR, S_IFLNK, S_IFREG};
+use super::store::Store;
 use super::{Catalog, ImageInfo};
 use crate::archive::{Member, MemberKind, ScannedImage};
 
@@ -210,22 +211,29 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
     }
     drop(placed);
 
-    let mut entries = vec![Entry::default(); n];
+    // Entries in position order, and names in the same order, so the names of one directory's
+    // children are contiguous too (a listing touches one stretch of the names).
+    let mut node_at = vec![0u32; n];
+    for (v, &pos) in position.iter().enumerate() {
+        node_at[pos as usize] = v as u32;
+    }
+    let mut entries = Vec::with_capacity(n);
     let mut names: Vec<u8> = Vec::new();
     let mut file_count = 0u64;
     let mut file_bytes = 0u64;
-    for (v, node) in nodes.iter().enumerate() {
-        let name_off =
-            u32::try_from(names.len()).map_err(|_| BuildError::TooLarge("names exceed 4 GiB"))?;
+    for &v in &node_at {
+        let v = v as usize;
+        let node = &nodes[v];
         let name_len = u16::try_from(node.name.len())
             .map_err(|_| BuildError::TooLarge("a name exceeds 64 KiB"))?;
-        names.extend_from_slice(node.name);
         let mut e = Entry {
             parent: position[node.parent as usize],
-            name_off,
             name_len,
             ..Entry::default()
         };
+        e.set_name_offset(names.len() as u64)
+            .ok_or(BuildError::TooLarge("names exceed 256 TiB"))?;
+        names.extend_from_slice(node.name);
         if let Some(r) = node.src {
             (e.mtime, e.mtime_nsec) = (member(r).mtime, member(r).mtime_nsec);
         }
@@ -253,18 +261,17 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
                 e.offset = first_child[v] as u64;
             }
         }
-        entries[position[v] as usize] = e;
+        entries.push(e);
     }
     names.shrink_to_fit();
 
     Ok(Catalog {
-        entries,
-        names,
+        store: Store::Owned { entries, names },
         images: images
             .iter()
             .map(|i| ImageInfo {
                 path: i.path.clone(),
-                size: i.size,
+                fingerprint: i.fingerprint,
             })
             .collect(),
         file_count,
@@ -276,12 +283,13 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
 mod tests {
     use super::*;
     use crate::archive::Span;
-    use crate::catalog::{Kind, ROOT};
+    use crate::catalog::{CatalogError, Kind, ROOT};
 
     fn image(name: &str, members: &[(&str, MemberKind)]) -> ScannedImage {
         let mut img = ScannedImage {
             path: PathBuf::from(name),
             size: 1 << 20,
+            fingerprint: Default::default(),
             members: Vec::new(),
             strings: Vec::new(),
             skipped: 0,
@@ -314,7 +322,7 @@ mod tests {
     fn names_of(cat: &Catalog, dir: u32) -> Vec<String> {
         let e = cat.entry(dir).unwrap();
         cat.children(e)
-            .map(|c| String::from_utf8_lossy(cat.name(cat.entry(c).unwrap())).into_owned())
+            .map(|c| String::from_utf8_lossy(cat.name(cat.entry(c).unwrap()).unwrap()).into_owned())
             .collect()
     }
 
@@ -346,7 +354,7 @@ mod tests {
             cat.path_of(cat.resolve(b"train/dog/2.jpg").unwrap()),
             b"train/dog/2.jpg"
         );
-        assert_eq!(cat.resolve(b"train/missing"), None);
+        assert_eq!(cat.resolve(b"train/missing"), Err(CatalogError::NotFound));
         // Every entry's parent lists it among its children.
         for id in cat.walk(ROOT) {
             let e = cat.entry(id).unwrap();
@@ -363,7 +371,7 @@ mod tests {
         );
         let cat = build(&[a], DuplicatePolicy::Error).unwrap();
         assert_eq!(names_of(&cat, ROOT), ["a", "a b", "a-c"]);
-        assert!(cat.lookup(ROOT, b"a-c").is_some());
+        assert!(cat.lookup(ROOT, b"a-c").is_ok());
         assert_eq!(names_of(&cat, cat.lookup(ROOT, b"a").unwrap()), ["x"]);
     }
 

@@ -14,8 +14,8 @@ pub enum Kind {
     Symlink,
 }
 
-/// A catalog record. `repr(C)` and free of pointers, so a table of them can later be written to and
-/// mapped from an index file as it is.
+/// A catalog record. `repr(C)`, integers only and without padding, so a table of them is written to
+/// an index file as it is and read back through a mapping (little-endian hosts only).
 ///
 /// The meaning of `size` and `offset` depends on the kind:
 /// - file: `size` bytes of data at `offset` in image `image`;
@@ -32,11 +32,12 @@ pub struct Entry {
     pub mode: u32,
     /// Entry index of the parent directory (the root is its own parent).
     pub parent: u32,
-    /// Start of this entry's name in the names arena.
+    /// Start of this entry's name in the names arena: low 32 bits (see `name_offset`).
     pub name_off: u32,
     pub image: u32,
     pub name_len: u16,
-    pub _reserved: u16,
+    /// High 16 bits of the name offset: names may fill 256 TiB.
+    pub name_off_hi: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 48);
@@ -52,6 +53,20 @@ impl Entry {
 
     pub fn is_dir(&self) -> bool {
         self.kind() == Kind::Dir
+    }
+
+    pub fn name_offset(&self) -> u64 {
+        (self.name_off_hi as u64) << 32 | self.name_off as u64
+    }
+
+    /// Sets the name offset; `None` if it does not fit in 48 bits.
+    pub fn set_name_offset(&mut self, offset: u64) -> Option<()> {
+        if offset >> 48 != 0 {
+            return None;
+        }
+        self.name_off = offset as u32;
+        self.name_off_hi = (offset >> 32) as u16;
+        Some(())
     }
 
     pub fn permissions(&self) -> u16 {

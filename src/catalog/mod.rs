@@ -7,17 +7,24 @@
 
 mod build;
 mod entry;
+pub mod index;
+mod store;
 
 use std::path::PathBuf;
 
 pub use build::{BuildError, DuplicatePolicy, build};
 pub use entry::{Entry, Kind};
+pub use store::CatalogError;
+use store::Store;
+
+use crate::archive::Fingerprint;
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageInfo {
     pub path: PathBuf,
-    pub size: u64,
+    /// As recorded when the image was scanned; checked again when the image is opened.
+    pub fingerprint: Fingerprint,
 }
 
 /// Index of an entry in the catalog; the root is 0.
@@ -25,26 +32,42 @@ pub type EntryId = u32;
 
 pub const ROOT: EntryId = 0;
 
-#[derive(Debug)]
 pub struct Catalog {
-    entries: Vec<Entry>,
-    names: Vec<u8>,
+    store: Store,
     images: Vec<ImageInfo>,
     file_count: u64,
     file_bytes: u64,
 }
 
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("entries", &self.len())
+            .field("images", &self.images.len())
+            .field("file_count", &self.file_count)
+            .finish()
+    }
+}
+
 impl Catalog {
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.store.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.len() <= 1
+        self.len() <= 1
     }
 
     pub fn images(&self) -> &[ImageInfo] {
         &self.images
+    }
+
+    /// The index file this catalog is mapped from, if any.
+    pub fn index_path(&self) -> Option<&std::path::Path> {
+        match &self.store {
+            Store::Mapped(m) => Some(&m.path),
+            Store::Owned { .. } => None,
+        }
     }
 
     /// Number of regular files.
@@ -57,19 +80,18 @@ impl Catalog {
         self.file_bytes
     }
 
-    pub fn entry(&self, id: EntryId) -> Option<&Entry> {
-        self.entries.get(id as usize)
+    pub fn entry(&self, id: EntryId) -> Result<&Entry, CatalogError> {
+        self.store.entry(id)
     }
 
-    pub fn name(&self, entry: &Entry) -> &[u8] {
-        let start = entry.name_off as usize;
-        &self.names[start..start + entry.name_len as usize]
+    pub fn name(&self, entry: &Entry) -> Result<&[u8], CatalogError> {
+        self.store
+            .names(entry.name_offset(), entry.name_len as usize)
     }
 
-    pub fn symlink_target(&self, entry: &Entry) -> &[u8] {
+    pub fn symlink_target(&self, entry: &Entry) -> Result<&[u8], CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::Symlink);
-        let start = entry.offset as usize;
-        &self.names[start..start + entry.size as usize]
+        self.store.names(entry.offset, entry.size as usize)
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).
@@ -78,32 +100,37 @@ impl Catalog {
             return 0..0;
         }
         let first = dir.offset as EntryId;
-        first..first + dir.size as EntryId
+        first..first.saturating_add(dir.size as EntryId)
     }
 
     /// Finds `name` in directory `parent`: a binary search over its sorted children.
-    pub fn lookup(&self, parent: EntryId, name: &[u8]) -> Option<EntryId> {
+    pub fn lookup(&self, parent: EntryId, name: &[u8]) -> Result<EntryId, CatalogError> {
         let dir = self.entry(parent)?;
-        let range = self.children(dir);
-        let kids = &self.entries[range.start as usize..range.end as usize];
-        kids.binary_search_by(|e| self.name(e).cmp(name))
-            .ok()
-            .map(|i| range.start + i as EntryId)
+        let (mut lo, mut hi) = (self.children(dir).start, self.children(dir).end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.name(self.entry(mid)?)?.cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(CatalogError::NotFound)
     }
 
     /// Resolves a relative path (`a/b/c`, no symlinks followed).
-    pub fn resolve(&self, path: &[u8]) -> Option<EntryId> {
+    pub fn resolve(&self, path: &[u8]) -> Result<EntryId, CatalogError> {
         path.split(|&b| b == b'/')
             .filter(|c| !c.is_empty() && *c != b".")
             .try_fold(ROOT, |dir, comp| self.lookup(dir, comp))
     }
 
-    /// The full path of an entry, for messages and listings.
+    /// The full path of an entry, for messages and listings (`?` for a part that cannot be read).
     pub fn path_of(&self, mut id: EntryId) -> Vec<u8> {
         let mut parts = Vec::new();
-        while id != ROOT {
-            let Some(e) = self.entry(id) else { break };
-            parts.push(self.name(e));
+        while id != ROOT && parts.len() < 4096 {
+            let Ok(e) = self.entry(id) else { break };
+            parts.push(self.name(e).unwrap_or(b"?"));
             id = e.parent;
         }
         let mut out = Vec::new();
@@ -121,11 +148,23 @@ impl Catalog {
         let mut stack = vec![dir];
         std::iter::from_fn(move || {
             let id = stack.pop()?;
-            if let Some(e) = self.entry(id) {
+            if let Ok(e) = self.entry(id) {
                 stack.extend(self.children(e).rev());
             }
             Some(id)
         })
         .skip(1)
+    }
+}
+
+impl Catalog {
+    /// The tables, fully verified, for writing them to an index.
+    pub(crate) fn tables(&self) -> Result<(&[Entry], &[u8]), CatalogError> {
+        self.store.tables()
+    }
+
+    /// Checks every chunk of a mapped index; the number of damaged chunks (0 for a scanned catalog).
+    pub fn verify_all(&self) -> usize {
+        self.store.verify_all()
     }
 }

@@ -8,7 +8,7 @@ use packfs::tiers::Source;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar images; brace ranges and globs are expanded.
+    /// Tar images (brace ranges and globs are expanded), or one index file.
     #[arg(required = true, num_args = 1..)]
     images: Vec<String>,
     /// Path of the file inside the merged tree.
@@ -20,18 +20,18 @@ pub struct Args {
 const CHUNK: u64 = 1 << 20;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let catalog = packfs::dataset::load(&args.images, args.duplicates)?;
+    let catalog = packfs::dataset::open(&args.images, args.duplicates)?;
     let id = catalog
         .resolve(args.path.as_bytes())
         .with_context(|| format!("{}: no such file in the images", args.path))?;
-    let e = catalog.entry(id).expect("resolved ids are valid");
+    let e = catalog.entry(id)?;
     match e.kind() {
         Kind::File => {}
         Kind::Dir => bail!("{} is a directory", args.path),
         Kind::Symlink => bail!(
             "{} is a symlink to {}",
             args.path,
-            String::from_utf8_lossy(catalog.symlink_target(e))
+            String::from_utf8_lossy(catalog.symlink_target(e)?)
         ),
     }
     let source = Source::open(catalog.images())?;

@@ -6,7 +6,7 @@ use packfs::catalog::{DuplicatePolicy, Kind, ROOT};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar images; brace ranges and globs are expanded.
+    /// Tar images (brace ranges and globs are expanded), or one index file.
     #[arg(required = true)]
     images: Vec<String>,
     /// Long listing: mode, size, mtime, path, symlink target.
@@ -17,10 +17,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let catalog = packfs::dataset::load(&args.images, args.duplicates)?;
+    let catalog = packfs::dataset::open(&args.images, args.duplicates)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in catalog.walk(ROOT) {
-        let e = catalog.entry(id).expect("walk yields valid ids");
+        let e = catalog.entry(id)?;
         let path = catalog.path_of(id);
         if args.long {
             let kind = match e.kind() {
@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out.write_all(&path)?;
         if args.long && e.kind() == Kind::Symlink {
             out.write_all(b" -> ")?;
-            out.write_all(catalog.symlink_target(e))?;
+            out.write_all(catalog.symlink_target(e)?)?;
         }
         out.write_all(b"\n")?;
     }

@@ -2,9 +2,11 @@
 
 mod cat;
 mod demo;
+mod index;
 mod ls;
 mod mount;
 mod umount;
+mod verify;
 
 use std::path::Path;
 
@@ -14,7 +16,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "packfs",
     version,
-    about = "Mount tar shards of a dataset as one read-only tree"
+    about = "Mount tar shards of a dataset (or their index) as one read-only tree"
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.
@@ -28,6 +30,10 @@ pub struct Cli {
 enum Command {
     /// Mount images as one read-only directory tree.
     Mount(mount::Args),
+    /// Scan images once and write an index file, so that mounts start at once.
+    Index(index::Args),
+    /// Check every byte of an index file and the fingerprints of its images.
+    Verify(verify::Args),
     /// Unmount a packfs mount (also a stale one whose daemon died).
     Umount(umount::Args),
     /// List the merged tree of images without mounting.
@@ -50,6 +56,8 @@ impl Cli {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Mount(args) => mount::run(args),
+        Command::Index(args) => index::run(args),
+        Command::Verify(args) => verify::run(args),
         Command::Umount(args) => umount::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Cat(args) => cat::run(args),

@@ -9,7 +9,8 @@ use packfs::fs::FsOptions;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar images; brace ranges (`train-{000000..000127}.tar`) and globs are expanded.
+    /// One index file (`packfs index`), or tar images: brace ranges (`train-{000000..000127}.tar`)
+    /// and globs are expanded.
     #[arg(required = true, num_args = 1..)]
     images: Vec<String>,
     /// An existing empty directory.
@@ -36,6 +37,9 @@ pub struct Args {
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
     duplicates: DuplicatePolicy,
+    /// Save the catalog scanned from the images as an index file, for faster mounts next time.
+    #[arg(long, value_name = "PATH")]
+    save_index: Option<PathBuf>,
     /// Append the daemon's log to this file.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -62,6 +66,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         pid_file: args
             .pid_file
+            .as_ref()
+            .map(std::path::absolute)
+            .transpose()?,
+        save_index: args
+            .save_index
             .as_ref()
             .map(std::path::absolute)
             .transpose()?,

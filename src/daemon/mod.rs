@@ -25,7 +25,7 @@ pub use unmount::{Unmounted, unmount};
 
 use crate::catalog::DuplicatePolicy;
 use crate::fs::{self, FsOptions};
-use crate::tiers::Source;
+use crate::tiers::{Source, SourceError};
 
 /// The line a daemon writes to its launcher once the mount answers; the launcher does not print it.
 const READY_MARKER: &[u8] = b"\x01packfs-ready";
@@ -41,6 +41,8 @@ pub struct MountRequest {
     pub duplicates: DuplicatePolicy,
     pub fs: FsOptions,
     pub pid_file: Option<PathBuf>,
+    /// Write the catalog built from scanned images to this index file before mounting.
+    pub save_index: Option<PathBuf>,
 }
 
 /// Checks that `path` can take a new mount, and returns it absolute.
@@ -117,8 +119,23 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     let mountpoint = check_mountpoint(&req.mountpoint)?;
     check_fuse_available()?;
     raise_open_file_limit();
-    let catalog = Arc::new(crate::dataset::load(&req.images, req.duplicates)?);
-    let source = Arc::new(Source::open(catalog.images())?);
+    let catalog = Arc::new(crate::dataset::open(&req.images, req.duplicates)?);
+    if let Some(dest) = &req.save_index {
+        let written = crate::catalog::index::write(&catalog, dest)?;
+        info!(bytes = written.bytes, "index saved to {}", dest.display());
+    }
+    let source = Arc::new(Source::open(catalog.images()).map_err(|e| {
+        let hint = match (&e, catalog.index_path()) {
+            (SourceError::Changed { .. }, Some(index)) => format!(
+                "; the index {} no longer describes it: rebuild it with `packfs index -o {} {}`",
+                index.display(),
+                index.display(),
+                crate::dataset::show_paths(catalog.images().iter().map(|i| i.path.as_path()))
+            ),
+            _ => String::new(),
+        };
+        anyhow::anyhow!("{e}{hint}")
+    })?);
 
     let _pid_file = req.pid_file.as_deref().map(PidFile::create).transpose()?;
     // Registered before mounting, so that a signal arriving from here on unmounts.
@@ -139,6 +156,7 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
     on_ready();
+    verify_in_background(catalog.clone());
 
     let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
     let handle = signals.handle();
@@ -180,6 +198,34 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         "source operations"
     );
     Ok(())
+}
+
+/// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the
+/// log at once instead of at the first request that meets it, and the index pages get warm.
+fn verify_in_background(catalog: Arc<crate::catalog::Catalog>) {
+    let Some(index) = catalog.index_path().map(Path::to_path_buf) else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("packfs-verify".into())
+        .spawn(move || {
+            // SAFETY: plain syscall; on Linux, `who = 0` is the calling thread only.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+            let started = std::time::Instant::now();
+            let damaged = catalog.verify_all();
+            let secs = started.elapsed().as_secs_f64();
+            if damaged == 0 {
+                info!("index {} verified in {secs:.3} s", index.display());
+            } else {
+                tracing::error!(
+                    "index {}: {damaged} damaged chunk(s); the entries in them answer EIO",
+                    index.display()
+                );
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("cannot start the index verification: {e}");
+    }
 }
 
 /// Every image stays open for the life of the mount, and datasets come in thousands of shards:

@@ -15,11 +15,14 @@ use tracing::{debug, info};
 use super::FsOptions;
 use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
 use super::reads::{ReadJob, Reads};
-use crate::catalog::{Catalog, Entry, EntryId, Kind};
+use crate::catalog::{Catalog, CatalogError, Entry, EntryId, Kind};
 use crate::tiers::Source;
 
 /// Bounds on asynchronous reads (readahead) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
+
+/// One line of a listing: id, entry and name.
+type Slot<'a> = (EntryId, &'a Entry, &'a [u8]);
 
 pub struct PackFs {
     catalog: Arc<Catalog>,
@@ -50,9 +53,9 @@ impl PackFs {
         })
     }
 
-    fn entry(&self, ino: INodeNo) -> Option<(EntryId, &Entry)> {
-        let id = id_of(ino)?;
-        Some((id, self.catalog.entry(id)?))
+    fn entry(&self, ino: INodeNo) -> Result<(EntryId, &Entry), CatalogError> {
+        let id = id_of(ino).ok_or(CatalogError::NotFound)?;
+        Ok((id, self.catalog.entry(id)?))
     }
 
     /// The entry and name at `slot` of a listing: "." is 0, ".." is 1, child `i` is `2 + i`. The
@@ -62,16 +65,27 @@ impl PackFs {
         dir_id: EntryId,
         dir: &'a Entry,
         slot: u64,
-    ) -> Option<(EntryId, &'a [u8])> {
-        match slot {
-            0 => Some((dir_id, b".".as_slice())),
-            1 => Some((dir.parent, b"..".as_slice())),
+    ) -> Result<Option<Slot<'a>>, CatalogError> {
+        let (id, name) = match slot {
+            0 => (dir_id, b".".as_slice()),
+            1 => (dir.parent, b"..".as_slice()),
             _ => {
-                let child = self.catalog.children(dir).nth((slot - 2) as usize)?;
-                let e = self.catalog.entry(child)?;
-                Some((child, self.catalog.name(e)))
+                let Some(child) = self.catalog.children(dir).nth((slot - 2) as usize) else {
+                    return Ok(None);
+                };
+                (child, self.catalog.name(self.catalog.entry(child)?)?)
             }
-        }
+        };
+        Ok(Some((id, self.catalog.entry(id)?, name)))
+    }
+}
+
+/// The one mapping from catalog errors to errnos: a damaged index chunk (logged where it was
+/// found) fails the request rather than answering wrongly.
+fn errno(err: CatalogError) -> Errno {
+    match err {
+        CatalogError::NotFound => Errno::ENOENT,
+        CatalogError::Damaged { .. } => Errno::EIO,
     }
 }
 
@@ -98,33 +112,35 @@ impl Filesystem for PackFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let Some((parent_id, dir)) = self.entry(parent) else {
-            return reply.error(Errno::ENOENT);
-        };
-        if !dir.is_dir() {
-            return reply.error(Errno::ENOTDIR);
-        }
-        match self.catalog.lookup(parent_id, name.as_bytes()) {
-            Some(id) => {
-                let e = self.catalog.entry(id).expect("lookup returns valid ids");
-                reply.entry(&TTL, &attr_of(id, e, self.owner), Generation(0))
+        let found = self.entry(parent).and_then(|(parent_id, dir)| {
+            if !dir.is_dir() {
+                return Ok(None);
             }
-            None => reply.error(Errno::ENOENT),
+            let id = self.catalog.lookup(parent_id, name.as_bytes())?;
+            Ok(Some((id, self.catalog.entry(id)?)))
+        });
+        match found {
+            Ok(Some((id, e))) => reply.entry(&TTL, &attr_of(id, e, self.owner), Generation(0)),
+            Ok(None) => reply.error(Errno::ENOTDIR),
+            Err(err) => reply.error(errno(err)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.entry(ino) {
-            Some((id, e)) => reply.attr(&TTL, &attr_of(id, e, self.owner)),
-            None => reply.error(Errno::ENOENT),
+            Ok((id, e)) => reply.attr(&TTL, &attr_of(id, e, self.owner)),
+            Err(err) => reply.error(errno(err)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.entry(ino) {
-            Some((_, e)) if e.kind() == Kind::Symlink => reply.data(self.catalog.symlink_target(e)),
-            Some(_) => reply.error(Errno::EINVAL),
-            None => reply.error(Errno::ENOENT),
+            Ok((_, e)) if e.kind() == Kind::Symlink => match self.catalog.symlink_target(e) {
+                Ok(target) => reply.data(target),
+                Err(err) => reply.error(errno(err)),
+            },
+            Ok(_) => reply.error(Errno::EINVAL),
+            Err(err) => reply.error(errno(err)),
         }
     }
 
@@ -150,8 +166,9 @@ impl Filesystem for PackFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some((id, e)) = self.entry(ino) else {
-            return reply.error(Errno::ENOENT);
+        let (id, e) = match self.entry(ino) {
+            Ok(found) => found,
+            Err(err) => return reply.error(errno(err)),
         };
         match e.kind() {
             Kind::File => {}
@@ -179,17 +196,25 @@ impl Filesystem for PackFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some((dir_id, dir)) = self.entry(ino) else {
-            return reply.error(Errno::ENOENT);
+        let (dir_id, dir) = match self.entry(ino) {
+            Ok(found) => found,
+            Err(err) => return reply.error(errno(err)),
         };
         if !dir.is_dir() {
             return reply.error(Errno::ENOTDIR);
         }
         let mut slot = offset;
-        while let Some((id, name)) = self.dir_slot(dir_id, dir, slot) {
-            let e = self.catalog.entry(id).expect("valid id");
-            if reply.add(ino_of(id), slot + 1, file_type(e), OsStr::from_bytes(name)) {
-                break;
+        loop {
+            match self.dir_slot(dir_id, dir, slot) {
+                Ok(Some((id, e, name))) => {
+                    if reply.add(ino_of(id), slot + 1, file_type(e), OsStr::from_bytes(name)) {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                // What was added so far is good; the next call starts at the damaged slot.
+                Err(err) if slot == offset => return reply.error(errno(err)),
+                Err(_) => break,
             }
             slot += 1;
         }
@@ -204,25 +229,26 @@ impl Filesystem for PackFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some((dir_id, dir)) = self.entry(ino) else {
-            return reply.error(Errno::ENOENT);
+        let (dir_id, dir) = match self.entry(ino) {
+            Ok(found) => found,
+            Err(err) => return reply.error(errno(err)),
         };
         if !dir.is_dir() {
             return reply.error(Errno::ENOTDIR);
         }
         let mut slot = offset;
-        while let Some((id, name)) = self.dir_slot(dir_id, dir, slot) {
-            let e = self.catalog.entry(id).expect("valid id");
-            let attr = attr_of(id, e, self.owner);
-            if reply.add(
-                ino_of(id),
-                slot + 1,
-                OsStr::from_bytes(name),
-                &TTL,
-                &attr,
-                Generation(0),
-            ) {
-                break;
+        loop {
+            match self.dir_slot(dir_id, dir, slot) {
+                Ok(Some((id, e, name))) => {
+                    let attr = attr_of(id, e, self.owner);
+                    let name = OsStr::from_bytes(name);
+                    if reply.add(ino_of(id), slot + 1, name, &TTL, &attr, Generation(0)) {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(err) if slot == offset => return reply.error(errno(err)),
+                Err(_) => break,
             }
             slot += 1;
         }

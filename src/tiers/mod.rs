@@ -3,4 +3,4 @@
 
 mod source;
 
-pub use source::{Source, SourceStats};
+pub use source::{Source, SourceError, SourceStats};

@@ -9,6 +9,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::archive::Fingerprint;
+use crate::archive::fingerprint::show_time;
 use crate::catalog::ImageInfo;
 
 /// Counters of the operations issued on the backing files.
@@ -26,17 +28,34 @@ pub struct Source {
     bytes: AtomicU64,
 }
 
+/// Why the images cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot open image {}: {error}", path.display())]
+    Open { path: PathBuf, error: io::Error },
+    #[error("image {} changed since it was indexed: {what}", path.display())]
+    Changed { path: PathBuf, what: String },
+}
+
+/// Images are opened and fingerprinted this many at a time (latency-bound on a parallel FS).
+const OPEN_THREADS: usize = 8;
+
 impl Source {
-    /// Opens every image once, read-only.
-    pub fn open(images: &[ImageInfo]) -> io::Result<Source> {
-        let images = images
-            .iter()
-            .map(|info| {
-                File::open(&info.path)
-                    .map(|f| (info.path.clone(), f))
-                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", info.path.display())))
-            })
-            .collect::<io::Result<Vec<_>>>()?;
+    /// Opens every image once, read-only, and checks that each still has the fingerprint the
+    /// catalog recorded: the catalog's offsets are only valid for those bytes.
+    pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
+        let per_thread = images.len().div_ceil(OPEN_THREADS).max(1);
+        let opened: Vec<Result<(PathBuf, File), SourceError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = images
+                .chunks(per_thread)
+                .map(|part| scope.spawn(move || part.iter().map(open_checked).collect::<Vec<_>>()))
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("open thread panicked"))
+                .collect()
+        });
+        let images = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(Source {
             images,
             reads: AtomicU64::new(0),
@@ -66,6 +85,31 @@ impl Source {
             opens: self.images.len() as u64,
             reads: self.reads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File), SourceError> {
+    let path = info.path.clone();
+    let opened = File::open(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
+    let (file, now) = match opened {
+        Ok(v) => v,
+        Err(error) => return Err(SourceError::Open { path, error }),
+    };
+    let was = &info.fingerprint;
+    match was.differences(&now) {
+        None => Ok((path, file)),
+        Some(mut what) => {
+            if (was.size, was.head, was.tail) == (now.size, now.head, now.tail) {
+                // Typically a copy that did not keep times (cp without -p, rsync without -t).
+                what.push_str(&format!(
+                    "; size and both ends are unchanged: if the image was only copied, \
+                     `touch -d {} {}` restores the recorded time",
+                    show_time(was.mtime, was.mtime_nsec),
+                    path.display()
+                ));
+            }
+            Err(SourceError::Changed { path, what })
         }
     }
 }

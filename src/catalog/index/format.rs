@@ -1,0 +1,344 @@
+//! The index file layout, version 1. All integers are little-endian.
+//!
+//! ```text
+//! header    128 bytes (below)
+//! entries   entry_count records of 48 bytes (catalog::Entry as it is in memory)
+//! names     names_len bytes: entry names and symlink targets
+//! (zero padding to a multiple of 8)
+//! chunks    chunk_count xxh3-64 checksums of the 64 KiB chunks of [entries, chunks)
+//! images    image_count variable-size records (ImageRecord)
+//! ```
+//!
+//! The header ends with one xxh3-64 over the header's first 120 bytes, the chunk table and the
+//! image records: those are checked at open (their size grows with the number of images and
+//! chunks, not of files); each data chunk is checked on first use.
+
+use std::path::{Path, PathBuf};
+
+use crate::archive::Fingerprint;
+
+pub const MAGIC: &[u8; 8] = b"PACKFSIX";
+pub const VERSION: u32 = 1;
+pub const HEADER_LEN: usize = 128;
+pub const CHUNK_SIZE: usize = 64 * 1024;
+pub const ENTRY_SIZE: usize = std::mem::size_of::<crate::catalog::Entry>();
+/// Where the checksum sits in the header; it covers the bytes before it.
+pub const HASHED_HEADER: usize = 120;
+
+/// The fixed header, decoded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    pub version: u32,
+    pub entry_count: u64,
+    pub file_count: u64,
+    pub file_bytes: u64,
+    pub entries_off: u64,
+    pub names_off: u64,
+    pub names_len: u64,
+    pub chunks_off: u64,
+    pub chunk_count: u64,
+    pub images_off: u64,
+    pub images_len: u64,
+    pub image_count: u32,
+    pub meta_hash: u64,
+}
+
+impl Header {
+    /// Lays out the sections for the given table sizes.
+    pub fn layout(entry_count: u64, names_len: u64, images_len: u64, image_count: u32) -> Header {
+        let entries_off = HEADER_LEN as u64;
+        let names_off = entries_off + entry_count * ENTRY_SIZE as u64;
+        let body_end = names_off + names_len;
+        let chunks_off = body_end.next_multiple_of(8);
+        let chunk_count = (chunks_off - entries_off).div_ceil(CHUNK_SIZE as u64);
+        Header {
+            version: VERSION,
+            entry_count,
+            entries_off,
+            names_off,
+            names_len,
+            chunks_off,
+            chunk_count,
+            images_off: chunks_off + chunk_count * 8,
+            images_len,
+            image_count,
+            ..Header::default()
+        }
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.images_off.saturating_add(self.images_len)
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[..8].copy_from_slice(MAGIC);
+        put32(&mut b, 8, self.version);
+        put32(&mut b, 12, HEADER_LEN as u32);
+        put32(&mut b, 16, ENTRY_SIZE as u32);
+        put32(&mut b, 20, CHUNK_SIZE as u32);
+        for (at, v) in [
+            (24, self.entry_count),
+            (32, self.file_count),
+            (40, self.file_bytes),
+            (48, self.entries_off),
+            (56, self.names_off),
+            (64, self.names_len),
+            (72, self.chunks_off),
+            (80, self.chunk_count),
+            (88, self.images_off),
+            (96, self.images_len),
+        ] {
+            put64(&mut b, at, v);
+        }
+        put32(&mut b, 104, self.image_count);
+        put64(&mut b, HASHED_HEADER, self.meta_hash);
+        b
+    }
+
+    /// Decodes and checks a header against the file length. The errors are sentences about the
+    /// file, without its name.
+    pub fn decode(b: &[u8], file_len: u64) -> Result<Header, String> {
+        if b.len() < 8 || &b[..8] != MAGIC {
+            return Err("not a packfs index (no PACKFSIX magic at the start)".into());
+        }
+        if b.len() < 12 {
+            return Err(format!("truncated: {} bytes", b.len()));
+        }
+        let version = get32(b, 8);
+        if version != VERSION {
+            return Err(format!(
+                "index format version {version}, this packfs reads version {VERSION}; rebuild the \
+                 index with this packfs (`packfs index`)"
+            ));
+        }
+        if b.len() < HEADER_LEN {
+            return Err(format!(
+                "truncated: {} bytes, the header alone has {HEADER_LEN}",
+                b.len()
+            ));
+        }
+        let fixed = [
+            (12, HEADER_LEN as u32, "header size"),
+            (16, ENTRY_SIZE as u32, "entry size"),
+            (20, CHUNK_SIZE as u32, "chunk size"),
+        ];
+        for (at, want, what) in fixed {
+            if get32(b, at) != want {
+                return Err(format!("{what} is {}, expected {want}", get32(b, at)));
+            }
+        }
+        let h = Header {
+            version,
+            entry_count: get64(b, 24),
+            file_count: get64(b, 32),
+            file_bytes: get64(b, 40),
+            entries_off: get64(b, 48),
+            names_off: get64(b, 56),
+            names_len: get64(b, 64),
+            chunks_off: get64(b, 72),
+            chunk_count: get64(b, 80),
+            images_off: get64(b, 88),
+            images_len: get64(b, 96),
+            image_count: get32(b, 104),
+            meta_hash: get64(b, HASHED_HEADER),
+        };
+        // The layout is a function of the sizes: anything else is damage.
+        let expected = Header::layout(
+            h.entry_count.min(u32::MAX as u64),
+            h.names_len.min(1 << 48),
+            h.images_len.min(1 << 40),
+            h.image_count,
+        );
+        let same_layout = (
+            h.entries_off,
+            h.names_off,
+            h.chunks_off,
+            h.chunk_count,
+            h.images_off,
+        ) == (
+            expected.entries_off,
+            expected.names_off,
+            expected.chunks_off,
+            expected.chunk_count,
+            expected.images_off,
+        );
+        if h.entry_count == 0 || h.entry_count > u32::MAX as u64 || !same_layout {
+            return Err("the header is damaged (its section table is inconsistent)".into());
+        }
+        if h.file_len() != file_len {
+            return Err(format!(
+                "the file has {file_len} bytes but its header describes {} (truncated or \
+                 appended to?)",
+                h.file_len()
+            ));
+        }
+        Ok(h)
+    }
+}
+
+/// One image as recorded in the index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageRecord {
+    /// Relative to the index file's directory, so a dataset folder can move as a whole.
+    pub relative: PathBuf,
+    /// Absolute path at index time, tried when the relative one does not exist.
+    pub absolute: PathBuf,
+    pub fingerprint: Fingerprint,
+}
+
+/// Image format tag (only tar so far).
+const FORMAT_TAR: u32 = 1;
+
+impl ImageRecord {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        use std::os::unix::ffi::OsStrExt;
+        let (rel, abs) = (
+            self.relative.as_os_str().as_bytes(),
+            self.absolute.as_os_str().as_bytes(),
+        );
+        let fp = &self.fingerprint;
+        out.extend_from_slice(&fp.size.to_le_bytes());
+        out.extend_from_slice(&fp.mtime.to_le_bytes());
+        out.extend_from_slice(&fp.mtime_nsec.to_le_bytes());
+        out.extend_from_slice(&FORMAT_TAR.to_le_bytes());
+        out.extend_from_slice(&fp.head.to_le_bytes());
+        out.extend_from_slice(&fp.tail.to_le_bytes());
+        out.extend_from_slice(&(rel.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(abs.len() as u32).to_le_bytes());
+        out.extend_from_slice(rel);
+        out.extend_from_slice(abs);
+        out.resize(out.len().next_multiple_of(8), 0);
+    }
+
+    /// Decodes `count` records; `None` if they do not fit the bytes exactly.
+    pub fn decode_all(mut b: &[u8], count: u32) -> Option<Vec<ImageRecord>> {
+        use std::os::unix::ffi::OsStrExt;
+        const FIXED: usize = 48;
+        let mut out = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            if b.len() < FIXED || get32(b, 20) != FORMAT_TAR {
+                return None;
+            }
+            let (rel_len, abs_len) = (get32(b, 40) as usize, get32(b, 44) as usize);
+            let len = (FIXED + rel_len + abs_len).next_multiple_of(8);
+            if b.len() < len {
+                return None;
+            }
+            let path = |from: usize, n: usize| {
+                PathBuf::from(std::ffi::OsStr::from_bytes(&b[from..from + n]))
+            };
+            out.push(ImageRecord {
+                fingerprint: Fingerprint {
+                    size: get64(b, 0),
+                    mtime: get64(b, 8) as i64,
+                    mtime_nsec: get32(b, 16),
+                    head: get64(b, 24),
+                    tail: get64(b, 32),
+                },
+                relative: path(FIXED, rel_len),
+                absolute: path(FIXED + rel_len, abs_len),
+            });
+            b = &b[len..];
+        }
+        b.is_empty().then_some(out)
+    }
+}
+
+/// `target` relative to directory `base`, both absolute and lexically normal.
+pub fn relative_to(target: &Path, base: &Path) -> PathBuf {
+    let t: Vec<_> = target.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = t.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    out
+}
+
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+pub fn get64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_layout_checks() {
+        let mut h = Header::layout(1000, 12_345, 200, 3);
+        h.file_count = 990;
+        h.meta_hash = 42;
+        let bytes = h.encode();
+        assert_eq!(Header::decode(&bytes, h.file_len()), Ok(h.clone()));
+        assert!(
+            Header::decode(&bytes, h.file_len() - 1)
+                .unwrap_err()
+                .contains("truncated")
+        );
+        let mut other = bytes;
+        other[8] = 2;
+        assert!(
+            Header::decode(&other, h.file_len())
+                .unwrap_err()
+                .contains("version 2")
+        );
+        let mut damaged = bytes;
+        damaged[57] ^= 1;
+        assert!(
+            Header::decode(&damaged, h.file_len())
+                .unwrap_err()
+                .contains("damaged")
+        );
+        assert!(
+            Header::decode(b"hello", 5)
+                .unwrap_err()
+                .contains("not a packfs index")
+        );
+    }
+
+    #[test]
+    fn image_records_round_trip() {
+        let rec = |r: &str, a: &str| ImageRecord {
+            relative: r.into(),
+            absolute: a.into(),
+            fingerprint: Fingerprint {
+                size: 10,
+                mtime: -5,
+                mtime_nsec: 7,
+                head: 1,
+                tail: 2,
+            },
+        };
+        let recs = vec![rec("a.tar", "/d/a.tar"), rec("../x/b.tar", "/x/b.tar")];
+        let mut buf = Vec::new();
+        recs.iter().for_each(|r| r.encode(&mut buf));
+        assert_eq!(ImageRecord::decode_all(&buf, 2), Some(recs));
+        assert_eq!(ImageRecord::decode_all(&buf[..buf.len() - 8], 2), None);
+        assert_eq!(ImageRecord::decode_all(&buf, 1), None);
+    }
+
+    #[test]
+    fn relative_paths() {
+        let rel = |t: &str, b: &str| relative_to(Path::new(t), Path::new(b));
+        assert_eq!(rel("/d/s/a.tar", "/d/s"), PathBuf::from("a.tar"));
+        assert_eq!(rel("/d/s/a.tar", "/d/idx"), PathBuf::from("../s/a.tar"));
+        assert_eq!(rel("/x/a.tar", "/"), PathBuf::from("x/a.tar"));
+    }
+}

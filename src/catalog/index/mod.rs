@@ -1,0 +1,245 @@
+//! The persisted index: a merged catalog written once (`packfs index`) and mapped at mount.
+//!
+//! Opening one checks the header, the image table and the chunk checksums' own checksum, and maps
+//! the rest: the cost does not depend on the number of files. See `format` for the layout.
+
+mod format;
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use memmap2::Mmap;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::store::{Chunks, Mapped, Store};
+use super::{Catalog, Entry, ImageInfo, ROOT};
+use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord};
+
+pub use format::{MAGIC, VERSION};
+
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the index maps little-endian records as they are"
+);
+
+/// What `write` produced.
+#[derive(Clone, Copy, Debug)]
+pub struct Written {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// True if `path` starts with the index magic (false for anything unreadable).
+pub fn is_index(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|_| &magic == MAGIC)
+}
+
+/// Writes `catalog` to `dest` atomically (a temporary file renamed into place), image paths
+/// recorded relative to `dest`'s directory as well as absolute.
+pub fn write(catalog: &Catalog, dest: &Path) -> anyhow::Result<Written> {
+    let dest = std::path::absolute(dest).with_context(|| format!("bad path {}", dest.display()))?;
+    let dir = dest.parent().unwrap_or(Path::new("/"));
+    let (entries, names) = catalog
+        .tables()
+        .context("cannot write an index from a damaged one")?;
+    // SAFETY: Entry is plain integers without padding (asserted in entry.rs).
+    let entry_bytes = unsafe {
+        std::slice::from_raw_parts(
+            entries.as_ptr() as *const u8,
+            std::mem::size_of_val(entries),
+        )
+    };
+
+    let mut images = Vec::new();
+    for image in catalog.images() {
+        ImageRecord {
+            relative: format::relative_to(&image.path, dir),
+            absolute: image.path.clone(),
+            fingerprint: image.fingerprint,
+        }
+        .encode(&mut images);
+    }
+    let mut header = Header::layout(
+        entries.len() as u64,
+        names.len() as u64,
+        images.len() as u64,
+        u32::try_from(catalog.images().len()).context("more than 4 billion images")?,
+    );
+    header.file_count = catalog.file_count();
+    header.file_bytes = catalog.file_bytes();
+
+    // The chunks cover the padding after the names too: every byte of the file is checked.
+    let padding = header.chunks_off - header.names_off - header.names_len;
+    let zeros = [0u8; 8];
+    let body = [entry_bytes, names, &zeros[..padding as usize]];
+    let chunk_table: Vec<u8> = (0..header.chunk_count as usize)
+        .flat_map(|c| chunk_hash(&body, c * CHUNK_SIZE, CHUNK_SIZE).to_le_bytes())
+        .collect();
+    let mut meta = Xxh3::new();
+    meta.update(&header.encode()[..HASHED_HEADER]);
+    meta.update(&chunk_table);
+    meta.update(&images);
+    header.meta_hash = meta.digest();
+
+    let tmp = tempfile::Builder::new()
+        .prefix(".packfs-index-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+    for part in [
+        &header.encode()[..],
+        entry_bytes,
+        names,
+        &zeros[..padding as usize],
+        &chunk_table,
+        &images,
+    ] {
+        out.write_all(part)
+            .with_context(|| format!("cannot write {}", dest.display()))?;
+    }
+    out.flush()
+        .with_context(|| format!("cannot write {}", dest.display()))?;
+    drop(out);
+    let file = tmp.as_file();
+    // Readable by everybody who can read the images (a temporary file starts as 0600).
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    file.sync_all()
+        .with_context(|| format!("cannot write {}", dest.display()))?;
+    tmp.persist(&dest)
+        .with_context(|| format!("cannot create {}", dest.display()))?;
+    Ok(Written {
+        bytes: header.file_len(),
+        entries: header.entry_count,
+    })
+}
+
+/// xxh3 of `len` bytes at `offset` of the concatenation of `parts`.
+fn chunk_hash(parts: &[&[u8]], mut offset: usize, mut len: usize) -> u64 {
+    let mut h = Xxh3::new();
+    for part in parts {
+        if offset >= part.len() {
+            offset -= part.len();
+            continue;
+        }
+        let take = (part.len() - offset).min(len);
+        h.update(&part[offset..offset + take]);
+        len -= take;
+        offset = 0;
+        if len == 0 {
+            break;
+        }
+    }
+    h.digest()
+}
+
+/// Maps an index and checks everything whose size does not grow with the number of files; the
+/// images are resolved (relative to the index first) but not opened.
+pub fn open(path: &Path) -> anyhow::Result<Catalog> {
+    let path = std::path::absolute(path).with_context(|| format!("bad path {}", path.display()))?;
+    let shown = path.display();
+    let file = File::open(&path).with_context(|| format!("cannot open index {shown}"))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot stat index {shown}"))?
+        .len();
+    if len < HEADER_LEN as u64 {
+        let mut head = Vec::new();
+        use std::io::Read;
+        (&file)
+            .take(HEADER_LEN as u64)
+            .read_to_end(&mut head)
+            .with_context(|| format!("cannot read index {shown}"))?;
+        let reason = Header::decode(&head, len).err().unwrap_or_default();
+        bail!("index {shown}: {reason}");
+    }
+    // SAFETY: the mapping is read-only. Index files are replaced by rename, never rewritten in
+    // place; a file truncated under a running daemon would fault (documented).
+    let map = unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map index {shown}"))?;
+    let header = Header::decode(&map[..HEADER_LEN], len)
+        .map_err(|r| anyhow::anyhow!("index {shown}: {r}"))?;
+
+    let (chunks_off, images_off) = (header.chunks_off as usize, header.images_off as usize);
+    let mut meta = Xxh3::new();
+    meta.update(&map[..HASHED_HEADER]);
+    meta.update(&map[chunks_off..]);
+    if meta.digest() != header.meta_hash {
+        bail!(
+            "index {shown} is damaged: its header, chunk table or image table fails its checksum; \
+             rebuild it with `packfs index`"
+        );
+    }
+    let records = ImageRecord::decode_all(&map[images_off..], header.image_count)
+        .with_context(|| format!("index {shown}: the image table is malformed"))?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let images = records
+        .into_iter()
+        .map(|r| {
+            Ok(ImageInfo {
+                path: locate(dir, &r).with_context(|| format!("index {shown}"))?,
+                fingerprint: r.fingerprint,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+
+    let entries = header.entries_off as usize..header.names_off as usize;
+    let names = header.names_off as usize..(header.names_off + header.names_len) as usize;
+    let chunks = Chunks::new(entries.start, chunks_off, CHUNK_SIZE, chunks_off);
+    let catalog = Catalog {
+        store: Store::Mapped(Mapped {
+            map,
+            path: path.clone(),
+            entries,
+            names,
+            chunks,
+        }),
+        images,
+        file_count: header.file_count,
+        file_bytes: header.file_bytes,
+    };
+    let root_ok = catalog.entry(ROOT).map(Entry::is_dir)?;
+    if !root_ok {
+        bail!("index {shown} is damaged: its first entry is not a directory");
+    }
+    Ok(catalog)
+}
+
+/// An image's current path: beside the index as recorded, else where it was when indexed.
+fn locate(dir: &Path, record: &ImageRecord) -> anyhow::Result<PathBuf> {
+    let beside = dir.join(&record.relative);
+    if beside.exists() {
+        return Ok(beside);
+    }
+    if record.absolute.exists() {
+        return Ok(record.absolute.clone());
+    }
+    bail!(
+        "image {} is missing: it is neither at {} (relative to the index) nor at {} (where it was \
+         indexed)",
+        record.relative.display(),
+        beside.display(),
+        record.absolute.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xxhash_rust::xxh3::xxh3_64;
+
+    #[test]
+    fn chunk_hash_spans_parts() {
+        let whole: Vec<u8> = (0..200u8).collect();
+        let parts = [&whole[..70], &whole[70..71], &whole[71..]];
+        for (off, len) in [(0, 200), (60, 20), (70, 1), (150, 100)] {
+            let end = (off + len).min(200);
+            assert_eq!(chunk_hash(&parts, off, len), xxh3_64(&whole[off..end]));
+        }
+    }
+}

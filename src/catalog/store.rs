@@ -1,0 +1,189 @@
+//! Where the catalog's tables live: in memory after a scan, or in a mapped index file.
+//!
+//! A mapped index is not read at mount: its entries and names are cut into chunks with one recorded
+//! checksum each, and a chunk is checked the first time anything in it is used (a bit per chunk
+//! remembers it). So mounting costs the same for any number of files, and a damaged index can only
+//! turn a request into an error, never into a wrong answer.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::Mmap;
+use tracing::error;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::entry::Entry;
+
+const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    #[error("no such entry")]
+    NotFound,
+    #[error(
+        "index {}: the chunk at byte offset {offset} fails its checksum (the index file is \
+         damaged; rebuild it with `packfs index`)",
+        index.display()
+    )]
+    Damaged { index: PathBuf, offset: u64 },
+}
+
+pub(super) enum Store {
+    Owned { entries: Vec<Entry>, names: Vec<u8> },
+    Mapped(Mapped),
+}
+
+/// An index file's tables, in place in the mapping. Byte ranges are offsets into the mapping and
+/// have been checked against its length; `entries.start` is a multiple of 8.
+pub(super) struct Mapped {
+    pub map: Mmap,
+    pub path: PathBuf,
+    pub entries: Range<usize>,
+    pub names: Range<usize>,
+    pub chunks: Chunks,
+}
+
+/// Per-chunk checksums over a byte range of the mapping (the entries and names), with the state of
+/// the lazy verification.
+pub(super) struct Chunks {
+    pub start: usize,
+    pub end: usize,
+    pub size: usize,
+    /// Offset of the table of xxh3 checksums (u64, little-endian), one per chunk.
+    pub table: usize,
+    pub verified: Box<[AtomicU64]>,
+    pub reported: Box<[AtomicU64]>,
+}
+
+impl Chunks {
+    pub fn new(start: usize, end: usize, size: usize, table: usize) -> Chunks {
+        let count = (end - start).div_ceil(size);
+        let words = || (0..count.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        Chunks {
+            start,
+            end,
+            size,
+            table,
+            verified: words(),
+            reported: words(),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        (self.end - self.start).div_ceil(self.size)
+    }
+
+    /// Checks every chunk touching bytes `range` of `map`.
+    fn check(&self, map: &[u8], path: &Path, range: Range<usize>) -> Result<(), CatalogError> {
+        let first = (range.start - self.start) / self.size;
+        let last = (range.end.max(range.start + 1) - 1 - self.start) / self.size;
+        (first..=last).try_for_each(|chunk| self.ensure(map, path, chunk))
+    }
+
+    /// Checks one chunk unless it was checked before.
+    fn ensure(&self, map: &[u8], path: &Path, chunk: usize) -> Result<(), CatalogError> {
+        let (word, bit) = (chunk / 64, 1u64 << (chunk % 64));
+        if self.verified[word].load(Ordering::Relaxed) & bit != 0 {
+            return Ok(());
+        }
+        self.check_chunk(map, path, chunk)
+    }
+
+    /// Hashes one chunk and compares it with its recorded checksum; remembers a success, and logs
+    /// a failure once.
+    fn check_chunk(&self, map: &[u8], path: &Path, chunk: usize) -> Result<(), CatalogError> {
+        let (word, bit) = (chunk / 64, 1u64 << (chunk % 64));
+        let start = self.start + chunk * self.size;
+        let end = (start + self.size).min(self.end);
+        let at = self.table + chunk * 8;
+        let recorded = u64::from_le_bytes(map[at..at + 8].try_into().expect("8 bytes"));
+        if xxh3_64(&map[start..end]) == recorded {
+            self.verified[word].fetch_or(bit, Ordering::Relaxed);
+            return Ok(());
+        }
+        let err = CatalogError::Damaged {
+            index: path.to_path_buf(),
+            offset: start as u64,
+        };
+        if self.reported[word].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            error!("{err}; requests that need it fail with EIO");
+        }
+        Err(err)
+    }
+}
+
+impl Store {
+    pub fn len(&self) -> usize {
+        match self {
+            Store::Owned { entries, .. } => entries.len(),
+            Store::Mapped(m) => m.entries.len() / ENTRY_SIZE,
+        }
+    }
+
+    pub fn entry(&self, id: u32) -> Result<&Entry, CatalogError> {
+        match self {
+            Store::Owned { entries, .. } => entries.get(id as usize).ok_or(CatalogError::NotFound),
+            Store::Mapped(m) => {
+                if id as usize >= m.entries.len() / ENTRY_SIZE {
+                    return Err(CatalogError::NotFound);
+                }
+                let start = m.entries.start + id as usize * ENTRY_SIZE;
+                m.chunks.check(&m.map, &m.path, start..start + ENTRY_SIZE)?;
+                // SAFETY: `start` is in bounds (checked above), 8-aligned (the mapping is page
+                // aligned, `entries.start` and ENTRY_SIZE are multiples of 8), and Entry is plain
+                // integers without padding, so any bytes are a valid Entry.
+                Ok(unsafe { &*(m.map.as_ptr().add(start) as *const Entry) })
+            }
+        }
+    }
+
+    /// `len` bytes at `offset` in the names arena; `NotFound` if out of range (never for a
+    /// consistent catalog).
+    pub fn names(&self, offset: u64, len: usize) -> Result<&[u8], CatalogError> {
+        let offset = usize::try_from(offset).map_err(|_| CatalogError::NotFound)?;
+        let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
+        match self {
+            Store::Owned { names, .. } => names.get(offset..end).ok_or(CatalogError::NotFound),
+            Store::Mapped(m) => {
+                if end > m.names.len() {
+                    return Err(CatalogError::NotFound);
+                }
+                let range = m.names.start + offset..m.names.start + end;
+                m.chunks.check(&m.map, &m.path, range.clone())?;
+                Ok(&m.map[range])
+            }
+        }
+    }
+
+    /// The whole tables, every chunk verified: for writing an index and for `packfs verify`.
+    pub fn tables(&self) -> Result<(&[Entry], &[u8]), CatalogError> {
+        match self {
+            Store::Owned { entries, names } => Ok((entries, names)),
+            Store::Mapped(m) => {
+                for chunk in 0..m.chunks.count() {
+                    m.chunks.ensure(&m.map, &m.path, chunk)?;
+                }
+                // SAFETY: as in `entry`, for the whole checked range.
+                let entries = unsafe {
+                    std::slice::from_raw_parts(
+                        m.map.as_ptr().add(m.entries.start) as *const Entry,
+                        m.entries.len() / ENTRY_SIZE,
+                    )
+                };
+                Ok((entries, &m.map[m.names.clone()]))
+            }
+        }
+    }
+
+    /// Checks every chunk of a mapped index once, in the background after a mount, so damage is
+    /// logged early and the pages are warm; returns the number of damaged chunks.
+    pub fn verify_all(&self) -> usize {
+        match self {
+            Store::Owned { .. } => 0,
+            Store::Mapped(m) => (0..m.chunks.count())
+                .filter(|&c| m.chunks.ensure(&m.map, &m.path, c).is_err())
+                .count(),
+        }
+    }
+}
