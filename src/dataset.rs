@@ -62,6 +62,12 @@ pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Cata
 }
 
 fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
+    if let Some(index) = paths.iter().find(|p| catalog::index::is_index(p)) {
+        anyhow::bail!(
+            "{} is an index file, not an image (a glob that also matches the index?)",
+            index.display()
+        );
+    }
     let started = std::time::Instant::now();
     let bar = progress_bar(paths);
     let scanned = scan_all(paths, &bar)?;

@@ -141,6 +141,20 @@ fn index_mount_equals_scan_mount() {
         .arg(&scanned.dir));
     assert_eq!(df, scan_df);
     run(packfs().arg("verify").arg(ds.index()));
+
+    // A glob that also matches the index is refused rather than scanned as a tar.
+    let out = packfs()
+        .arg("index")
+        .arg(ds.dir.join("*"))
+        .arg("-o")
+        .arg(ds.tmp().join("again.packfs-index"))
+        .output()
+        .unwrap();
+    let err = assert_clean_failure(&out, "index over a glob matching an index");
+    assert!(
+        err.contains("ds.packfs-index is an index file, not an image"),
+        "{err}"
+    );
 }
 
 #[test]
