@@ -72,6 +72,7 @@ fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Cata
     let bar = progress_bar(paths);
     let scanned = scan_all(paths, &bar)?;
     bar.finish_and_clear();
+    let scan_secs = started.elapsed().as_secs_f64();
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
     let skipped: u64 = scanned.iter().map(|s| s.skipped).sum();
     if skipped > 0 {
@@ -84,8 +85,8 @@ fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Cata
         entries = catalog.len(),
         files = catalog.file_count(),
         bytes = catalog.file_bytes(),
-        "catalog built in {:.3} s",
-        started.elapsed().as_secs_f64()
+        "images scanned in {scan_secs:.3} s, catalog built in {:.3} s",
+        started.elapsed().as_secs_f64() - scan_secs
     );
     Ok(catalog)
 }

@@ -113,6 +113,16 @@ fn index_mount_equals_scan_mount() {
         MANY
     );
 
+    // Listings with attributes serve the same tree.
+    for mode in ["always", "auto"] {
+        let mnt = Mount::new(
+            &[&ds.index()],
+            &ds.tmp().join(format!("m-{mode}")),
+            &["--readdirplus", mode],
+        );
+        assert_same_tree(&ds.src, &mnt.dir, &[]);
+    }
+
     // The index saved by the scanning mount is the same tree, byte for byte in its tables.
     let from_saved = Mount::new(&[&saved], &ds.tmp().join("m-saved"), &[]);
     assert_same_tree(&ds.src, &from_saved.dir, &[]);

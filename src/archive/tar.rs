@@ -5,6 +5,7 @@
 //! offset of every problem, detect members that run past the end of a truncated shard, and read only
 //! the headers (one small read per member on a parallel filesystem, not the data).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -204,12 +205,13 @@ fn record_member(
     data_offset: u64,
     size: u64,
 ) {
-    let raw_name = ext
-        .pax_path
-        .or(ext.long_name)
-        .unwrap_or_else(|| header.path_bytes().into_owned());
-    let shown = String::from_utf8_lossy(&raw_name).into_owned();
+    // Borrowed from the header in the common case: no allocation per member.
+    let raw_name: Cow<[u8]> = match ext.pax_path.or(ext.long_name) {
+        Some(name) => Cow::Owned(name),
+        None => header.path_bytes(),
+    };
     let skip = |image: &mut ScannedImage, why: &str| {
+        let shown = String::from_utf8_lossy(&raw_name);
         warn!(
             image = %image.path.display(),
             offset = header_offset,
@@ -246,21 +248,22 @@ fn record_member(
         return skip(image, "sparse members are not supported");
     }
     let path = match sanitize(&raw_name) {
-        Ok(path) => path.into_owned(),
+        Ok(path) => path,
         Err(why) => return skip(image, &why.to_string()),
     };
-    let link_raw = ext
-        .pax_link
-        .or(ext.long_link)
-        .or_else(|| header.link_name_bytes().map(|l| l.into_owned()))
-        .unwrap_or_default();
+    let link_raw: Cow<[u8]> = match kind {
+        MemberKind::HardLink | MemberKind::Symlink => match ext.pax_link.or(ext.long_link) {
+            Some(link) => Cow::Owned(link),
+            None => header.link_name_bytes().unwrap_or_default(),
+        },
+        _ => Cow::Borrowed(&[]),
+    };
     let link = match kind {
         MemberKind::HardLink => match sanitize(&link_raw) {
-            Ok(target) => target.into_owned(),
+            Ok(target) => target,
             Err(why) => return skip(image, &format!("hard-link target: {why}")),
         },
-        MemberKind::Symlink => link_raw,
-        _ => Vec::new(),
+        _ => link_raw.clone(),
     };
     let (mtime, mtime_nsec) = ext
         .pax_mtime

@@ -68,13 +68,29 @@ struct Node<'a> {
 
 /// Orders paths component by component: `/` sorts below every other byte, so `a/b` < `a b`.
 fn cmp_paths(a: &[u8], b: &[u8]) -> Ordering {
-    match a.iter().zip(b).position(|(x, y)| x != y) {
+    match mismatch(a, b) {
         Some(i) => {
             let key = |c: u8| if c == b'/' { 0 } else { c };
             key(a[i]).cmp(&key(b[i]))
         }
         None => a.len().cmp(&b.len()),
     }
+}
+
+/// The first position where `a` and `b` differ, eight bytes at a time (sorting millions of paths
+/// that share long prefixes is most of the build).
+fn mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
+    let n = a.len().min(b.len());
+    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    let mut i = 0;
+    while i + 8 <= n {
+        let diff = word(a, i) ^ word(b, i);
+        if diff != 0 {
+            return Some(i + (diff.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    (i..n).find(|&j| a[j] != b[j])
 }
 
 /// Merges scanned images into one immutable catalog.
@@ -84,7 +100,8 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
     let image_path = |r: Ref| images[r.image as usize].path.clone();
     let shown = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
 
-    let mut refs: Vec<Ref> = Vec::new();
+    // Each member with its path, so the sort compares without looking the path up.
+    let mut refs: Vec<(&[u8], Ref)> = Vec::new();
     let mut root_attrs: Option<Ref> = None;
     for (i, image) in images.iter().enumerate() {
         for (j, m) in image.members.iter().enumerate() {
@@ -98,25 +115,29 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
                 }
                 continue;
             }
-            refs.push(r);
+            refs.push((image.path_of(m), r));
         }
     }
     if refs.len() >= u32::MAX as usize - 1 {
         return Err(BuildError::TooLarge("more than 4 billion members"));
     }
-    // Stable order for equal paths: by image, then by position in the image.
-    refs.sort_by(|&a, &b| {
-        cmp_paths(path(a), path(b))
+    // A total order (equal paths by image, then by position in the image), so unstable is fine;
+    // in parallel, as this sort is the largest serial step of an index build.
+    use rayon::slice::ParallelSliceMut;
+    refs.par_sort_unstable_by(|&(pa, a), &(pb, b)| {
+        cmp_paths(pa, pb)
             .then(a.image.cmp(&b.image))
             .then(a.member.cmp(&b.member))
     });
 
     // Keep one member per path.
     let mut winners: Vec<Ref> = Vec::with_capacity(refs.len());
-    for group in refs.chunk_by(|&a, &b| path(a) == path(b)) {
-        let last = *group.last().expect("non-empty group");
-        let first = group[0];
-        let all_dirs = group.iter().all(|&r| member(r).kind == MemberKind::Dir);
+    for group in refs.chunk_by(|a, b| a.0 == b.0) {
+        let last = group.last().expect("non-empty group").1;
+        let first = group[0].1;
+        let all_dirs = group
+            .iter()
+            .all(|&(_, r)| member(r).kind == MemberKind::Dir);
         if all_dirs {
             winners.push(first);
             continue;

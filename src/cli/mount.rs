@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use packfs::catalog::DuplicatePolicy;
 use packfs::daemon::{self, MountRequest};
-use packfs::fs::FsOptions;
+use packfs::fs::{FsOptions, ReaddirPlus};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -34,6 +34,10 @@ pub struct Args {
     /// Group shown for every file; the mounting user's group by default.
     #[arg(long)]
     gid: Option<u32>,
+    /// Whether listings carry attributes: `never` is fastest for find/os.walk/ImageFolder scans,
+    /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
+    #[arg(long, value_enum, default_value_t = ReaddirPlus::Never)]
+    readdirplus: ReaddirPlus,
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
     duplicates: DuplicatePolicy,
@@ -62,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             allow_other: args.allow_other,
             uid: args.uid,
             gid: args.gid,
+            readdirplus: args.readdirplus,
             ..FsOptions::default()
         },
         pid_file: args

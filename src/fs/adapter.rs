@@ -12,9 +12,9 @@ use fuser::{
 };
 use tracing::{debug, info};
 
-use super::FsOptions;
 use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
 use super::reads::{ReadJob, Reads};
+use super::{FsOptions, ReaddirPlus};
 use crate::catalog::{Catalog, CatalogError, Entry, EntryId, Kind};
 use crate::tiers::Source;
 
@@ -28,6 +28,7 @@ pub struct PackFs {
     catalog: Arc<Catalog>,
     reads: Reads,
     owner: Owner,
+    readdirplus: ReaddirPlus,
 }
 
 impl PackFs {
@@ -50,6 +51,7 @@ impl PackFs {
             catalog,
             reads,
             owner,
+            readdirplus: opts.readdirplus,
         })
     }
 
@@ -91,13 +93,20 @@ fn errno(err: CatalogError) -> Errno {
 
 impl Filesystem for PackFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // One flag at a time: `add_capabilities` adds nothing if any bit is unsupported.
-        for flag in [
+        let mut flags = vec![
             InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
-        ] {
+        ];
+        match self.readdirplus {
+            ReaddirPlus::Never => {}
+            ReaddirPlus::Auto => flags.extend([
+                InitFlags::FUSE_DO_READDIRPLUS,
+                InitFlags::FUSE_READDIRPLUS_AUTO,
+            ]),
+            ReaddirPlus::Always => flags.push(InitFlags::FUSE_DO_READDIRPLUS),
+        }
+        // One flag at a time: `add_capabilities` adds nothing if any bit is unsupported.
+        for flag in flags {
             if config.add_capabilities(flag).is_err() {
                 info!("kernel does not offer {flag:?}");
             }

@@ -10,4 +10,4 @@ mod reads;
 mod session;
 
 pub use adapter::PackFs;
-pub use session::{FsOptions, Mounted, mount};
+pub use session::{FsOptions, Mounted, ReaddirPlus, mount};
