@@ -12,7 +12,7 @@ made from it by GNU tar (WebDataset style: files only, no directory members) and
 - mount time: packfs from its index, cold and hot (median of --repeat), next to squashfuse_ll and
   the kernel's squashfs on the image;
 - `find MOUNT | wc -l` (names) and `find MOUNT -printf '%s'` (a stat of every entry) on a fresh
-  mount after dropping caches, and again warm, for packfs (default, and `--readdirplus always` as
+  mount after dropping caches, and again warm (medians over --find-repeat / --stat-repeat mounts), for packfs (default, and `--readdirplus always` as
   packfs-always), squashfuse_ll, kernel squashfs and the tree itself on tmpfs;
 - the daemons' memory after mount and after the walks (RssAnon is the heap; RssFile counts mapped
   index pages), and the index size per file.
@@ -158,7 +158,9 @@ def main():
     ap.add_argument("--files", type=int, default=2_000_000)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--dirs", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="mounts timed per peer")
+    ap.add_argument("--find-repeat", type=int, default=3, help="fresh mounts per `find` walk")
+    ap.add_argument("--stat-repeat", type=int, default=1, help="fresh mounts per stat walk")
     ap.add_argument("--work", default="/tmp/packfs-index-bench")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -209,41 +211,47 @@ def main():
             res[f"mount {peer} {temp}"] = statistics.median(times)
             print(f"mount {peer:16s} {temp}: median {statistics.median(times) * 1000:7.1f} ms "
                   f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f})", flush=True)
-    # For reference: a packfs mount that scans the shards (no index).
-    m = Mounted("packfs", None, os.path.join(mnt, "packfs"))
-    t0 = time.perf_counter()
-    subprocess.run([PACKFS, "mount", *shards, m.mnt], check=True, capture_output=True)
-    res["mount packfs scan hot"] = time.perf_counter() - t0
-    m.stop()
-
     # 3. Walks, cold then warm, each on a fresh mount; memory of the daemons.
     walks = {"find": "find {} | wc -l", "find-stat": "find {} -printf '%s\\n' | wc -l"}
     # packfs-always: the same index mounted with --readdirplus always (listings carry attributes).
     for peer, source in [*peers[:1], ("packfs-always", index), *peers[1:], ("tmpfs", tree)]:
         for walk, cmd in walks.items():
-            m = None
-            root = tree
-            drop_caches()
-            if peer != "tmpfs":
-                log = os.path.join(args.work, "packfs.log") if peer == "packfs" else None
-                m = Mounted(peer, source, os.path.join(mnt, peer), log)
-                m.start()
-                root = m.mnt
-                pid = m.pid()
-                if pid and walk == "find":
-                    # Right away: packfs's background index check runs during the walk, as in use.
-                    res[f"mem {peer} after mount"] = memory(pid)
-            for temp in ("cold", "warm"):
-                secs, out = shell_out(cmd.format(root))
-                if int(out) != expected:
-                    raise RuntimeError(f"{peer} {walk}: {out} entries, expected {expected}")
-                res[f"{walk} {peer} {temp}"] = secs
-                print(f"{walk:9s} {peer:16s} {temp}: {secs:6.2f} s", flush=True)
-            if m:
-                pid = m.pid()
-                if pid:
-                    res[f"mem {peer} after {walk}"] = memory(pid)
-                m.stop()
+            runs = {"cold": [], "warm": []}
+            for _ in range(args.find_repeat if walk == "find" else args.stat_repeat):
+                m = None
+                root = tree
+                drop_caches()
+                if peer != "tmpfs":
+                    log = os.path.join(args.work, "packfs.log") if peer == "packfs" else None
+                    m = Mounted(peer, source, os.path.join(mnt, peer), log)
+                    m.start()
+                    root = m.mnt
+                    pid = m.pid()
+                    if pid and walk == "find":
+                        # Right away: packfs's background index check runs during the walk.
+                        res[f"mem {peer} after mount"] = memory(pid)
+                for temp in ("cold", "warm"):
+                    secs, out = shell_out(cmd.format(root))
+                    if int(out) != expected:
+                        raise RuntimeError(f"{peer} {walk}: {out} entries, expected {expected}")
+                    runs[temp].append(secs)
+                if m:
+                    pid = m.pid()
+                    if pid:
+                        res[f"mem {peer} after {walk}"] = memory(pid)
+                    m.stop()
+            for temp, times in runs.items():
+                res[f"{walk} {peer} {temp}"] = statistics.median(times)
+                print(f"{walk:9s} {peer:16s} {temp}: median {statistics.median(times):6.2f} s "
+                      f"of {' '.join(f'{t:.2f}' for t in times)}", flush=True)
+
+    # 4. For reference, a packfs mount that scans the shards (no index); after the walks, so that
+    # its reading of every shard does not disturb them.
+    m = Mounted("packfs", None, os.path.join(mnt, "packfs"))
+    t0 = time.perf_counter()
+    subprocess.run([PACKFS, "mount", *shards, m.mnt], check=True, capture_output=True)
+    res["mount packfs scan hot"] = time.perf_counter() - t0
+    m.stop()
 
     out = args.json or os.path.join(HERE, "out", f"index-scale-{args.files}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
