@@ -111,8 +111,11 @@ class Peer:
             "ratarmount": ["ratarmount", "--index-folders", index_dir, *shards, self.mnt],
             "archivemount": ["archivemount", "-o", "readonly", self.path("all.tar"), self.mnt],
             "packfs": [PACKFS, "mount", "-v", "--log-file", os.path.join(self.work, "packfs.log"),
-                       *shards, self.mnt],
+                       self.index_path(), self.mnt],
         }[self.name]
+
+    def index_path(self):
+        return os.path.join(self.work, f"{os.path.basename(self.ds)}.packfs-index")
 
     def start(self):
         """Mounts; returns seconds from launch to the first successful stat of train/."""
@@ -131,6 +134,14 @@ class Peer:
             os.makedirs(os.path.join(self.work, "ratarmount-index"))
             self.extra["index_build_s"] = self._mount(self.command())
             self.stop()
+        if self.name == "packfs":
+            # As recommended: the index is built once (timed apart), the measured mount maps it.
+            t0 = time.perf_counter()
+            subprocess.run([PACKFS, "index", "-o", self.index_path(),
+                            *sorted(os.path.join(self.path("shards"), s)
+                                    for s in os.listdir(self.path("shards")) if s.endswith(".tar"))],
+                           check=True, capture_output=True)
+            self.extra["index_build_s"] = time.perf_counter() - t0
         return self._mount(self.command())
 
     def _mount(self, cmd):
@@ -378,7 +389,8 @@ def print_markdown(results):
         rss = v.get("memory_kb", {}).get("VmHWM")
         notes = []
         if "index_build_s" in v:
-            notes.append(f"index build {v['index_build_s']:.2f} s (first mount)")
+            how = "first mount" if n == "ratarmount" else "packfs index, once"
+            notes.append(f"index build {v['index_build_s']:.2f} s ({how})")
         if v.get("backing_ops"):
             notes.append("backing files: " + ", ".join(f"{k} {x:,}" for k, x in v["backing_ops"].items()))
         if "error" in v:
