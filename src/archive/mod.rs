@@ -7,6 +7,7 @@
 pub mod fingerprint;
 pub mod name;
 pub mod tar;
+pub mod zip;
 
 use std::fs::File;
 use std::io;
@@ -22,6 +23,17 @@ pub enum MemberKind {
     Symlink,
     /// A hard link whose target could not be resolved yet; scanners resolve them before returning.
     HardLink,
+}
+
+/// How a member's bytes are stored at its data offset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    /// `size` bytes as they are (tar, zip stored): served with one pread.
+    #[default]
+    Stored,
+    /// A raw deflate stream that inflates to `size` bytes (zip deflated); self-terminating, so
+    /// its compressed length is not needed to read it.
+    Deflate,
 }
 
 /// A byte range inside `ScannedImage::strings`.
@@ -48,6 +60,7 @@ pub struct Member {
     pub size: u64,
     /// Absolute offset of the member's data in the image.
     pub data_offset: u64,
+    pub encoding: Encoding,
     /// Offset of the member's (first) header, for messages.
     pub header_offset: u64,
 }
@@ -118,6 +131,29 @@ impl ArchiveError {
     }
 }
 
+/// Image formats, told apart by content (never by file name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Tar,
+    Zip,
+    Squashfs,
+}
+
+impl Format {
+    /// Zip by its first local header or, for an empty archive, its end record; squashfs by its
+    /// superblock magic; anything else is scanned as tar (whose scanner names what is wrong).
+    pub fn detect(file: &File) -> io::Result<Format> {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; 4];
+        let n = file.read_at(&mut head, 0)?;
+        Ok(match &head[..n] {
+            b"PK\x03\x04" | b"PK\x05\x06" => Format::Zip,
+            b"hsqs" => Format::Squashfs,
+            _ => Format::Tar,
+        })
+    }
+}
+
 /// Scans an image, detecting its format from its content.
 pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
     let file = File::open(path).map_err(|e| ArchiveError::io(path, e))?;
@@ -134,6 +170,16 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
         strings: Vec::new(),
         skipped: 0,
     };
-    tar::scan(&file, &mut image)?;
+    match Format::detect(&file).map_err(|e| ArchiveError::io(path, e))? {
+        Format::Zip => zip::scan(&file, &mut image)?,
+        Format::Squashfs => {
+            return Err(ArchiveError::malformed(
+                path,
+                0,
+                "squashfs images are not supported yet",
+            ));
+        }
+        Format::Tar => tar::scan(&file, &mut image)?,
+    }
     Ok(image)
 }

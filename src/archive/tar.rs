@@ -281,6 +281,7 @@ fn record_member(
         size: if kind == MemberKind::File { size } else { 0 },
         data_offset,
         header_offset,
+        encoding: super::Encoding::Stored,
     });
 }
 

@@ -268,7 +268,7 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
                 names.extend_from_slice(target);
             }
             Some((r, m)) if matches!(m.kind, MemberKind::File | MemberKind::HardLink) => {
-                e.mode = S_IFREG | m.mode;
+                e.mode = S_IFREG | m.mode | Entry::encoding_bits(m.encoding);
                 e.size = m.size;
                 e.offset = m.data_offset;
                 e.image = r.image;
@@ -335,6 +335,7 @@ mod tests {
                 },
                 data_offset: 512 * (i as u64 + 1),
                 header_offset: 0,
+                encoding: Default::default(),
             });
         }
         img

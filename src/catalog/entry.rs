@@ -1,10 +1,15 @@
 //! The fixed-size catalog record. One per file, directory or symlink; 48 bytes plus the name.
 
+use crate::archive::Encoding;
+
 /// File type bits, as in `st_mode`.
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
+
+/// Bits of `mode` above the `st_mode` ones that hold a file's `Encoding`.
+const ENCODING_SHIFT: u32 = 16;
 
 /// What an entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +33,7 @@ pub struct Entry {
     pub offset: u64,
     pub mtime: i64,
     pub mtime_nsec: u32,
-    /// Full `st_mode`: type bits and permission bits.
+    /// Full `st_mode` (type bits and permission bits), and above them the file's encoding.
     pub mode: u32,
     /// Entry index of the parent directory (the root is its own parent).
     pub parent: u32,
@@ -67,6 +72,22 @@ impl Entry {
         self.name_off = offset as u32;
         self.name_off_hi = (offset >> 32) as u16;
         Some(())
+    }
+
+    /// How the file's bytes are stored at `offset` of its image.
+    pub fn encoding(&self) -> Encoding {
+        match self.mode >> ENCODING_SHIFT {
+            1 => Encoding::Deflate,
+            _ => Encoding::Stored,
+        }
+    }
+
+    /// The `mode` bits that record `encoding`.
+    pub fn encoding_bits(encoding: Encoding) -> u32 {
+        match encoding {
+            Encoding::Stored => 0,
+            Encoding::Deflate => 1 << ENCODING_SHIFT,
+        }
     }
 
     pub fn permissions(&self) -> u16 {

@@ -3,8 +3,9 @@
 use std::io::Write;
 
 use anyhow::{Context, bail};
+use packfs::archive::Encoding;
 use packfs::catalog::{DuplicatePolicy, Kind};
-use packfs::tiers::Source;
+use packfs::tiers::{Inflated, Source};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,6 +37,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let source = Source::open(catalog.images())?;
     let mut out = std::io::stdout().lock();
+    if e.encoding() == Encoding::Deflate {
+        let bytes = Inflated::new(e.size.max(1))
+            .member(&source, e.image, e.offset, e.size)
+            .with_context(|| {
+                format!(
+                    "{}: cannot inflate {}",
+                    source.image_path(e.image).display(),
+                    args.path
+                )
+            })?;
+        out.write_all(&bytes)?;
+        out.flush()?;
+        return Ok(());
+    }
     let mut buf = vec![0u8; CHUNK.min(e.size) as usize];
     let mut done = 0;
     while done < e.size {

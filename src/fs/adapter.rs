@@ -16,7 +16,7 @@ use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
 use super::reads::{ReadJob, Reads};
 use super::{FsOptions, ReaddirPlus};
 use crate::catalog::{Catalog, CatalogError, Entry, EntryId, Kind};
-use crate::tiers::Source;
+use crate::tiers::{Inflated, Source};
 
 /// Bounds on asynchronous reads (readahead) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
@@ -42,6 +42,7 @@ impl PackFs {
             opts.io_threads,
             catalog.clone(),
             source,
+            Arc::new(Inflated::new(opts.cache_size)),
         )?;
         let owner = Owner {
             uid: opts.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
@@ -191,7 +192,10 @@ impl Filesystem for PackFs {
         self.reads.submit(ReadJob {
             id,
             image: e.image,
-            offset: e.offset + offset,
+            data_offset: e.offset,
+            encoding: e.encoding(),
+            file_size: e.size,
+            offset,
             len,
             reply,
         });

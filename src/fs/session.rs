@@ -45,6 +45,8 @@ pub struct FsOptions {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub readdirplus: ReaddirPlus,
+    /// Byte budget of the RAM cache of inflated (zip deflated) members.
+    pub cache_size: u64,
 }
 
 impl Default for FsOptions {
@@ -57,6 +59,7 @@ impl Default for FsOptions {
             uid: None,
             gid: None,
             readdirplus: ReaddirPlus::default(),
+            cache_size: 512 << 20,
         }
     }
 }

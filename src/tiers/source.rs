@@ -23,7 +23,8 @@ pub struct SourceStats {
 
 #[derive(Debug)]
 pub struct Source {
-    images: Vec<(PathBuf, File)>,
+    /// Path, open file and size (as fingerprinted) of each image.
+    images: Vec<(PathBuf, File, u64)>,
     reads: AtomicU64,
     bytes: AtomicU64,
 }
@@ -45,7 +46,7 @@ impl Source {
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
         let per_thread = images.len().div_ceil(OPEN_THREADS).max(1);
-        let opened: Vec<Result<(PathBuf, File), SourceError>> = std::thread::scope(|scope| {
+        let opened: Vec<Result<(PathBuf, File, u64), SourceError>> = std::thread::scope(|scope| {
             let workers: Vec<_> = images
                 .chunks(per_thread)
                 .map(|part| scope.spawn(move || part.iter().map(open_checked).collect::<Vec<_>>()))
@@ -63,6 +64,11 @@ impl Source {
         })
     }
 
+    /// Size of an image as fingerprinted when opened (0 for an unknown image).
+    pub fn image_size(&self, image: u32) -> u64 {
+        self.images.get(image as usize).map_or(0, |i| i.2)
+    }
+
     pub fn image_path(&self, image: u32) -> &Path {
         &self.images[image as usize].0
     }
@@ -70,7 +76,7 @@ impl Source {
     /// Fills `buf` from `offset` of `image`. A short file (an image truncated after it was scanned)
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
     pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let (_, file) = self
+        let (_, file, _) = self
             .images
             .get(image as usize)
             .ok_or_else(|| io::Error::other(format!("no image #{image}")))?;
@@ -89,7 +95,7 @@ impl Source {
     }
 }
 
-fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File), SourceError> {
+fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File, u64), SourceError> {
     let path = info.path.clone();
     let opened = File::open(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
     let (file, now) = match opened {
@@ -98,7 +104,7 @@ fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File), SourceError> {
     };
     let was = &info.fingerprint;
     match was.differences(&now) {
-        None => Ok((path, file)),
+        None => Ok((path, file, now.size)),
         Some(mut what) => {
             if (was.size, was.head, was.tail) == (now.size, now.head, now.tail) {
                 // Typically a copy that did not keep times (cp without -p, rsync without -t).

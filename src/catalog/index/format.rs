@@ -1,4 +1,5 @@
-//! The index file layout, version 1. All integers are little-endian.
+//! The index file layout, version 2 (version 1 is read too: it is version 2 without deflated
+//! entries). All integers are little-endian.
 //!
 //! ```text
 //! header    128 bytes (below)
@@ -18,7 +19,9 @@ use std::path::{Path, PathBuf};
 use crate::archive::Fingerprint;
 
 pub const MAGIC: &[u8; 8] = b"PACKFSIX";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest version this packfs still reads.
+pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
 pub const CHUNK_SIZE: usize = 64 * 1024;
 pub const ENTRY_SIZE: usize = std::mem::size_of::<crate::catalog::Entry>();
@@ -106,10 +109,10 @@ impl Header {
             return Err(format!("truncated: {} bytes", b.len()));
         }
         let version = get32(b, 8);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(format!(
-                "index format version {version}, this packfs reads version {VERSION}; rebuild the \
-                 index with this packfs (`packfs index`)"
+                "index format version {version}, this packfs reads versions {OLDEST_VERSION} to \
+                 {VERSION}; rebuild the index with this packfs (`packfs index`)"
             ));
         }
         if b.len() < HEADER_LEN {
@@ -293,11 +296,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 2;
+        other[8] = 3;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 2")
+                .contains("version 3")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;

@@ -1,0 +1,181 @@
+//! Zip scanner: reads the central directory with the `zip` crate (zip64 included), then each
+//! member's local header for its data offset and timestamps, and records stored members as plain
+//! extents and deflated members as deflate streams.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::Read;
+
+use tracing::warn;
+use zip::CompressionMethod;
+use zip::extra_fields::ExtraField;
+
+use super::name::sanitize;
+use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
+
+/// Deflated members are inflated whole into the RAM cache; larger ones are skipped for now (a
+/// streaming reader with restart points would lift this).
+pub const MAX_DEFLATED: u64 = 16 << 20;
+
+/// A symlink's target is stored as the member's data; longer ones are treated as corruption.
+const MAX_LINK: u64 = 64 * 1024;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFLNK: u32 = 0o120000;
+
+pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let malformed = |e: zip::result::ZipError| ArchiveError::malformed(&path, 0, e.to_string());
+    let mut archive = zip::ZipArchive::new(file).map_err(malformed)?;
+    for i in 0..archive.len() {
+        let member = archive
+            .by_index_raw(i)
+            .map_err(|e| ArchiveError::malformed(&path, 0, format!("member #{i}: {e}")))?;
+        let header_offset = member.header_start();
+        let raw_name: Cow<[u8]> = Cow::Owned(member.name_raw().to_vec());
+        let skip = |image: &mut ScannedImage, why: &str| {
+            warn!(
+                image = %image.path.display(),
+                offset = header_offset,
+                "skipping member {:?}: {why}",
+                String::from_utf8_lossy(&raw_name)
+            );
+            image.skipped += 1;
+        };
+        if member.encrypted() {
+            skip(image, "encrypted members are not supported");
+            continue;
+        }
+        let encoding = match member.compression() {
+            CompressionMethod::Stored => Encoding::Stored,
+            CompressionMethod::Deflated => Encoding::Deflate,
+            other => {
+                skip(
+                    image,
+                    &format!("compression method {other:?} is not supported"),
+                );
+                continue;
+            }
+        };
+        let Some(data_offset) = member.data_start() else {
+            return Err(ArchiveError::malformed(
+                &path,
+                header_offset,
+                "member has no data offset (local header unreadable)",
+            ));
+        };
+        let size = member.size();
+        if encoding == Encoding::Deflate && size > MAX_DEFLATED && !member.is_dir() {
+            skip(
+                image,
+                "deflated members over 16 MiB are not supported yet (store them instead)",
+            );
+            continue;
+        }
+        if encoding == Encoding::Stored
+            && data_offset.checked_add(size).is_none_or(|e| e > image.size)
+        {
+            return Err(ArchiveError::malformed(
+                &path,
+                header_offset,
+                format!(
+                    "member runs past the end of the file: {size} bytes at offset {data_offset}"
+                ),
+            ));
+        }
+        let unix = member.unix_mode();
+        let is_symlink = unix.is_some_and(|m| m & S_IFMT == S_IFLNK);
+        let kind = if member.is_dir() {
+            MemberKind::Dir
+        } else if is_symlink {
+            MemberKind::Symlink
+        } else {
+            MemberKind::File
+        };
+        let default_mode = if kind == MemberKind::Dir {
+            0o755
+        } else {
+            0o644
+        };
+        let mode = unix.map_or(default_mode, |m| m & 0o7777);
+        let mtime = member
+            .extra_data_fields()
+            .find_map(|f| match f {
+                ExtraField::ExtendedTimestamp(ts) => ts.mod_time(),
+                _ => None,
+            })
+            .map(i64::from)
+            .or_else(|| member.last_modified().map(dos_to_unix))
+            .unwrap_or(0);
+        let Ok(path_bytes) = sanitize(&raw_name) else {
+            skip(image, "unsafe name ('..', empty component or NUL)");
+            continue;
+        };
+        let path_bytes = path_bytes.into_owned();
+        let link = if kind == MemberKind::Symlink {
+            if size > MAX_LINK {
+                skip(image, "symlink target longer than 64 KiB");
+                continue;
+            }
+            drop(member);
+            let mut target = Vec::new();
+            let read = archive.by_index(i).and_then(|m| {
+                m.take(MAX_LINK)
+                    .read_to_end(&mut target)
+                    .map_err(Into::into)
+            });
+            if let Err(e) = read {
+                return Err(ArchiveError::malformed(
+                    &path,
+                    header_offset,
+                    format!("cannot read symlink target: {e}"),
+                ));
+            }
+            target
+        } else {
+            Vec::new()
+        };
+        let path_span = image.push_string(&path_bytes);
+        let link_span = image.push_string(&link);
+        image.members.push(Member {
+            path: path_span,
+            link: link_span,
+            kind,
+            mode,
+            mtime,
+            mtime_nsec: 0,
+            size: if kind == MemberKind::File { size } else { 0 },
+            data_offset,
+            header_offset,
+            encoding,
+        });
+    }
+    Ok(())
+}
+
+/// A DOS timestamp (no time zone; taken as UTC) as seconds since the epoch.
+fn dos_to_unix(t: zip::DateTime) -> i64 {
+    let (y, m, d) = (t.year() as i64, t.month() as i64, t.day() as i64);
+    // Days from civil date (proleptic Gregorian), after H. Hinnant's algorithm.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    days * 86_400 + t.hour() as i64 * 3600 + t.minute() as i64 * 60 + t.second() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dos_times() {
+        let t = zip::DateTime::from_date_and_time(2024, 2, 29, 13, 14, 16).unwrap();
+        assert_eq!(dos_to_unix(t), 1_709_212_456);
+        let t = zip::DateTime::from_date_and_time(1980, 1, 1, 0, 0, 0).unwrap();
+        assert_eq!(dos_to_unix(t), 315_532_800);
+    }
+}
