@@ -58,16 +58,17 @@ pub fn open(sources: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catal
 
 /// Scans all images (several at once) and merges them into one catalog.
 pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
-    load_paths(&image_paths(patterns)?, policy)
-}
-
-fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
+    let paths = image_paths(patterns)?;
     if let Some(index) = paths.iter().find(|p| catalog::index::is_index(p)) {
         anyhow::bail!(
             "{} is an index file, not an image (a glob that also matches the index?)",
             index.display()
         );
     }
+    load_paths(&paths, policy)
+}
+
+fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
     let started = std::time::Instant::now();
     let bar = progress_bar(paths);
     let scanned = scan_all(paths, &bar)?;

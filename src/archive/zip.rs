@@ -2,7 +2,6 @@
 //! member's local header for its data offset and timestamps, and records stored members as plain
 //! extents and deflated members as deflate streams.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::Read;
 
@@ -32,7 +31,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             .by_index_raw(i)
             .map_err(|e| ArchiveError::malformed(&path, 0, format!("member #{i}: {e}")))?;
         let header_offset = member.header_start();
-        let raw_name: Cow<[u8]> = Cow::Owned(member.name_raw().to_vec());
+        let raw_name = member.name_raw().to_vec();
         let skip = |image: &mut ScannedImage, why: &str| {
             warn!(
                 image = %image.path.display(),

@@ -62,11 +62,6 @@ impl Inflated {
         self.cache
             .get_or_insert_with(&(image, offset), || inflate(source, image, offset, size))
     }
-
-    /// Bytes held now.
-    pub fn weight(&self) -> u64 {
-        self.cache.weight()
-    }
 }
 
 fn inflate(source: &Source, image: u32, offset: u64, size: u64) -> io::Result<Arc<[u8]>> {
