@@ -27,16 +27,12 @@ pub fn image_paths(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
         .collect()
 }
 
-/// The catalog of `sources`: one index file, mapped; or images, scanned and merged.
+/// The catalog of `sources`: one index file, mapped; or images, scanned and merged (an index
+/// among images fails the scan with a message saying so).
 pub fn open(sources: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
     let paths = image_paths(sources)?;
-    let indexes: Vec<&PathBuf> = paths
-        .iter()
-        .filter(|p| catalog::index::is_index(p))
-        .collect();
-    match (indexes.as_slice(), paths.len()) {
-        ([], _) => load_paths(&paths, policy),
-        ([index], 1) => {
+    match paths.as_slice() {
+        [index] if catalog::index::is_index(index) => {
             let started = std::time::Instant::now();
             let catalog = catalog::index::open(index)?;
             info!(
@@ -49,23 +45,13 @@ pub fn open(sources: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catal
             );
             Ok(catalog)
         }
-        ([index, ..], _) => anyhow::bail!(
-            "{} is an index file: give it alone, not together with images or other indexes",
-            index.display()
-        ),
+        _ => load_paths(&paths, policy),
     }
 }
 
 /// Scans all images (several at once) and merges them into one catalog.
 pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
-    let paths = image_paths(patterns)?;
-    if let Some(index) = paths.iter().find(|p| catalog::index::is_index(p)) {
-        anyhow::bail!(
-            "{} is an index file, not an image (a glob that also matches the index?)",
-            index.display()
-        );
-    }
-    load_paths(&paths, policy)
+    load_paths(&image_paths(patterns)?, policy)
 }
 
 fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
@@ -92,17 +78,15 @@ fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Cata
     Ok(catalog)
 }
 
-/// A bar over the images' bytes, drawn only when stderr is a terminal.
+/// A bar over the images, drawn only when stderr is a terminal (it costs no I/O of its own).
 fn progress_bar(paths: &[PathBuf]) -> ProgressBar {
-    let total = paths
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
-    if let Ok(style) = ProgressStyle::with_template(
-        "scanning {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} eta {eta}",
-    ) {
+    let bar = ProgressBar::with_draw_target(
+        Some(paths.len() as u64),
+        ProgressDrawTarget::stderr_with_hz(4),
+    );
+    if let Ok(style) =
+        ProgressStyle::with_template("scanning {bar:30} {pos}/{len} images, {msg}, eta {eta}")
+    {
         bar.set_style(style);
     }
     bar
@@ -126,8 +110,8 @@ pub fn scan_all(paths: &[PathBuf], bar: &ProgressBar) -> Result<Vec<ScannedImage
                     if let Ok(image) = &result {
                         let n = members.fetch_add(image.members.len() as u64, Ordering::Relaxed);
                         bar.set_message(format!("{} members", n + image.members.len() as u64));
-                        bar.inc(image.size);
                     }
+                    bar.inc(1);
                     *results[i].lock().expect("not poisoned") = Some(result);
                 }
             });

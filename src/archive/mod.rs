@@ -106,6 +106,12 @@ impl ScannedImage {
 pub enum ArchiveError {
     #[error("cannot read {}: {error}", image.display())]
     Io { image: PathBuf, error: io::Error },
+    #[error(
+        "{} is an index file, not an image: give an index alone, not among images (a glob that \
+         also matches the index?)",
+        image.display()
+    )]
+    IsIndex { image: PathBuf },
     #[error("{}: at byte offset {offset}: {reason}", image.display())]
     Malformed {
         image: PathBuf,
@@ -137,19 +143,30 @@ pub enum Format {
     Tar,
     Zip,
     Squashfs,
+    /// Not an image: a packfs index (`catalog::index`), recognized here so that a scan reads each
+    /// file's first bytes once.
+    PackfsIndex,
 }
+
+/// The first bytes of a packfs index file.
+pub const INDEX_MAGIC: &[u8; 8] = b"PACKFSIX";
 
 impl Format {
     /// Zip by its first local header or, for an empty archive, its end record; squashfs by its
     /// superblock magic; anything else is scanned as tar (whose scanner names what is wrong).
     pub fn detect(file: &File) -> io::Result<Format> {
         use std::os::unix::fs::FileExt;
-        let mut head = [0u8; 4];
+        let mut head = [0u8; 8];
         let n = file.read_at(&mut head, 0)?;
-        Ok(match &head[..n] {
-            b"PK\x03\x04" | b"PK\x05\x06" => Format::Zip,
-            b"hsqs" => Format::Squashfs,
-            _ => Format::Tar,
+        let head = &head[..n];
+        Ok(if head == INDEX_MAGIC {
+            Format::PackfsIndex
+        } else if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+            Format::Zip
+        } else if head.starts_with(b"hsqs") {
+            Format::Squashfs
+        } else {
+            Format::Tar
         })
     }
 }
@@ -180,6 +197,7 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
             ));
         }
         Format::Tar => tar::scan(&file, &mut image)?,
+        Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
     }
     Ok(image)
 }

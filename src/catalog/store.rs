@@ -44,8 +44,8 @@ pub(super) struct Mapped {
     pub chunks: Chunks,
 }
 
-/// Per-chunk checksums over a byte range of the mapping (the entries and names), with the state of
-/// the lazy verification.
+/// Per-chunk checksums over a byte range of the mapping (the entries and names, up to the table of
+/// checksums that follows them), with the state of the lazy verification.
 pub(super) struct Chunks {
     pub start: usize,
     pub end: usize,
@@ -57,7 +57,8 @@ pub(super) struct Chunks {
 }
 
 impl Chunks {
-    pub fn new(start: usize, end: usize, size: usize, table: usize) -> Chunks {
+    pub fn new(start: usize, table: usize, size: usize) -> Chunks {
+        let end = table;
         let count = (end - start).div_ceil(size);
         let words = || (0..count.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
         Chunks {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::archive::Fingerprint;
 
-pub const MAGIC: &[u8; 8] = b"PACKFSIX";
+pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
 pub const VERSION: u32 = 2;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;

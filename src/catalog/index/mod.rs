@@ -190,7 +190,7 @@ pub fn open(path: &Path) -> anyhow::Result<Catalog> {
 
     let entries = header.entries_off as usize..header.names_off as usize;
     let names = header.names_off as usize..(header.names_off + header.names_len) as usize;
-    let chunks = Chunks::new(entries.start, chunks_off, CHUNK_SIZE, chunks_off);
+    let chunks = Chunks::new(entries.start, chunks_off, CHUNK_SIZE);
     let catalog = Catalog {
         store: Store::Mapped(Mapped {
             map,
