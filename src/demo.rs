@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use crate::catalog::DuplicatePolicy;
 use crate::daemon;
 use crate::fs::{self, FsOptions, Mounted};
-use crate::tiers::Source;
+use crate::tiers::{FileReader, Source};
 
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -121,9 +121,10 @@ pub fn run_demo(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
     let catalog = Arc::new(crate::dataset::load(&patterns, DuplicatePolicy::Error)?);
     let source = Arc::new(Source::open(catalog.images())?);
     let mnt = daemon::check_mountpoint(&mnt)?;
+    let files = Arc::new(FileReader::new(source, 64 << 20));
     let guard = MountGuard(Some(fs::mount(
         catalog,
-        source,
+        files,
         &mnt,
         &FsOptions::default(),
     )?));

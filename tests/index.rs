@@ -287,11 +287,11 @@ fn damaged_indexes_are_rejected() {
 
     // Another version.
     let mut other = good.clone();
-    other[8] = 3;
+    other[8] = 4;
     fs::write(&bad, &other).unwrap();
     let err = assert_clean_failure(&verify(&bad), "version");
     assert!(
-        err.contains("version 3, this packfs reads versions 1 to 2"),
+        err.contains("version 4, this packfs reads versions 1 to 3"),
         "{err}"
     );
 

@@ -6,6 +6,7 @@
 
 pub mod fingerprint;
 pub mod name;
+pub mod squashfs;
 pub mod tar;
 pub mod zip;
 
@@ -34,6 +35,8 @@ pub enum Encoding {
     /// A raw deflate stream that inflates to `size` bytes (zip deflated); self-terminating, so
     /// its compressed length is not needed to read it.
     Deflate,
+    /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
+    Squashfs,
 }
 
 /// A byte range inside `ScannedImage::strings`.
@@ -49,7 +52,8 @@ pub struct Span {
 pub struct Member {
     /// Sanitized path (no leading `/` or `./`, no `..`), empty for the root directory itself.
     pub path: Span,
-    /// Symlink target as stored (never followed), or hard-link target path.
+    /// Symlink target as stored (never followed), hard-link target path, or for a squashfs file
+    /// its encoded block map.
     pub link: Span,
     pub kind: MemberKind,
     /// Permission bits (`0o7777` at most).
@@ -58,7 +62,7 @@ pub struct Member {
     pub mtime_nsec: u32,
     /// File size in bytes.
     pub size: u64,
-    /// Absolute offset of the member's data in the image.
+    /// Absolute offset of the member's data in the image (of its first block for squashfs).
     pub data_offset: u64,
     pub encoding: Encoding,
     /// Offset of the member's (first) header, for messages.
@@ -189,13 +193,7 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
     };
     match Format::detect(&file).map_err(|e| ArchiveError::io(path, e))? {
         Format::Zip => zip::scan(&file, &mut image)?,
-        Format::Squashfs => {
-            return Err(ArchiveError::malformed(
-                path,
-                0,
-                "squashfs images are not supported yet",
-            ));
-        }
+        Format::Squashfs => squashfs::scan(&file, &mut image)?,
         Format::Tar => tar::scan(&file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
     }

@@ -23,7 +23,8 @@ pub enum Kind {
 /// an index file as it is and read back through a mapping (little-endian hosts only).
 ///
 /// The meaning of `size` and `offset` depends on the kind:
-/// - file: `size` bytes of data at `offset` in image `image`;
+/// - file: `size` bytes of data at `offset` in image `image`; for a squashfs file, `offset` is
+///   where its block map record starts in the names arena;
 /// - directory: `size` children stored contiguously from entry index `offset`, sorted by name;
 /// - symlink: the target is `size` bytes at `offset` in the names arena.
 #[repr(C)]
@@ -78,6 +79,7 @@ impl Entry {
     pub fn encoding(&self) -> Encoding {
         match self.mode >> ENCODING_SHIFT {
             1 => Encoding::Deflate,
+            2 => Encoding::Squashfs,
             _ => Encoding::Stored,
         }
     }
@@ -87,6 +89,7 @@ impl Entry {
         match encoding {
             Encoding::Stored => 0,
             Encoding::Deflate => 1 << ENCODING_SHIFT,
+            Encoding::Squashfs => 2 << ENCODING_SHIFT,
         }
     }
 

@@ -18,6 +18,7 @@ pub use store::CatalogError;
 use store::Store;
 
 use crate::archive::Fingerprint;
+use crate::archive::squashfs::block_map::BlockMap;
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +93,13 @@ impl Catalog {
     pub fn symlink_target(&self, entry: &Entry) -> Result<&[u8], CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::Symlink);
         self.store.names(entry.offset, entry.size as usize)
+    }
+
+    /// The block map record of a squashfs file (`archive::squashfs::block_map`).
+    pub fn block_map(&self, entry: &Entry) -> Result<&[u8], CatalogError> {
+        let head = self.store.names(entry.offset, 8)?;
+        let len = BlockMap::encoded_len(head.try_into().expect("8 bytes"));
+        self.store.names(entry.offset, len)
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).

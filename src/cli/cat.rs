@@ -1,15 +1,15 @@
 //! `packfs cat`
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use packfs::archive::Encoding;
 use packfs::catalog::{DuplicatePolicy, Kind};
-use packfs::tiers::{Inflated, Source};
+use packfs::tiers::{FileReader, Source};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar images (brace ranges and globs are expanded), or one index file.
+    /// Tar, zip or squashfs images (brace ranges and globs are expanded), or one index file.
     #[arg(required = true, num_args = 1..)]
     images: Vec<String>,
     /// Path of the file inside the merged tree.
@@ -35,36 +35,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             String::from_utf8_lossy(catalog.symlink_target(e)?)
         ),
     }
-    let source = Source::open(catalog.images())?;
+    let source = Arc::new(Source::open(catalog.images())?);
+    // Room for one decoded member or block: cat reads sequentially.
+    let files = FileReader::new(source, 64 << 20);
     let mut out = std::io::stdout().lock();
-    if e.encoding() == Encoding::Deflate {
-        let bytes = Inflated::new(e.size.max(1))
-            .member(&source, e.image, e.offset, e.size)
-            .with_context(|| {
-                format!(
-                    "{}: cannot inflate {}",
-                    source.image_path(e.image).display(),
-                    args.path
-                )
-            })?;
-        out.write_all(&bytes)?;
-        out.flush()?;
-        return Ok(());
-    }
-    let mut buf = vec![0u8; CHUNK.min(e.size) as usize];
+    let mut buf = Vec::new();
     let mut done = 0;
     while done < e.size {
         let n = (e.size - done).min(CHUNK) as usize;
-        source
-            .read_exact_at(e.image, e.offset + done, &mut buf[..n])
-            .with_context(|| {
-                format!(
-                    "{}: cannot read {n} bytes at offset {}",
-                    source.image_path(e.image).display(),
-                    e.offset + done
-                )
-            })?;
-        out.write_all(&buf[..n])?;
+        let served = files.read(&catalog, e, done, n, &mut buf).map_err(|err| {
+            anyhow::anyhow!(
+                "{}: cannot read {} at its offset {done}: {err}",
+                files.source().image_path(e.image).display(),
+                args.path
+            )
+        })?;
+        out.write_all(served.bytes())?;
         done += n as u64;
     }
     out.flush()?;

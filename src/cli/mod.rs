@@ -5,6 +5,7 @@ mod demo;
 mod index;
 mod ls;
 mod mount;
+mod size;
 mod umount;
 mod verify;
 

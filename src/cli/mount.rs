@@ -38,6 +38,10 @@ pub struct Args {
     /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
     #[arg(long, value_enum, default_value_t = ReaddirPlus::Never)]
     readdirplus: ReaddirPlus,
+    /// RAM budget for decompressed squashfs blocks and inflated zip members (K, M, G suffixes).
+    /// Stored tar and zip members bypass it: the kernel's page cache holds them.
+    #[arg(long, value_name = "BYTES", default_value = "512M", value_parser = super::size::parse_bytes)]
+    cache_size: u64,
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
     duplicates: DuplicatePolicy,
@@ -69,6 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             readdirplus: args.readdirplus,
             ..FsOptions::default()
         },
+        cache_size: args.cache_size,
         pid_file: args
             .pid_file
             .as_ref()

@@ -25,7 +25,7 @@ pub use unmount::{Unmounted, unmount};
 
 use crate::catalog::DuplicatePolicy;
 use crate::fs::{self, FsOptions};
-use crate::tiers::{Source, SourceError};
+use crate::tiers::{FileReader, Source, SourceError};
 
 /// The line a daemon writes to its launcher once the mount answers; the launcher does not print it.
 const READY_MARKER: &[u8] = b"\x01packfs-ready";
@@ -43,6 +43,8 @@ pub struct MountRequest {
     pub pid_file: Option<PathBuf>,
     /// Write the catalog built from scanned images to this index file before mounting.
     pub save_index: Option<PathBuf>,
+    /// Byte budget of the decoded-bytes RAM cache.
+    pub cache_size: u64,
 }
 
 /// Checks that `path` can take a new mount, and returns it absolute.
@@ -141,7 +143,8 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("cannot install signal handlers")?;
-    let mut mounted = fs::mount(catalog.clone(), source.clone(), &mountpoint, &req.fs)
+    let files = Arc::new(FileReader::new(source.clone(), req.cache_size));
+    let mut mounted = fs::mount(catalog.clone(), files.clone(), &mountpoint, &req.fs)
         .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
     if let Err(e) = std::fs::metadata(&mountpoint) {
         let _ = unmount(&mountpoint, true);
@@ -196,6 +199,16 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         reads = stats.reads,
         bytes = stats.bytes,
         "source operations"
+    );
+    let cache = files.cache_stats();
+    info!(
+        budget = cache.budget,
+        peak = cache.peak,
+        held = cache.held,
+        hits = cache.hits,
+        loads = cache.loads,
+        loaded_bytes = cache.loaded_bytes,
+        "decoded-bytes cache"
     );
     Ok(())
 }

@@ -16,7 +16,7 @@ use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
 use super::reads::{ReadJob, Reads};
 use super::{FsOptions, ReaddirPlus};
 use crate::catalog::{Catalog, CatalogError, Entry, EntryId, Kind};
-use crate::tiers::{Inflated, Source};
+use crate::tiers::FileReader;
 
 /// Bounds on asynchronous reads (readahead) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
@@ -34,15 +34,14 @@ pub struct PackFs {
 impl PackFs {
     pub fn new(
         catalog: Arc<Catalog>,
-        source: Arc<Source>,
+        files: Arc<FileReader>,
         opts: &FsOptions,
     ) -> std::io::Result<Self> {
         let reads = Reads::start(
             opts.request_threads(),
             opts.io_threads,
             catalog.clone(),
-            source,
-            Arc::new(Inflated::new(opts.cache_size)),
+            files,
         )?;
         let owner = Owner {
             uid: opts.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
@@ -191,10 +190,6 @@ impl Filesystem for PackFs {
         let len = (e.size - offset).min(size as u64) as usize;
         self.reads.submit(ReadJob {
             id,
-            image: e.image,
-            data_offset: e.offset,
-            encoding: e.encoding(),
-            file_size: e.size,
             offset,
             len,
             reply,

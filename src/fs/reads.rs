@@ -15,17 +15,11 @@ use crossbeam_channel::Sender;
 use fuser::{Errno, ReplyData};
 use tracing::error;
 
-use crate::archive::Encoding;
 use crate::catalog::{Catalog, EntryId};
-use crate::tiers::{Inflated, Source};
+use crate::tiers::FileReader;
 
 pub struct ReadJob {
     pub id: EntryId,
-    pub image: u32,
-    /// Where the file's (stored or compressed) bytes start in the image, and how they are stored.
-    pub data_offset: u64,
-    pub encoding: Encoding,
-    pub file_size: u64,
     /// Offset of the request in the file; the request lies inside the file.
     pub offset: u64,
     pub len: usize,
@@ -35,8 +29,7 @@ pub struct ReadJob {
 /// What serving a read needs.
 struct Tiers {
     catalog: Arc<Catalog>,
-    source: Arc<Source>,
-    inflated: Arc<Inflated>,
+    files: Arc<FileReader>,
 }
 
 pub struct Reads {
@@ -58,14 +51,9 @@ impl Reads {
         request_threads: usize,
         io_threads: usize,
         catalog: Arc<Catalog>,
-        source: Arc<Source>,
-        inflated: Arc<Inflated>,
+        files: Arc<FileReader>,
     ) -> std::io::Result<Self> {
-        let tiers = Arc::new(Tiers {
-            catalog,
-            source,
-            inflated,
-        });
+        let tiers = Arc::new(Tiers { catalog, files });
         let (tx, rx) = crossbeam_channel::unbounded::<ReadJob>();
         let workers = (0..io_threads.max(1))
             .map(|i| {
@@ -116,40 +104,29 @@ impl Reads {
 }
 
 fn serve(job: ReadJob, tiers: &Tiers) {
-    let source = &tiers.source;
-    let fail = |job: ReadJob, err: std::io::Error| {
-        error!(
-            image = %source.image_path(job.image).display(),
-            offset = job.data_offset,
-            len = job.len,
-            path = %String::from_utf8_lossy(&tiers.catalog.path_of(job.id)),
-            "read failed, returning EIO: {err}"
-        );
-        job.reply.error(Errno::EIO);
+    let catalog = &tiers.catalog;
+    let entry = match catalog.entry(job.id) {
+        Ok(entry) => entry,
+        Err(_) => return job.reply.error(Errno::EIO),
     };
-    if job.encoding == Encoding::Deflate {
-        match tiers
-            .inflated
-            .member(source, job.image, job.data_offset, job.file_size)
-        {
-            Ok(bytes) => {
-                let start = job.offset as usize;
-                job.reply.data(&bytes[start..start + job.len]);
-            }
-            Err(err) => fail(job, err),
-        }
-        return;
-    }
-    let len = job.len;
     BUFFER.with_borrow_mut(|buf| {
-        buf.resize(len, 0);
-        let at = job.data_offset + job.offset;
-        match source.read_exact_at(job.image, at, &mut buf[..job.len]) {
-            Ok(()) => job.reply.data(&buf[..job.len]),
-            Err(err) => fail(job, err),
+        match tiers.files.read(catalog, entry, job.offset, job.len, buf) {
+            Ok(served) => job.reply.data(served.bytes()),
+            Err(err) => {
+                error!(
+                    image = %tiers.files.source().image_path(entry.image).display(),
+                    offset = err.image_offset,
+                    file_offset = job.offset,
+                    len = job.len,
+                    path = %String::from_utf8_lossy(&catalog.path_of(job.id)),
+                    "read failed, returning EIO: {}",
+                    err.error
+                );
+                job.reply.error(Errno::EIO);
+            }
         }
         // Keep at most one large request's worth of buffer per thread.
-        buf.truncate(len);
+        buf.truncate(job.len);
         buf.shrink_to(2 << 20);
     });
 }

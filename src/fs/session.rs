@@ -11,7 +11,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 
 use super::PackFs;
 use crate::catalog::Catalog;
-use crate::tiers::Source;
+use crate::tiers::FileReader;
 
 /// Whether directory listings carry attributes (FUSE READDIRPLUS).
 ///
@@ -45,8 +45,6 @@ pub struct FsOptions {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub readdirplus: ReaddirPlus,
-    /// Byte budget of the RAM cache of inflated (zip deflated) members.
-    pub cache_size: u64,
 }
 
 impl Default for FsOptions {
@@ -59,7 +57,6 @@ impl Default for FsOptions {
             uid: None,
             gid: None,
             readdirplus: ReaddirPlus::default(),
-            cache_size: 512 << 20,
         }
     }
 }
@@ -82,11 +79,11 @@ pub struct Mounted {
 /// answers requests as soon as this returns.
 pub fn mount(
     catalog: Arc<Catalog>,
-    source: Arc<Source>,
+    files: Arc<FileReader>,
     mountpoint: &Path,
     opts: &FsOptions,
 ) -> io::Result<Mounted> {
-    let fs = PackFs::new(catalog, source, opts)?;
+    let fs = PackFs::new(catalog, files, opts)?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,

@@ -1,9 +1,13 @@
-//! Where file bytes come from. For now one tier: the source images, read with `pread`. Later tiers
-//! (RAM block cache, staged copies) sit in front of it behind the same call.
+//! Where file bytes come from: the source images, read with `pread`, and in front of them a RAM
+//! cache of decoded (decompressed) bytes. Later tiers (RAM block cache, staged copies) sit in
+//! front of the source behind the same calls.
 
-mod inflated;
+mod decoded;
+mod file_reader;
+mod inflate;
 mod source;
 
-pub use inflated::Inflated;
-
+pub use decoded::{DecodedCache, DecodedStats};
+pub use file_reader::{FileReader, ReadError, Served};
+use inflate::inflate;
 pub use source::{Source, SourceError, SourceStats};

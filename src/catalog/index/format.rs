@@ -1,10 +1,10 @@
-//! The index file layout, version 2 (version 1 is read too: it is version 2 without deflated
-//! entries). All integers are little-endian.
+//! The index file layout, version 3. Versions 1 and 2 are read too: version 2 is version 3
+//! without squashfs entries, version 1 is version 2 without deflated (zip) entries. All integers are little-endian.
 //!
 //! ```text
 //! header    128 bytes (below)
 //! entries   entry_count records of 48 bytes (catalog::Entry as it is in memory)
-//! names     names_len bytes: entry names and symlink targets
+//! names     names_len bytes: entry names, symlink targets and squashfs block maps
 //! (zero padding to a multiple of 8)
 //! chunks    chunk_count xxh3-64 checksums of the 64 KiB chunks of [entries, chunks)
 //! images    image_count variable-size records (ImageRecord)
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use crate::archive::Fingerprint;
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
@@ -190,7 +190,8 @@ pub struct ImageRecord {
     pub fingerprint: Fingerprint,
 }
 
-/// Image format tag (only tar so far).
+/// Record tag. Images of every format have the same record (the format is found from the
+/// image's bytes), so it has kept its first value, which once meant tar.
 const FORMAT_TAR: u32 = 1;
 
 impl ImageRecord {
@@ -296,11 +297,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 3;
+        other[8] = 4;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 3")
+                .contains("version 4")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;

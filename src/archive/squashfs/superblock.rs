@@ -1,0 +1,109 @@
+//! The squashfs v4 superblock, checked before the metadata parser runs, so that a damaged or
+//! unsupported image fails with a message naming the field and its offset.
+
+use super::codec::Codec;
+
+pub const LEN: usize = 96;
+const NO_TABLE: u64 = u64::MAX;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Superblock {
+    pub codec: Codec,
+    pub block_size: u32,
+    pub block_log: u16,
+    pub bytes_used: u64,
+    pub inode_table: u64,
+    pub dir_table: u64,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Superblock {
+    /// Decodes the superblock of an image of `file_len` bytes. Errors are (offset, reason).
+    pub fn decode(b: &[u8], file_len: u64) -> Result<Superblock, (u64, String)> {
+        if b.len() < LEN {
+            return Err((
+                0,
+                format!("truncated squashfs superblock ({} bytes)", b.len()),
+            ));
+        }
+        if &b[..4] != b"hsqs" {
+            return Err((0, "no squashfs magic (hsqs)".into()));
+        }
+        let (major, minor) = (u16_at(b, 28), u16_at(b, 30));
+        if (major, minor) != (4, 0) {
+            return Err((
+                28,
+                format!("squashfs version {major}.{minor}; only version 4.0 is supported"),
+            ));
+        }
+        let codec = Codec::from_id(u16_at(b, 20)).map_err(|e| (20, e))?;
+        let block_size = u32_at(b, 12);
+        let block_log = u16_at(b, 22);
+        if !(4096..=1 << 20).contains(&block_size)
+            || !block_size.is_power_of_two()
+            || 1u32.checked_shl(block_log as u32) != Some(block_size)
+        {
+            return Err((
+                12,
+                format!("bad block size {block_size} (block_log {block_log}): corrupt superblock"),
+            ));
+        }
+        let sb = Superblock {
+            codec,
+            block_size,
+            block_log,
+            bytes_used: u64_at(b, 40),
+            inode_table: u64_at(b, 64),
+            dir_table: u64_at(b, 72),
+        };
+        if sb.bytes_used > file_len {
+            return Err((
+                40,
+                format!(
+                    "the superblock says the image has {} bytes but the file has {file_len}: \
+                     truncated copy?",
+                    sb.bytes_used
+                ),
+            ));
+        }
+        let tables = [
+            (48, "id table"),
+            (56, "xattr table"),
+            (64, "inode table"),
+            (72, "directory table"),
+            (80, "fragment table"),
+            (88, "export table"),
+        ];
+        for (at, what) in tables {
+            let start = u64_at(b, at);
+            let optional = !matches!(at, 48 | 64 | 72);
+            if (start == NO_TABLE && optional) || (start >= LEN as u64 && start < sb.bytes_used) {
+                continue;
+            }
+            return Err((
+                at as u64,
+                format!(
+                    "the {what} start {start} lies outside the image (0..{}): corrupt superblock",
+                    sb.bytes_used
+                ),
+            ));
+        }
+        if sb.inode_table >= sb.dir_table {
+            return Err((
+                64,
+                "the inode table does not come before the directory table: corrupt superblock"
+                    .into(),
+            ));
+        }
+        Ok(sb)
+    }
+}

@@ -1,0 +1,181 @@
+//! Decoded bytes (squashfs blocks, inflated zip members) in RAM, under a byte budget.
+//!
+//! Decoding costs far more than serving from RAM (a 128 KiB zstd block takes ~100-300 µs to
+//! decompress), and FUSE reads of 128 KiB at most split one block into several requests, so each
+//! decoded block is kept until evicted. quick_cache runs a loader once per key even when several
+//! threads miss together (the others wait for its result), and keeps the total weight, the bytes
+//! held, under the budget: the weight of a value is its allocation.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
+
+/// A decoded block or member, shared with the readers that are copying out of it.
+pub type Decoded = Arc<Vec<u8>>;
+
+/// Key: (image, offset of the encoded bytes in the image).
+type Key = (u32, u64);
+
+/// Bookkeeping bytes counted per value on top of its buffer (the `Arc`, the `Vec`, the entry).
+const OVERHEAD: u64 = 64;
+
+/// Budget per shard at least this large, so one shard holds several of the largest blocks
+/// (1 MiB squashfs blocks, 16 MiB deflated members).
+const MIN_SHARD: u64 = 32 << 20;
+
+#[derive(Clone)]
+struct ByAllocation;
+
+impl Weighter<Key, Decoded> for ByAllocation {
+    fn weight(&self, _key: &Key, val: &Decoded) -> u64 {
+        val.capacity() as u64 + OVERHEAD
+    }
+}
+
+/// What the cache did since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodedStats {
+    pub budget: u64,
+    /// Bytes held now, and the most seen after any insertion.
+    pub held: u64,
+    pub peak: u64,
+    /// Requests served without decoding (including those that waited for another's load).
+    pub hits: u64,
+    /// Values decoded (misses that ran a loader; failed loads included).
+    pub loads: u64,
+    /// Bytes produced by the loads.
+    pub loaded_bytes: u64,
+}
+
+pub struct DecodedCache {
+    cache: Cache<Key, Decoded, ByAllocation>,
+    budget: u64,
+    peak: AtomicU64,
+    requests: AtomicU64,
+    loads: AtomicU64,
+    loaded_bytes: AtomicU64,
+}
+
+impl DecodedCache {
+    /// A cache that holds at most `budget` bytes (0 disables it: every read decodes).
+    pub fn new(budget: u64) -> DecodedCache {
+        let shards = 1usize << (budget / MIN_SHARD).clamp(1, 16).ilog2();
+        let options = OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity((budget / (128 * 1024)).clamp(16, 1 << 20) as usize)
+            .weight_capacity(budget)
+            .build()
+            .expect("valid cache options");
+        DecodedCache {
+            cache: Cache::with_options(
+                options,
+                ByAllocation,
+                DefaultHashBuilder::default(),
+                DefaultLifecycle::default(),
+            ),
+            budget,
+            peak: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            loaded_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The value for `(image, offset)`, decoded by `load` on a miss. Concurrent misses of one key
+    /// run `load` once; a failed load is not cached, so a later read retries it.
+    pub fn get_or_load(
+        &self,
+        image: u32,
+        offset: u64,
+        load: impl FnOnce() -> io::Result<Vec<u8>>,
+    ) -> io::Result<Decoded> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut loaded = false;
+        let value = self.cache.get_or_insert_with(&(image, offset), || {
+            loaded = true;
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            let bytes = load()?;
+            self.loaded_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            Ok::<_, io::Error>(Arc::new(bytes))
+        })?;
+        if loaded {
+            self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
+        }
+        Ok(value)
+    }
+
+    pub fn stats(&self) -> DecodedStats {
+        let loads = self.loads.load(Ordering::Relaxed);
+        DecodedStats {
+            budget: self.budget,
+            held: self.cache.weight(),
+            peak: self.peak.load(Ordering::Relaxed),
+            hits: self.requests.load(Ordering::Relaxed) - loads,
+            loads,
+            loaded_bytes: self.loaded_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Barrier;
+
+    #[test]
+    fn stays_within_budget() {
+        let budget = 1 << 20;
+        let cache = DecodedCache::new(budget);
+        for i in 0..200u64 {
+            let v = cache
+                .get_or_load(0, i, || Ok(vec![i as u8; 100_000]))
+                .unwrap();
+            assert_eq!(v[99_999], i as u8);
+            assert!(cache.stats().held <= budget, "held {:?}", cache.stats());
+        }
+        let s = cache.stats();
+        assert!(s.peak <= budget && s.peak > budget / 2, "{s:?}");
+        assert_eq!(s.loads, 200);
+        // A value larger than the budget is served but not kept.
+        let big = cache.get_or_load(1, 0, || Ok(vec![7; 2 << 20])).unwrap();
+        assert_eq!(big.len(), 2 << 20);
+        assert!(cache.stats().held <= budget);
+    }
+
+    #[test]
+    fn concurrent_misses_load_once() {
+        let cache = DecodedCache::new(64 << 20);
+        let threads = 8;
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    barrier.wait();
+                    for key in 0..50u64 {
+                        let v = cache
+                            .get_or_load(3, key, || {
+                                std::thread::sleep(std::time::Duration::from_micros(200));
+                                Ok(vec![key as u8; 4096])
+                            })
+                            .unwrap();
+                        assert!(v.iter().all(|&b| b == key as u8));
+                    }
+                });
+            }
+        });
+        assert_eq!(cache.stats().loads, 50);
+    }
+
+    #[test]
+    fn failed_loads_are_retried() {
+        let cache = DecodedCache::new(1 << 20);
+        let err = cache.get_or_load(0, 1, || Err(io::Error::other("bad block")));
+        assert!(err.is_err());
+        let ok = cache.get_or_load(0, 1, || Ok(vec![1])).unwrap();
+        assert_eq!(*ok, vec![1]);
+    }
+}
