@@ -96,3 +96,96 @@ fn tar_and_zip_mix_in_one_mount_and_one_index() {
     let scanned = Mount::new(&[&tar, &zipped], &tmp.path().join("m-scan"), &[]);
     assert_same_tree(&src, &scanned.dir, &[]);
 }
+
+#[test]
+fn names_that_are_not_utf8_are_served_as_stored() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // Latin-1 and Shift-JIS bytes, as old Windows zip tools store them.
+    let names: [&[u8]; 2] = [b"caf\xe9.txt", b"\x93\xfa\x96\x7b.txt"];
+    for (i, name) in names.iter().enumerate() {
+        write_file(
+            &src.join("legacy").join(OsStr::from_bytes(name)),
+            format!("{i}\n").as_bytes(),
+            0o644,
+        );
+    }
+    let img = tmp.path().join("legacy.zip");
+    zip(&src, &img, false, &["legacy"]);
+    let mnt = Mount::new(&[&img], &tmp.path().join("m"), &[]);
+    assert_same_tree(&src, &mnt.dir, &[]);
+    for (i, name) in names.iter().enumerate() {
+        let path = mnt.dir.join("legacy").join(OsStr::from_bytes(name));
+        assert_eq!(fs::read_to_string(path).unwrap(), format!("{i}\n"));
+    }
+}
+
+/// A zip64 archive with a stored member of over 4 GiB and a member after it (local header past
+/// 4 GiB), written by hand as a sparse file: the member is zeros but for a marker at its end.
+#[test]
+fn zip64_members_over_4_gib() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("huge.zip");
+    let size: u64 = (4 << 30) + 4096 + 7;
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(ZIP64_WRITER)
+        .arg(&img)
+        .arg(size.to_string()));
+    assert!(fs::metadata(&img).unwrap().len() > size);
+    let mnt = Mount::new(&[&img], &tmp.path().join("m"), &[]);
+    let huge = mnt.dir.join("data/huge.bin");
+    assert_eq!(fs::metadata(&huge).unwrap().len(), size);
+    let f = fs::File::open(&huge).unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut tail = [0u8; 16];
+    f.read_exact_at(&mut tail, size - 16).unwrap();
+    assert_eq!(&tail, b"\0\0\0\0\0\0END-OF-BIG");
+    let mut middle = [1u8; 4096];
+    f.read_exact_at(&mut middle, 3 << 30).unwrap();
+    assert!(middle.iter().all(|&b| b == 0));
+    assert_eq!(
+        fs::read_to_string(mnt.dir.join("after.txt")).unwrap(),
+        "after the big one\n"
+    );
+}
+
+const ZIP64_WRITER: &str = r#"
+import struct, sys, zlib
+path, size = sys.argv[1], int(sys.argv[2])
+marker = b"END-OF-BIG"
+crc, left, zeros = 0, size - len(marker), bytes(64 << 20)
+while left:
+    n = min(left, len(zeros)); crc = zlib.crc32(zeros[:n], crc); left -= n
+crc = zlib.crc32(marker, crc)
+small = b"after the big one\n"
+members = [(b"data/huge.bin", size, crc, None), (b"after.txt", len(small), zlib.crc32(small), small)]
+central = b""
+with open(path, "wb") as f:
+    for name, n, c, body in members:
+        offset = f.tell()
+        big = n >= 0xFFFFFFFF
+        extra = struct.pack("<HHQQ", 1, 16, n, n) if big else b""
+        f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 0, 0, 0x21, c,
+                            0xFFFFFFFF if big else n, 0xFFFFFFFF if big else n,
+                            len(name), len(extra)) + name + extra)
+        if body is None:
+            f.seek(n - len(marker), 1); f.write(marker)
+        else:
+            f.write(body)
+        cextra = struct.pack("<HHQQ", 1, 16, n, n) if big else b""
+        if offset >= 0xFFFFFFFF:
+            cextra += struct.pack("<HHQ", 1, 8, offset)
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0x031E, 45, 0, 0, 0, 0x21, c,
+                               0xFFFFFFFF if big else n, 0xFFFFFFFF if big else n, len(name),
+                               len(cextra), 0, 0, 0, 0o100644 << 16,
+                               min(offset, 0xFFFFFFFF)) + name + cextra
+    cd_start = f.tell()
+    f.write(central)
+    eocd64 = f.tell()
+    f.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 0x031E, 45, 0, 0, 2, 2, len(central), cd_start))
+    f.write(struct.pack("<IIQI", 0x07064B50, 0, eocd64, 1))
+    f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 2, 2, len(central), 0xFFFFFFFF, 0))
+"#;

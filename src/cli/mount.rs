@@ -39,8 +39,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = ReaddirPlus::Never)]
     readdirplus: ReaddirPlus,
     /// RAM budget for decompressed squashfs blocks and inflated zip members (K, M, G suffixes).
+    /// It only has to hold blocks in short-term use: decoded file pages live in the page cache.
     /// Stored tar and zip members bypass it: the kernel's page cache holds them.
-    #[arg(long, value_name = "BYTES", default_value = "512M", value_parser = super::size::parse_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = super::size::parse_bytes)]
     cache_size: u64,
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
