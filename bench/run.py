@@ -210,17 +210,23 @@ def ensure_dataset(name, work):
         return ds, json.load(f)
 
 
-def packfs_counters(log):
-    """The backing-file operations packfs logs when it unmounts."""
+def log_fields(log, marker):
+    """The key=value integers of the last line of a packfs log that contains `marker`."""
     try:
         with open(log) as f:
-            lines = [l for l in f if "source operations" in l]
+            lines = [l for l in f if marker in l]
     except OSError:
         return {}
     if not lines:
         return {}
-    fields = dict(kv.split("=") for kv in lines[-1].split() if "=" in kv)
-    return {k: int(v) for k, v in fields.items() if k in ("opens", "reads", "bytes")}
+    fields = dict(kv.split("=", 1) for kv in lines[-1].split() if "=" in kv)
+    return {k: int(v) for k, v in fields.items() if v.isdigit()}
+
+
+def packfs_counters(log):
+    """The backing-file operations packfs logs when it unmounts."""
+    fields = log_fields(log, "source operations")
+    return {k: v for k, v in fields.items() if k in ("opens", "reads", "bytes")}
 
 
 def label(kind, readers):

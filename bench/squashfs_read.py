@@ -61,18 +61,6 @@ def unmount(peer, mnt):
         time.sleep(0.01)
 
 
-def cache_figures(log):
-    try:
-        with open(log) as f:
-            lines = [l for l in f if "decoded-bytes cache" in l]
-    except OSError:
-        return {}
-    if not lines:
-        return {}
-    fields = dict(kv.split("=") for kv in lines[-1].split() if "=" in kv)
-    return {k: int(v) for k, v in fields.items() if v.isdigit()}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="imagenet-20k", choices=harness.DATASETS)
@@ -124,7 +112,7 @@ def main():
                     run["memory_kb"] = harness.memory_kb(pid)
                 unmount(peer, mnt)
                 if peer == "packfs":
-                    run["cache"] = cache_figures(log)
+                    run["cache"] = harness.log_fields(log, "decoded-bytes cache")
                 results["runs"].append(run)
                 print(f"{comp:5} {peer:16} {readers:3} readers: "
                       f"cold {run['cold'].get('mb_per_s') or 0:7.1f} MB/s, "
