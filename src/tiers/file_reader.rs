@@ -148,30 +148,31 @@ impl FileReader {
         let mut pos = offset;
         while pos < end {
             let want = (end - pos) as usize;
-            let piece = self.piece(image, map, file_size, pos)?;
-            match piece {
+            let n = match self.piece(image, map, file_size, pos)? {
                 // The whole read inside one decoded block: no copy.
                 Piece::Decoded { block, from, len } if buf.is_empty() && len >= want => {
                     return Ok(Served::Shared(block, from..from + want));
                 }
                 Piece::Decoded { block, from, len } => {
-                    buf.extend_from_slice(&block[from..from + len.min(want)]);
-                    pos += len.min(want) as u64;
+                    let n = len.min(want);
+                    buf.extend_from_slice(&block[from..from + n]);
+                    n
                 }
-                Piece::Zeros(n) => {
-                    buf.resize(buf.len() + n.min(want), 0);
-                    pos += n.min(want) as u64;
+                Piece::Zeros(len) => {
+                    let n = len.min(want);
+                    buf.resize(buf.len() + n, 0);
+                    n
                 }
                 Piece::Stored { at, len } => {
-                    let n = len.min(want);
-                    let filled = buf.len();
+                    let (n, filled) = (len.min(want), buf.len());
                     buf.resize(filled + n, 0);
                     self.source
                         .read_exact_at(image, at, &mut buf[filled..])
                         .map_err(failed(at))?;
-                    pos += n as u64;
+                    n
                 }
-            }
+            };
+            pos += n as u64;
         }
         Ok(Served::Buffer(&buf[..]))
     }

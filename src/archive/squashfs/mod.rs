@@ -43,7 +43,8 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         Err(_) => return Err(metadata_error(&path, &sb, "the parser failed on it")),
     };
     let fragments = fs.fragments.as_deref().unwrap_or(&[]);
-    let mut record = Vec::new();
+    // Scratch buffers reused for every file.
+    let (mut record, mut words) = (Vec::new(), Vec::new());
     for node in fs.files() {
         let raw = node.fullpath.as_os_str().as_bytes();
         let mut member = Member {
@@ -67,6 +68,10 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             );
             image.skipped += 1;
         };
+        let Ok(clean) = sanitize(raw) else {
+            skip(image, 0, "unsafe name ('..', empty component or NUL)");
+            continue;
+        };
         match &node.inner {
             InnerNode::Dir(_) => {}
             InnerNode::Symlink(link) => {
@@ -75,7 +80,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             }
             InnerNode::File(f) => {
                 record.clear();
-                match block_record(&sb, fragments, f, &mut record) {
+                match block_record(&sb, fragments, f, &mut words, &mut record) {
                     Ok(()) => {}
                     Err(why) => {
                         skip(image, f.blocks_start(), &why);
@@ -98,11 +103,6 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 continue;
             }
         }
-        let Ok(clean) = sanitize(raw) else {
-            skip(image, 0, "unsafe name ('..', empty component or NUL)");
-            continue;
-        };
-        let clean = clean.into_owned();
         member.path = image.push_string(&clean);
         image.members.push(member);
     }
@@ -126,11 +126,12 @@ fn block_record(
     sb: &Superblock,
     fragments: &[backhand::Fragment],
     f: &SquashfsFileReader,
+    words: &mut Vec<u32>,
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
     let size = f.file_len() as u64;
     let bs = sb.block_size;
-    let mut words = Vec::with_capacity(f.block_sizes().len());
+    words.clear();
     for d in f.block_sizes() {
         if d.size() > bs {
             return Err(format!(
@@ -177,7 +178,7 @@ fn block_record(
         sb.codec,
         sb.block_log as u8,
         f.blocks_start(),
-        &words,
+        words,
         tail,
         out,
     );

@@ -1,5 +1,6 @@
 //! The index file layout, version 3. Versions 1 and 2 are read too: version 2 is version 3
-//! without squashfs entries, version 1 is version 2 without deflated (zip) entries. All integers are little-endian.
+//! without squashfs entries, version 1 is version 2 without deflated (zip) entries. All integers
+//! are little-endian.
 //!
 //! ```text
 //! header    128 bytes (below)
