@@ -112,7 +112,7 @@ def main():
                     run["memory_kb"] = harness.memory_kb(pid)
                 unmount(peer, mnt)
                 if peer == "packfs":
-                    run["cache"] = harness.log_fields(log, "decoded-bytes cache")
+                    run["cache"] = harness.log_fields(log, "RAM cache")
                 results["runs"].append(run)
                 print(f"{comp:5} {peer:16} {readers:3} readers: "
                       f"cold {run['cold'].get('mb_per_s') or 0:7.1f} MB/s, "

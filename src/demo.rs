@@ -121,7 +121,7 @@ pub fn run_demo(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
     let catalog = Arc::new(crate::dataset::load(&patterns, DuplicatePolicy::Error)?);
     let source = Arc::new(Source::open(catalog.images())?);
     let mnt = daemon::check_mountpoint(&mnt)?;
-    let files = Arc::new(FileReader::new(source, 64 << 20));
+    let files = Arc::new(FileReader::direct(source, 64 << 20));
     let guard = MountGuard(Some(fs::mount(
         catalog,
         files,

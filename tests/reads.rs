@@ -225,7 +225,12 @@ fn data_stays_cached_across_opens() {
     write_file(&src.join("a/uncached.bin"), &bytes(22, 300_000), 0o644);
     let shard = dir.path().join("s.tar");
     tar_members(&src, &shard, &["a"]);
-    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    // Without RAM chunks, which would hold the neighbour too.
+    let m = Mount::new(
+        &[&shard],
+        &dir.path().join("mnt"),
+        &["--ram-chunks", "false"],
+    );
     assert_eq!(
         fs::read(m.dir.join("a/cached.bin")).unwrap(),
         bytes(21, 300_000)

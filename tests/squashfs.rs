@@ -380,7 +380,7 @@ fn concurrent_readers_share_blocks_within_a_small_cache() {
     let log = fs::read_to_string(&log).unwrap();
     let line = log
         .lines()
-        .find(|l| l.contains("decoded-bytes cache"))
+        .find(|l| l.contains("RAM cache budget"))
         .unwrap_or_else(|| panic!("no cache figures in the log:\n{log}"));
     let field = |name: &str| -> u64 {
         let rest = &line[line.find(&format!("{name}=")).unwrap() + name.len() + 1..];

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let source = Arc::new(Source::open(catalog.images())?);
     // Room for one decoded member or block: cat reads sequentially.
-    let files = FileReader::new(source, 64 << 20);
+    let files = FileReader::direct(source, 64 << 20);
     let mut out = std::io::stdout().lock();
     let mut buf = Vec::new();
     let mut done = 0;

@@ -6,6 +6,8 @@ mod index;
 mod ls;
 mod mount;
 mod size;
+mod stage;
+mod staging;
 mod umount;
 mod verify;
 
@@ -35,6 +37,8 @@ enum Command {
     Index(index::Args),
     /// Check every byte of an index file and the fingerprints of its images.
     Verify(verify::Args),
+    /// Copy images to a node-local stage directory (what `mount --stage` does in the background).
+    Stage(stage::Args),
     /// Unmount a packfs mount (also a stale one whose daemon died).
     Umount(umount::Args),
     /// List the merged tree of images without mounting.
@@ -59,6 +63,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(args),
         Command::Index(args) => index::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Stage(args) => stage::run(args),
         Command::Umount(args) => umount::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Cat(args) => cat::run(args),

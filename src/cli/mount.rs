@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use packfs::catalog::DuplicatePolicy;
 use packfs::daemon::{self, MountRequest};
 use packfs::fs::{FsOptions, ReaddirPlus};
+use packfs::tiers::stage::StageMode;
+
+use super::staging::StageFlags;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -38,11 +41,28 @@ pub struct Args {
     /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
     #[arg(long, value_enum, default_value_t = ReaddirPlus::Never)]
     readdirplus: ReaddirPlus,
-    /// RAM budget for decompressed squashfs blocks and inflated zip members (K, M, G suffixes).
-    /// It only has to hold blocks in short-term use: decoded file pages live in the page cache.
-    /// Stored tar and zip members bypass it: the kernel's page cache holds them.
+    /// RAM budget (K, M, G suffixes) for decompressed squashfs blocks, inflated zip members and
+    /// chunks of stored bytes read from the source. It only has to hold data in short-term use:
+    /// file pages, once read, live in the kernel's page cache.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = super::size::parse_bytes)]
     cache_size: u64,
+    /// Read stored bytes from the source in whole chunks kept in the RAM cache (`false`: read
+    /// exactly what is asked, for sources where extra bytes cost more than extra requests).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    ram_chunks: bool,
+    /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and
+    /// serve each chunk from there once it is complete and checked; a later mount resumes.
+    #[arg(long, value_name = "DIR")]
+    stage: Option<PathBuf>,
+    /// `eager` copies everything; `lazy` copies the chunks that reads touch.
+    #[arg(long, value_enum, default_value_t = StageMode::Eager, requires = "stage")]
+    stage_mode: StageMode,
+    #[command(flatten)]
+    staging: StageFlags,
+    /// Write the mount's counters here every second (default: under /run/packfs, or
+    /// $XDG_RUNTIME_DIR/packfs; the log names it).
+    #[arg(long, value_name = "PATH")]
+    stats_file: Option<PathBuf>,
     /// What to do when two images hold the same path.
     #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
     duplicates: DuplicatePolicy,
@@ -75,6 +95,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ..FsOptions::default()
         },
         cache_size: args.cache_size,
+        chunk_size: args.staging.chunk_size,
+        ram_chunks: args.ram_chunks,
+        stage: args
+            .stage
+            .clone()
+            .map(|dir| args.staging.options(dir, args.stage_mode))
+            .transpose()?,
+        stats_file: args
+            .stats_file
+            .as_ref()
+            .map(std::path::absolute)
+            .transpose()?,
         pid_file: args
             .pid_file
             .as_ref()

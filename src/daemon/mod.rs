@@ -6,6 +6,7 @@
 //! returns 0 only when the mount answers, and otherwise prints why it failed.
 
 pub mod mounts;
+pub mod stats;
 mod unmount;
 
 use std::ffi::OsString;
@@ -25,7 +26,8 @@ pub use unmount::{Unmounted, unmount};
 
 use crate::catalog::DuplicatePolicy;
 use crate::fs::{self, FsOptions};
-use crate::tiers::{FileReader, Source, SourceError};
+use crate::tiers::stage::{Stage, StageOptions};
+use crate::tiers::{FileReader, Images, Source, SourceError};
 
 /// The line a daemon writes to its launcher once the mount answers; the launcher does not print it.
 const READY_MARKER: &[u8] = b"\x01packfs-ready";
@@ -43,8 +45,15 @@ pub struct MountRequest {
     pub pid_file: Option<PathBuf>,
     /// Write the catalog built from scanned images to this index file before mounting.
     pub save_index: Option<PathBuf>,
-    /// Byte budget of the decoded-bytes RAM cache.
+    /// Byte budget of the RAM tier (decoded blocks and source chunks).
     pub cache_size: u64,
+    /// Size of the source chunks kept in RAM and of the staged chunks.
+    pub chunk_size: u64,
+    /// Read stored bytes in whole chunks through the RAM tier.
+    pub ram_chunks: bool,
+    pub stage: Option<StageOptions>,
+    /// Where the counters are written while the mount runs (`stats::default_path` when unset).
+    pub stats_file: Option<PathBuf>,
 }
 
 /// Checks that `path` can take a new mount, and returns it absolute.
@@ -143,7 +152,26 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let mut signals =
         Signals::new([SIGTERM, SIGINT, SIGHUP]).context("cannot install signal handlers")?;
-    let files = Arc::new(FileReader::new(source.clone(), req.cache_size));
+    let stage = match &req.stage {
+        Some(opts) => {
+            let holder = format!(
+                "pid {}: mount at {}",
+                std::process::id(),
+                mountpoint.display()
+            );
+            let stage = Stage::open(opts.clone(), source.clone(), catalog.images(), &holder)?;
+            Some(Arc::new(stage))
+        }
+        None => None,
+    };
+    let images = Arc::new(Images::new(
+        source.clone(),
+        req.cache_size,
+        req.chunk_size,
+        req.ram_chunks,
+        stage.clone(),
+    ));
+    let files = Arc::new(FileReader::new(images.clone()));
     let mut mounted = fs::mount(catalog.clone(), files.clone(), &mountpoint, &req.fs)
         .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
     if let Err(e) = std::fs::metadata(&mountpoint) {
@@ -158,8 +186,20 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     );
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
+    let stats_path = req
+        .stats_file
+        .clone()
+        .unwrap_or_else(|| stats::default_path(&mountpoint));
+    info!("counters in {}", stats_path.display());
+    let stats_file = stats::StatsFile::start(stats_path, images.clone(), mountpoint.clone());
     on_ready();
     verify_in_background(catalog.clone());
+    let stager = stage.clone().map(|stage| {
+        std::thread::Builder::new()
+            .name("packfs-stage".into())
+            .spawn(move || crate::tiers::stage::run_copier(&stage, false, None))
+    });
+    let stager = stager.transpose().context("cannot start the stager")?;
 
     let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
     let handle = signals.handle();
@@ -193,14 +233,36 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         }
     }
     handle.close();
-    let stats = source.stats();
+    if let Some(stage) = &stage {
+        stage.shut_down();
+    }
+    if let Some(stager) = stager {
+        let _ = stager.join();
+    }
+    drop(stats_file);
+    log_counters(&images);
+    Ok(())
+}
+
+/// The final figures of every tier, at exit.
+fn log_counters(images: &Images) {
+    let stats = images.source().stats();
     info!(
         opens = stats.opens,
         reads = stats.reads,
         bytes = stats.bytes,
+        stage_reads = stats.stage_reads,
+        stage_bytes = stats.stage_bytes,
         "source operations"
     );
-    let cache = files.cache_stats();
+    let tiers = images.stats();
+    info!(
+        ram_bytes = tiers.ram_bytes,
+        staged_bytes = tiers.staged_bytes,
+        source_bytes = tiers.source_bytes,
+        "bytes served by tier"
+    );
+    let cache = images.ram_stats();
     info!(
         budget = cache.budget,
         peak = cache.peak,
@@ -208,9 +270,23 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
         hits = cache.hits,
         loads = cache.loads,
         loaded_bytes = cache.loaded_bytes,
-        "decoded-bytes cache"
+        "RAM cache"
     );
-    Ok(())
+    if let Some(stage) = images.stage() {
+        let st = stage.stats();
+        info!(
+            total_bytes = st.total_bytes,
+            present_bytes = st.present_bytes,
+            copied_bytes = st.copied_bytes,
+            copied_from_reads = st.copied_from_reads,
+            verified_chunks = st.verified_chunks,
+            failed_checks = st.failed_checks,
+            evicted_bytes = st.evicted_bytes,
+            "staging in {}: {}",
+            stage.dir().display(),
+            st.status
+        );
+    }
 }
 
 /// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the

@@ -1,14 +1,15 @@
-//! Serving a byte range of a catalog file, whatever its encoding: stored bytes are read with one
-//! pread (the kernel's page cache is the cache), deflated zip members and compressed squashfs
-//! blocks are decoded once into the `DecodedCache` and copied out of it.
+//! Serving a byte range of a catalog file, whatever its encoding: stored bytes come from the image
+//! tiers (staged copy, RAM chunks, source), deflated zip members and compressed squashfs blocks
+//! are decoded once into the RAM tier and copied out of it.
 
 use std::cell::RefCell;
 use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::decoded::{Decoded, DecodedCache, DecodedStats};
-use super::{Source, inflate};
+use super::images::{Fetch, Images};
+use super::ram_cache::Decoded;
+use super::{DEFAULT_CHUNK, Source, inflate};
 use crate::archive::Encoding;
 use crate::archive::squashfs::block_map::{BlockMap, Extent};
 use crate::catalog::{Catalog, Entry};
@@ -70,8 +71,7 @@ enum Piece {
 }
 
 pub struct FileReader {
-    source: Arc<Source>,
-    decoded: DecodedCache,
+    images: Arc<Images>,
 }
 
 thread_local! {
@@ -80,20 +80,28 @@ thread_local! {
 }
 
 impl FileReader {
-    /// `cache_budget` bytes of decoded blocks and members at most.
-    pub fn new(source: Arc<Source>, cache_budget: u64) -> FileReader {
-        FileReader {
+    pub fn new(images: Arc<Images>) -> FileReader {
+        FileReader { images }
+    }
+
+    /// A reader straight from the source, with `cache_budget` bytes of RAM (for commands that read
+    /// a few files once).
+    pub fn direct(source: Arc<Source>, cache_budget: u64) -> FileReader {
+        FileReader::new(Arc::new(Images::new(
             source,
-            decoded: DecodedCache::new(cache_budget),
-        }
+            cache_budget,
+            DEFAULT_CHUNK,
+            false,
+            None,
+        )))
+    }
+
+    pub fn images(&self) -> &Images {
+        &self.images
     }
 
     pub fn source(&self) -> &Source {
-        &self.source
-    }
-
-    pub fn cache_stats(&self) -> DecodedStats {
-        self.decoded.stats()
+        self.images.source()
     }
 
     /// Reads `len` bytes at `offset` of the file `entry` (the range lies inside the file).
@@ -109,16 +117,17 @@ impl FileReader {
             Encoding::Stored => {
                 buf.resize(len, 0);
                 let at = entry.offset + offset;
-                self.source
-                    .read_exact_at(entry.image, at, &mut buf[..len])
+                self.images
+                    .read_exact_at(entry.image, at, &mut buf[..len], Fetch::Chunks)
                     .map_err(failed(at))?;
                 Ok(Served::Buffer(&buf[..len]))
             }
             Encoding::Deflate => {
                 let (image, at, size) = (entry.image, entry.offset, entry.size);
                 let member = self
-                    .decoded
-                    .get_or_load(image, at, || inflate(&self.source, image, at, size))
+                    .images
+                    .ram()
+                    .get_or_load(image, at, || inflate(&self.images, image, at, size))
                     .map_err(failed(at))?;
                 let start = offset as usize;
                 Ok(Served::Shared(member, start..start + len))
@@ -166,8 +175,8 @@ impl FileReader {
                 Piece::Stored { at, len } => {
                     let (n, filled) = (len.min(want), buf.len());
                     buf.resize(filled + n, 0);
-                    self.source
-                        .read_exact_at(image, at, &mut buf[filled..])
+                    self.images
+                        .read_exact_at(image, at, &mut buf[filled..], Fetch::Chunks)
                         .map_err(failed(at))?;
                     n
                 }
@@ -267,12 +276,13 @@ impl FileReader {
         extent: Extent,
         limit: usize,
     ) -> Result<Decoded, ReadError> {
-        let source = &self.source;
-        self.decoded
+        let images = &self.images;
+        images
+            .ram()
             .get_or_load(image, extent.start, || {
                 PACKED.with_borrow_mut(|packed| {
                     packed.resize(extent.disk_len() as usize, 0);
-                    source.read_exact_at(image, extent.start, packed)?;
+                    images.read_exact_at(image, extent.start, packed, Fetch::Exact)?;
                     let mut out = Vec::new();
                     map.codec
                         .decompress(packed, limit, &mut out)

@@ -13,12 +13,15 @@ use crate::archive::Fingerprint;
 use crate::archive::fingerprint::show_time;
 use crate::catalog::ImageInfo;
 
-/// Counters of the operations issued on the backing files.
+/// Counters of the operations issued on the backing files: for reads of the mount, and for the
+/// stager's copies.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SourceStats {
     pub opens: u64,
     pub reads: u64,
     pub bytes: u64,
+    pub stage_reads: u64,
+    pub stage_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -27,6 +30,8 @@ pub struct Source {
     images: Vec<(PathBuf, File, u64)>,
     reads: AtomicU64,
     bytes: AtomicU64,
+    stage_reads: AtomicU64,
+    stage_bytes: AtomicU64,
 }
 
 /// Why the images cannot be served.
@@ -61,6 +66,8 @@ impl Source {
             images,
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            stage_reads: AtomicU64::new(0),
+            stage_bytes: AtomicU64::new(0),
         })
     }
 
@@ -76,14 +83,26 @@ impl Source {
     /// Fills `buf` from `offset` of `image`. A short file (an image truncated after it was scanned)
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
     pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let (_, file, _) = self
-            .images
-            .get(image as usize)
-            .ok_or_else(|| io::Error::other(format!("no image #{image}")))?;
         self.reads.fetch_add(1, Ordering::Relaxed);
-        file.read_exact_at(buf, offset)?;
+        self.file(image)?.read_exact_at(buf, offset)?;
         self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The same read for the stager, counted apart from the mount's reads.
+    pub fn read_for_stage(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.stage_reads.fetch_add(1, Ordering::Relaxed);
+        self.file(image)?.read_exact_at(buf, offset)?;
+        self.stage_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn file(&self, image: u32) -> io::Result<&File> {
+        self.images
+            .get(image as usize)
+            .map(|i| &i.1)
+            .ok_or_else(|| io::Error::other(format!("no image #{image}")))
     }
 
     pub fn stats(&self) -> SourceStats {
@@ -91,6 +110,8 @@ impl Source {
             opens: self.images.len() as u64,
             reads: self.reads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            stage_reads: self.stage_reads.load(Ordering::Relaxed),
+            stage_bytes: self.stage_bytes.load(Ordering::Relaxed),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Decoded bytes (squashfs blocks, inflated zip members) in RAM, under a byte budget.
+//! The RAM tier, under one byte budget: decoded bytes (squashfs blocks, inflated zip members) and
+//! aligned chunks of stored image bytes read from a slow source.
 //!
 //! Decoding costs far more than serving from RAM (a 128 KiB zstd block takes ~100-300 µs to
 //! decompress), and FUSE reads of 128 KiB at most split one block into several requests, so each
@@ -16,8 +17,12 @@ use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 /// A decoded block or member, shared with the readers that are copying out of it.
 pub type Decoded = Arc<Vec<u8>>;
 
-/// Key: (image, offset of the encoded bytes in the image).
+/// Key: (image, offset of the encoded bytes in the image), or for a raw chunk of the image
+/// (image, `CHUNK_TAG | chunk start`).
 type Key = (u32, u64);
+
+/// Marks raw-chunk keys; image offsets never reach bit 63.
+pub const CHUNK_TAG: u64 = 1 << 63;
 
 /// Bookkeeping bytes counted per value on top of its buffer (the `Arc`, the `Vec`, the entry).
 const OVERHEAD: u64 = 64;
@@ -37,7 +42,7 @@ impl Weighter<Key, Decoded> for ByAllocation {
 
 /// What the cache did since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DecodedStats {
+pub struct RamStats {
     pub budget: u64,
     /// Bytes held now, and the most seen after any insertion.
     pub held: u64,
@@ -50,7 +55,7 @@ pub struct DecodedStats {
     pub loaded_bytes: u64,
 }
 
-pub struct DecodedCache {
+pub struct RamCache {
     cache: Cache<Key, Decoded, ByAllocation>,
     budget: u64,
     peak: AtomicU64,
@@ -59,9 +64,9 @@ pub struct DecodedCache {
     loaded_bytes: AtomicU64,
 }
 
-impl DecodedCache {
+impl RamCache {
     /// A cache that holds at most `budget` bytes (0 disables it: every read decodes).
-    pub fn new(budget: u64) -> DecodedCache {
+    pub fn new(budget: u64) -> RamCache {
         let shards = 1usize << (budget / MIN_SHARD).clamp(1, 16).ilog2();
         let options = OptionsBuilder::new()
             .shards(shards)
@@ -69,7 +74,7 @@ impl DecodedCache {
             .weight_capacity(budget)
             .build()
             .expect("valid cache options");
-        DecodedCache {
+        RamCache {
             cache: Cache::with_options(
                 options,
                 ByAllocation,
@@ -92,6 +97,16 @@ impl DecodedCache {
         offset: u64,
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<Decoded> {
+        self.fetch(image, offset, load).map(|(value, _)| value)
+    }
+
+    /// As `get_or_load`, also saying whether this call ran the loader.
+    pub fn fetch(
+        &self,
+        image: u32,
+        offset: u64,
+        load: impl FnOnce() -> io::Result<Vec<u8>>,
+    ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let mut loaded = false;
         let value = self.cache.get_or_insert_with(&(image, offset), || {
@@ -105,12 +120,16 @@ impl DecodedCache {
         if loaded {
             self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
         }
-        Ok(value)
+        Ok((value, loaded))
     }
 
-    pub fn stats(&self) -> DecodedStats {
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    pub fn stats(&self) -> RamStats {
         let loads = self.loads.load(Ordering::Relaxed);
-        DecodedStats {
+        RamStats {
             budget: self.budget,
             held: self.cache.weight(),
             peak: self.peak.load(Ordering::Relaxed),
@@ -129,7 +148,7 @@ mod tests {
     #[test]
     fn stays_within_budget() {
         let budget = 1 << 20;
-        let cache = DecodedCache::new(budget);
+        let cache = RamCache::new(budget);
         for i in 0..200u64 {
             let v = cache
                 .get_or_load(0, i, || Ok(vec![i as u8; 100_000]))
@@ -148,7 +167,7 @@ mod tests {
 
     #[test]
     fn concurrent_misses_load_once() {
-        let cache = DecodedCache::new(64 << 20);
+        let cache = RamCache::new(64 << 20);
         let threads = 8;
         let barrier = Barrier::new(threads);
         std::thread::scope(|s| {
@@ -172,7 +191,7 @@ mod tests {
 
     #[test]
     fn failed_loads_are_retried() {
-        let cache = DecodedCache::new(1 << 20);
+        let cache = RamCache::new(1 << 20);
         let err = cache.get_or_load(0, 1, || Err(io::Error::other("bad block")));
         assert!(err.is_err());
         let ok = cache.get_or_load(0, 1, || Ok(vec![1])).unwrap();

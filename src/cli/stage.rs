@@ -1,0 +1,92 @@
+//! `packfs stage`: the mount's background copy as a blocking command, for prologues that prefer
+//! to wait until the data is local.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use packfs::archive::Fingerprint;
+use packfs::catalog::{self, ImageInfo};
+use packfs::tiers::Source;
+use packfs::tiers::stage::{Stage, StageMode, run_copier};
+
+use super::staging::StageFlags;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One index file, or images (brace ranges and globs expanded), in the order given to mount.
+    #[arg(required = true, num_args = 1..)]
+    images: Vec<String>,
+    /// The stage directory that `packfs mount --stage DIR` will be given.
+    #[arg(long, value_name = "DIR")]
+    to: PathBuf,
+    #[command(flatten)]
+    staging: StageFlags,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let infos = image_infos(&args.images)?;
+    let source = Arc::new(Source::open(&infos)?);
+    let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
+    let holder = format!("pid {}: packfs stage", std::process::id());
+    let stage = Stage::open(opts, source, &infos, &holder)?;
+    let before = stage.stats();
+    let bar = ProgressBar::with_draw_target(Some(before.total_bytes), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "staging {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_position(before.present_bytes);
+    bar.reset_eta();
+    let started = Instant::now();
+    run_copier(&stage, true, Some(&bar));
+    bar.finish_and_clear();
+    let after = stage.stats();
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "staged {} of {} bytes of {} image(s) in {}: copied {} bytes in {secs:.1} s ({:.0} MB/s)",
+        after.present_bytes,
+        after.total_bytes,
+        after.images,
+        args.to.display(),
+        after.copied_bytes,
+        after.copied_bytes as f64 / secs.max(1e-3) / 1e6
+    );
+    if after.present_bytes < after.total_bytes {
+        let budget_only = after.status.contains("stage budget");
+        if !budget_only {
+            bail!(
+                "staging incomplete ({}); a mount with --stage {} serves the rest from the source",
+                after.status,
+                args.to.display()
+            );
+        }
+        eprintln!("{}", after.status);
+    }
+    Ok(())
+}
+
+/// The images and their fingerprints: from the index, or read from each image.
+fn image_infos(patterns: &[String]) -> anyhow::Result<Vec<ImageInfo>> {
+    let paths = packfs::dataset::image_paths(patterns)?;
+    if let [index] = paths.as_slice()
+        && catalog::index::is_index(index)
+    {
+        return Ok(catalog::index::open(index)?.images().to_vec());
+    }
+    paths
+        .into_iter()
+        .map(|path| {
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("cannot open image {}", path.display()))?;
+            let fingerprint = Fingerprint::of(&file)
+                .with_context(|| format!("cannot read image {}", path.display()))?;
+            Ok(ImageInfo { path, fingerprint })
+        })
+        .collect()
+}

@@ -1,0 +1,167 @@
+//! Image bytes from the best tier that holds them: the staged local copy (complete and checked
+//! chunks), then the RAM cache of source chunks, then the source itself.
+//!
+//! Stored bytes go through the RAM tier in aligned chunks: one source request fetches the whole
+//! chunk, neighbouring small files come with it, and threads missing the same chunk wait for one
+//! fetch. Compressed bytes are read exactly (their decoded form is what the RAM tier keeps).
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Source;
+use super::ram_cache::{CHUNK_TAG, RamCache, RamStats};
+use super::stage::Stage;
+
+/// How a read wants its bytes fetched when they are not staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// Whole aligned chunks, kept in the RAM tier.
+    Chunks,
+    /// Exactly the bytes asked for.
+    Exact,
+}
+
+/// Bytes delivered to readers by each tier (page-cache misses of the mount).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub ram_bytes: u64,
+    pub staged_bytes: u64,
+    pub source_bytes: u64,
+}
+
+pub struct Images {
+    source: Arc<Source>,
+    ram: RamCache,
+    stage: Option<Arc<Stage>>,
+    chunk_size: u64,
+    /// Fetch stored bytes in chunks through the RAM tier.
+    chunked: bool,
+    ram_bytes: AtomicU64,
+    staged_bytes: AtomicU64,
+    source_bytes: AtomicU64,
+}
+
+impl Images {
+    /// `ram_budget` bytes for the RAM tier (0: none); source chunks of `chunk_size` bytes kept in it
+    /// when `chunked`.
+    pub fn new(
+        source: Arc<Source>,
+        ram_budget: u64,
+        chunk_size: u64,
+        chunked: bool,
+        stage: Option<Arc<Stage>>,
+    ) -> Images {
+        if let Some(stage) = &stage {
+            assert_eq!(
+                stage.chunk_size(),
+                chunk_size,
+                "one chunk size for all tiers"
+            );
+        }
+        Images {
+            source,
+            ram: RamCache::new(ram_budget),
+            stage,
+            chunk_size,
+            chunked: chunked && ram_budget > 0,
+            ram_bytes: AtomicU64::new(0),
+            staged_bytes: AtomicU64::new(0),
+            source_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    pub fn ram(&self) -> &RamCache {
+        &self.ram
+    }
+
+    pub fn ram_stats(&self) -> RamStats {
+        self.ram.stats()
+    }
+
+    pub fn stage(&self) -> Option<&Arc<Stage>> {
+        self.stage.as_ref()
+    }
+
+    pub fn image_size(&self, image: u32) -> u64 {
+        self.source.image_size(image)
+    }
+
+    pub fn stats(&self) -> TierStats {
+        TierStats {
+            ram_bytes: self.ram_bytes.load(Ordering::Relaxed),
+            staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
+            source_bytes: self.source_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Fills `buf` from `offset` of `image`.
+    pub fn read_exact_at(
+        &self,
+        image: u32,
+        offset: u64,
+        buf: &mut [u8],
+        fetch: Fetch,
+    ) -> io::Result<()> {
+        let chunked = fetch == Fetch::Chunks && self.chunked;
+        if self.stage.is_none() && !chunked {
+            self.source.read_exact_at(image, offset, buf)?;
+            self.source_bytes
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let (i, within) = (pos / self.chunk_size, pos % self.chunk_size);
+            let n = ((self.chunk_size - within) as usize).min(buf.len() - done);
+            let dst = &mut buf[done..done + n];
+            done += n;
+            let stage = self.stage.as_deref();
+            if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) {
+                self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                continue;
+            }
+            if chunked {
+                let start = i * self.chunk_size;
+                let len = self
+                    .chunk_size
+                    .min(self.image_size(image).saturating_sub(start));
+                let fetched = self.ram.fetch(image, CHUNK_TAG | start, || {
+                    let mut bytes = vec![0u8; len as usize];
+                    self.source.read_exact_at(image, start, &mut bytes)?;
+                    Ok(bytes)
+                });
+                let Ok((chunk, loaded)) = fetched else {
+                    // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
+                    // these bytes, so an error is this read's own.
+                    self.source.read_exact_at(image, pos, dst)?;
+                    self.source_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
+                };
+                let from = within as usize;
+                dst.copy_from_slice(&chunk[from..from + n]);
+                let tier = if loaded {
+                    &self.source_bytes
+                } else {
+                    &self.ram_bytes
+                };
+                tier.fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(stage) = stage {
+                    stage.offer(image, i as usize, Some(chunk));
+                }
+            } else {
+                self.source.read_exact_at(image, pos, dst)?;
+                self.source_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(stage) = stage {
+                    stage.offer(image, i as usize, None);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,359 @@
+//! The stager: one thread that copies source chunks to local storage. Chunks that reads touched
+//! come first; in eager mode it then walks the images front to back in large sequential reads.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use tracing::{info, warn};
+use xxhash_rust::xxh3::xxh3_64;
+
+use std::os::unix::fs::FileExt;
+
+use super::image::{ABSENT, BUSY, PRESENT, QUEUED, StagedImage, VERIFIED, state, with_state};
+use super::{Offer, Stage, StageMode};
+
+/// Source bytes read per request when copying runs of chunks (large sequential reads are what
+/// parallel filesystems serve best).
+const RUN_BYTES: u64 = 8 << 20;
+
+/// How long the stager sleeps at most before it looks at the shutdown flag again.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Keeps the stager's source reads under a rate.
+struct Pace {
+    rate: Option<u64>,
+    next: Instant,
+}
+
+impl Pace {
+    /// Waits until `bytes` more may be read; false if shutdown came first.
+    fn wait(&mut self, stage: &Stage, bytes: u64) -> bool {
+        let Some(rate) = self.rate else { return true };
+        let now = Instant::now();
+        self.next = self.next.max(now) + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        while Instant::now() + TICK < self.next {
+            if stage.shutdown.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::sleep(TICK);
+        }
+        std::thread::sleep(self.next.saturating_duration_since(Instant::now()));
+        true
+    }
+}
+
+struct Copier<'s> {
+    stage: &'s Stage,
+    pace: Pace,
+    /// Where the eager walk goes on: (image position, chunk).
+    cursor: (usize, usize),
+    /// Chunks the source could not deliver; not retried by the walk.
+    unreadable: HashSet<(u32, usize)>,
+    buf: Vec<u8>,
+    progress: Option<&'s ProgressBar>,
+    started: Instant,
+    reported_done: bool,
+}
+
+/// Runs the stager until shutdown, or (with `until_done`) until every assigned chunk is staged
+/// or staging stops.
+pub fn run(stage: &Stage, until_done: bool, progress: Option<&ProgressBar>) {
+    let mut c = Copier {
+        stage,
+        pace: Pace {
+            rate: stage.opts.rate,
+            next: Instant::now(),
+        },
+        cursor: (0, 0),
+        unreadable: HashSet::new(),
+        buf: Vec::new(),
+        progress,
+        started: Instant::now(),
+        reported_done: false,
+    };
+    c.stage.set_status(match stage.opts.mode {
+        StageMode::Eager => "copying",
+        StageMode::Lazy => "lazy: copying chunks as reads touch them",
+    });
+    loop {
+        if stage.shutdown.load(Ordering::Relaxed) || stage.stopped() {
+            break;
+        }
+        if !stage.dir_present() {
+            stage.stop(format!(
+                "stage directory {} vanished; staging stopped, unstaged chunks are read from the source",
+                stage.dir().display()
+            ));
+            break;
+        }
+        while let Ok(offer) = stage.offers.1.try_recv() {
+            c.take_offer(offer);
+        }
+        let walking = stage.opts.mode == StageMode::Eager && !c.done() && !stage.stopped();
+        if walking && c.copy_next_run() {
+            continue;
+        }
+        c.report_done();
+        if until_done && (c.done() || stage.stopped()) {
+            break;
+        }
+        if let Ok(offer) = stage.offers.1.recv_timeout(TICK) {
+            c.take_offer(offer);
+        }
+    }
+    if let Some(bar) = progress {
+        bar.set_position(stage.present_bytes.load(Ordering::Relaxed));
+    }
+}
+
+impl Copier<'_> {
+    /// Every assigned chunk is staged, or cannot be read from the source.
+    fn done(&self) -> bool {
+        let s = self.stage;
+        s.present_chunks.load(Ordering::Relaxed) + self.unreadable.len() as u64 >= s.total_chunks
+    }
+
+    fn report_done(&mut self) {
+        let s = self.stage;
+        if s.opts.mode != StageMode::Eager || !self.done() || s.stopped() || self.reported_done {
+            return;
+        }
+        self.reported_done = true;
+        let secs = self.started.elapsed().as_secs_f64();
+        let copied = s.copied_bytes.load(Ordering::Relaxed);
+        info!(
+            copied_bytes = copied,
+            unreadable_chunks = self.unreadable.len(),
+            "staging complete in {secs:.1} s ({:.0} MB/s)",
+            copied as f64 / secs.max(1e-3) / 1e6
+        );
+        s.set_status(if self.unreadable.is_empty() {
+            "complete"
+        } else {
+            "complete except chunks the source could not deliver"
+        });
+    }
+
+    /// Copies the next run of absent chunks at or after the cursor; false when the walk found
+    /// none (it then starts over from the first image next time).
+    fn copy_next_run(&mut self) -> bool {
+        let images = &self.stage.images;
+        while self.cursor.0 < images.len() {
+            let Some(img) = &images[self.cursor.0] else {
+                self.cursor = (self.cursor.0 + 1, 0);
+                continue;
+            };
+            let first = (self.cursor.1..img.chunks.len()).find(|&i| {
+                state(img.word(i)) == ABSENT && !self.unreadable.contains(&(img.index, i))
+            });
+            let Some(first) = first else {
+                self.cursor = (self.cursor.0 + 1, 0);
+                continue;
+            };
+            // Claim consecutive absent chunks, up to one run.
+            let mut claimed = Vec::new();
+            let mut bytes = 0;
+            let mut i = first;
+            while i < img.chunks.len() && bytes < RUN_BYTES {
+                let word = img.word(i);
+                if state(word) != ABSENT
+                    || self.unreadable.contains(&(img.index, i))
+                    || !img.swap(i, word, with_state(word, BUSY))
+                {
+                    break;
+                }
+                claimed.push((i, word));
+                bytes += img.chunk_len(i);
+                i += 1;
+            }
+            self.cursor.1 = i;
+            if claimed.is_empty() {
+                continue;
+            }
+            self.copy_claimed(img, &claimed, bytes);
+            return true;
+        }
+        self.cursor = (0, 0);
+        false
+    }
+
+    /// Reads the claimed consecutive chunks in one source read and stores each.
+    fn copy_claimed(&mut self, img: &StagedImage, claimed: &[(usize, u64)], bytes: u64) {
+        let release = |from: usize| {
+            for &(i, word) in &claimed[from..] {
+                img.swap(i, with_state(word, BUSY), word);
+            }
+        };
+        if !self.pace.wait(self.stage, bytes) {
+            return release(0);
+        }
+        let start = img.chunk_start(claimed[0].0);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(bytes as usize, 0);
+        if let Err(e) = self.stage.source.read_for_stage(img.index, start, &mut buf) {
+            warn!(
+                "staging: cannot read {} bytes at offset {start} of {}: {e}; those chunks stay on the source",
+                bytes,
+                img.source_path.display()
+            );
+            for &(i, _) in claimed {
+                self.unreadable.insert((img.index, i));
+            }
+            self.buf = buf;
+            return release(0);
+        }
+        let mut at = 0usize;
+        for (n, &(i, word)) in claimed.iter().enumerate() {
+            let len = img.chunk_len(i) as usize;
+            if !self.store(img, i, with_state(word, BUSY), &buf[at..at + len]) {
+                self.buf = buf;
+                return release(n + 1);
+            }
+            at += len;
+        }
+        self.buf = buf;
+    }
+
+    /// A chunk a read touched: take its bytes, or read them from the source.
+    fn take_offer(&mut self, offer: Offer) {
+        let Some(Some(img)) = self.stage.images.get(offer.image as usize) else {
+            return;
+        };
+        let i = offer.chunk;
+        let word = img.word(i);
+        if state(word) != QUEUED || !img.swap(i, word, with_state(word, BUSY)) {
+            return;
+        }
+        let busy = with_state(word, BUSY);
+        let give_back = || img.swap(i, busy, with_state(word, ABSENT));
+        if self.stage.stopped() {
+            give_back();
+            return;
+        }
+        let from_read = offer.bytes.is_some();
+        let bytes = match offer.bytes {
+            Some(b) => b,
+            None => {
+                let len = img.chunk_len(i);
+                if !self.pace.wait(self.stage, len) {
+                    give_back();
+                    return;
+                }
+                let mut b = vec![0u8; len as usize];
+                if let Err(e) =
+                    self.stage
+                        .source
+                        .read_for_stage(img.index, img.chunk_start(i), &mut b)
+                {
+                    warn!(
+                        "staging: cannot read chunk {i} of {}: {e}",
+                        img.source_path.display()
+                    );
+                    give_back();
+                    return;
+                }
+                std::sync::Arc::new(b)
+            }
+        };
+        if self.store(img, i, busy, &bytes) {
+            if from_read {
+                self.stage
+                    .copied_from_reads
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+        } else {
+            give_back();
+        }
+    }
+
+    /// Writes chunk `i` (claimed: state word `busy`) and records it; false when it was not stored
+    /// (no room, or staging stopped), leaving the chunk claimed for the caller to release.
+    fn store(&mut self, img: &StagedImage, i: usize, busy: u64, bytes: &[u8]) -> bool {
+        let s = self.stage;
+        let len = bytes.len() as u64;
+        if !self.make_room(len) {
+            return false;
+        }
+        let sum = xxh3_64(bytes);
+        let written = img
+            .data
+            .write_all_at(bytes, img.chunk_start(i))
+            .and_then(|()| img.state.mark(i, sum));
+        if let Err(e) = written {
+            let _ = img.punch(i);
+            let _ = img.state.clear(i);
+            self.local_write_failed(e);
+            return false;
+        }
+        img.chunks[i].sum.store(sum, Ordering::SeqCst);
+        img.swap(i, busy, with_state(busy, PRESENT));
+        s.present_chunks.fetch_add(1, Ordering::Relaxed);
+        s.present_bytes.fetch_add(len, Ordering::Relaxed);
+        s.copied_bytes.fetch_add(len, Ordering::Relaxed);
+        if let Some(bar) = self.progress {
+            bar.set_position(s.present_bytes.load(Ordering::Relaxed));
+        }
+        true
+    }
+
+    fn local_write_failed(&self, e: io::Error) {
+        let dir = self.stage.dir().display();
+        let why = match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
+                "stage directory {dir} is full ({e}); staging stopped, unstaged chunks are read from the source"
+            ),
+            _ => format!(
+                "cannot write to stage directory {dir} ({e}); staging stopped, unstaged chunks are read from the source"
+            ),
+        };
+        self.stage.stop(why);
+    }
+
+    /// Makes room for `len` more local bytes under the budget: in lazy mode by dropping the least
+    /// recently used chunks; in eager mode a full budget ends the copy.
+    fn make_room(&mut self, len: u64) -> bool {
+        let s = self.stage;
+        let Some(budget) = s.opts.budget else {
+            return true;
+        };
+        if s.present_bytes.load(Ordering::Relaxed) + len <= budget {
+            return true;
+        }
+        if s.opts.mode == StageMode::Eager {
+            s.stop(format!(
+                "stage budget of {budget} bytes reached in {}; the rest is read from the source",
+                s.dir().display()
+            ));
+            return false;
+        }
+        // Evict a sixteenth of the budget beyond what is needed, so eviction runs in batches.
+        let target = budget.saturating_sub(len + budget / 16);
+        let mut candidates: Vec<(u64, usize, usize)> = Vec::new();
+        for (pos, img) in s.images.iter().enumerate() {
+            let Some(img) = img else { continue };
+            for (i, c) in img.chunks.iter().enumerate() {
+                let st = state(c.word.load(Ordering::Relaxed));
+                if st == PRESENT || st == VERIFIED {
+                    candidates.push((c.last_use.load(Ordering::Relaxed), pos, i));
+                }
+            }
+        }
+        candidates.sort_unstable();
+        for (_, pos, i) in candidates {
+            if s.present_bytes.load(Ordering::Relaxed) <= target {
+                break;
+            }
+            let img = s.images[pos].as_ref().expect("assigned image");
+            let word = img.word(i);
+            let st = state(word);
+            if (st == PRESENT || st == VERIFIED) && s.drop_chunk(img, i, word) {
+                s.evicted_bytes
+                    .fetch_add(img.chunk_len(i), Ordering::Relaxed);
+            }
+        }
+        s.present_bytes.load(Ordering::Relaxed) + len <= budget
+    }
+}

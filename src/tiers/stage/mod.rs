@@ -1,0 +1,428 @@
+//! Node-local staging: copies of the images on NVMe or /dev/shm, filled chunk by chunk in the
+//! background while the mount serves, and read in place of the source once a chunk is complete
+//! and has passed its checksum.
+//!
+//! Readers never wait for the stager: a chunk that is not ready is read from the source (through
+//! the RAM tier), and in lazy mode that read asks the stager to keep the chunk. The stager is the
+//! only writer of local bytes; readers may only drop a chunk that fails its check.
+
+mod copier;
+mod image;
+mod lock;
+mod state_file;
+
+use std::cell::RefCell;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use crossbeam_channel::{Receiver, Sender};
+use tracing::{error, info, warn};
+use xxhash_rust::xxh3::xxh3_64;
+
+pub use copier::run as run_copier;
+use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, state, with_state};
+pub use lock::{DirLock, LockError};
+
+use super::Source;
+use super::ram_cache::Decoded;
+use crate::catalog::ImageInfo;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StageMode {
+    /// Copy every assigned image, front to back, as fast as allowed.
+    Eager,
+    /// Copy only the chunks that reads touch (for datasets larger than local storage).
+    Lazy,
+}
+
+/// This node's part of the images in a data-parallel job: image i when i mod `world` == `rank`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub rank: u32,
+    pub world: u32,
+}
+
+impl std::str::FromStr for Share {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Share, String> {
+        let bad = || format!("{s:?} is not RANK/WORLD with 0 <= RANK < WORLD, e.g. 3/8");
+        let (r, w) = s.split_once('/').ok_or_else(bad)?;
+        let (rank, world) = (
+            r.trim().parse().map_err(|_| bad())?,
+            w.trim().parse().map_err(|_| bad())?,
+        );
+        if world == 0 || rank >= world {
+            return Err(bad());
+        }
+        Ok(Share { rank, world })
+    }
+}
+
+impl Share {
+    pub fn assigned(&self, image: usize) -> bool {
+        image as u64 % self.world as u64 == self.rank as u64
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StageOptions {
+    pub dir: PathBuf,
+    pub mode: StageMode,
+    /// Local bytes at most.
+    pub budget: Option<u64>,
+    /// Source bytes per second read by the stager at most.
+    pub rate: Option<u64>,
+    pub share: Option<Share>,
+    pub chunk_size: u64,
+}
+
+/// Staging figures, for the log and the stats file.
+#[derive(Clone, Debug, Default)]
+pub struct StageStats {
+    pub images: u64,
+    pub total_bytes: u64,
+    /// Bytes complete on local storage now.
+    pub present_bytes: u64,
+    /// Bytes written to local storage by this process.
+    pub copied_bytes: u64,
+    /// Of those, bytes that reads had already fetched (no second source read).
+    pub copied_from_reads: u64,
+    pub verified_chunks: u64,
+    pub failed_checks: u64,
+    pub evicted_bytes: u64,
+    pub status: String,
+}
+
+/// A chunk that a read touched, for the stager; with its bytes when the read fetched them whole.
+struct Offer {
+    image: u32,
+    chunk: usize,
+    bytes: Option<Decoded>,
+}
+
+/// Whether a chunk whose state word was `before` when a read began still had its local bytes
+/// throughout: same generation (no eviction or drop in between), still complete.
+fn still_local(before: u64, now: u64) -> bool {
+    now >> 8 == before >> 8 && matches!(state(now), PRESENT | VERIFIED)
+}
+
+/// Offers waiting at most (each may hold a chunk's bytes).
+const QUEUE: usize = 32;
+
+pub struct Stage {
+    opts: StageOptions,
+    _lock: DirLock,
+    /// (device, inode) of the stage directory when opened: a different answer means it vanished.
+    dir_id: (u64, u64),
+    images: Vec<Option<StagedImage>>,
+    source: Arc<Source>,
+    offers: (Sender<Offer>, Receiver<Offer>),
+    tick: AtomicU64,
+    total_chunks: u64,
+    total_bytes: u64,
+    present_chunks: AtomicU64,
+    present_bytes: AtomicU64,
+    copied_bytes: AtomicU64,
+    copied_from_reads: AtomicU64,
+    verified_chunks: AtomicU64,
+    failed_checks: AtomicU64,
+    evicted_bytes: AtomicU64,
+    /// Set once staging gave up (disk full, directory gone); reads keep going.
+    stopped: AtomicBool,
+    shutdown: AtomicBool,
+    status: Mutex<String>,
+}
+
+thread_local! {
+    /// A whole chunk read back from local storage for its check.
+    static CHECK_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Stage {
+    /// Opens the stage directory (created if missing) for `images`, locks it for `holder`, and
+    /// loads what earlier runs staged there.
+    pub fn open(
+        opts: StageOptions,
+        source: Arc<Source>,
+        images: &[ImageInfo],
+        holder: &str,
+    ) -> anyhow::Result<Stage> {
+        let dir = &opts.dir;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create stage directory {}", dir.display()))?;
+        let lock = DirLock::take(dir, holder)?;
+        let meta = std::fs::metadata(dir)
+            .with_context(|| format!("cannot use stage directory {}", dir.display()))?;
+        let mut staged = Vec::with_capacity(images.len());
+        let (mut total_chunks, mut total_bytes, mut present_bytes, mut present_chunks) =
+            (0, 0, 0, 0);
+        for (i, info) in images.iter().enumerate() {
+            if opts.share.is_some_and(|s| !s.assigned(i)) {
+                staged.push(None);
+                continue;
+            }
+            let opened = StagedImage::open(
+                dir,
+                i as u32,
+                &info.path,
+                &info.fingerprint,
+                opts.chunk_size,
+            )
+            .with_context(|| {
+                format!(
+                    "cannot prepare the local copy of {} in stage directory {}",
+                    info.path.display(),
+                    dir.display()
+                )
+            })?;
+            if let Some(why) = &opened.reset {
+                info!(
+                    "discarding the staged copy of {}: {why}",
+                    info.path.display()
+                );
+            }
+            let img = opened.image;
+            total_chunks += img.chunks.len() as u64;
+            total_bytes += img.size;
+            present_bytes += opened.present_bytes;
+            present_chunks += img
+                .chunks
+                .iter()
+                .filter(|c| state(c.word.load(Ordering::Relaxed)) == PRESENT)
+                .count() as u64;
+            staged.push(Some(img));
+        }
+        let assigned = staged.iter().flatten().count();
+        info!(
+            images = assigned,
+            total_bytes,
+            present_bytes,
+            mode = ?opts.mode,
+            "stage directory {}: {present_bytes} of {total_bytes} bytes already staged",
+            dir.display()
+        );
+        Ok(Stage {
+            dir_id: (meta.dev(), meta.ino()),
+            _lock: lock,
+            images: staged,
+            source,
+            offers: crossbeam_channel::bounded(QUEUE),
+            tick: AtomicU64::new(1),
+            total_chunks,
+            total_bytes,
+            present_chunks: AtomicU64::new(present_chunks),
+            present_bytes: AtomicU64::new(present_bytes),
+            copied_bytes: AtomicU64::new(0),
+            copied_from_reads: AtomicU64::new(0),
+            verified_chunks: AtomicU64::new(0),
+            failed_checks: AtomicU64::new(0),
+            evicted_bytes: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            status: Mutex::new("starting".into()),
+            opts,
+        })
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.opts.chunk_size
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.opts.dir
+    }
+
+    pub fn mode(&self) -> StageMode {
+        self.opts.mode
+    }
+
+    /// Fills `dst` from the local copy of chunk `i` of `image`, starting `within` the chunk;
+    /// false when the chunk is not staged, or fails its check (then it is dropped and refetched).
+    pub fn read(&self, image: u32, i: usize, within: u64, dst: &mut [u8]) -> bool {
+        let Some(Some(img)) = self.images.get(image as usize) else {
+            return false;
+        };
+        let before = img.word(i);
+        match state(before) {
+            VERIFIED => {
+                if let Err(e) = img.read_local(i, within, dst) {
+                    self.local_read_failed(img, i, before, e);
+                    return false;
+                }
+                if !still_local(before, img.word(i)) {
+                    return false;
+                }
+            }
+            PRESENT => {
+                let ok = CHECK_BUF.with_borrow_mut(|buf| {
+                    buf.resize(img.chunk_len(i) as usize, 0);
+                    if let Err(e) = img.read_local(i, 0, buf) {
+                        self.local_read_failed(img, i, before, e);
+                        return false;
+                    }
+                    let got = xxh3_64(buf);
+                    let want = img.chunks[i].sum.load(Ordering::SeqCst);
+                    if !still_local(before, img.word(i)) {
+                        return false;
+                    }
+                    if got != want {
+                        self.failed_check(img, i, before, got, want);
+                        return false;
+                    }
+                    if img.swap(i, before, with_state(before, VERIFIED)) {
+                        self.verified_chunks.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let from = within as usize;
+                    dst.copy_from_slice(&buf[from..from + dst.len()]);
+                    true
+                });
+                if !ok {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+        let now = self.tick.fetch_add(1, Ordering::Relaxed);
+        img.chunks[i].last_use.store(now, Ordering::Relaxed);
+        true
+    }
+
+    /// Tells the stager that a read touched chunk `i` of `image`, which is not staged; `bytes` are
+    /// the whole chunk when the read fetched it. In eager mode only chunks with bytes are taken
+    /// (the copy reaches the others anyway).
+    pub fn offer(&self, image: u32, i: usize, bytes: Option<Decoded>) {
+        if self.stopped.load(Ordering::Relaxed)
+            || (bytes.is_none() && self.opts.mode == StageMode::Eager)
+        {
+            return;
+        }
+        let Some(Some(img)) = self.images.get(image as usize) else {
+            return;
+        };
+        let word = img.word(i);
+        if state(word) != image::ABSENT || !img.swap(i, word, with_state(word, image::QUEUED)) {
+            return;
+        }
+        let offer = Offer {
+            image,
+            chunk: i,
+            bytes,
+        };
+        if self.offers.0.try_send(offer).is_err() {
+            // The stager is behind: forget it, a later read offers it again.
+            img.swap(i, with_state(word, image::QUEUED), word);
+        }
+    }
+
+    fn local_read_failed(&self, img: &StagedImage, i: usize, word: u64, e: std::io::Error) {
+        error!(
+            "cannot read staged chunk {i} of {} from {} at offset {}: {e}; reading it from the source",
+            img.source_path.display(),
+            img.data_path.display(),
+            img.chunk_start(i)
+        );
+        self.drop_chunk(img, i, word);
+    }
+
+    fn failed_check(&self, img: &StagedImage, i: usize, word: u64, got: u64, want: u64) {
+        // Several readers may check the same chunk at once: the one that drops it reports.
+        if !self.drop_chunk(img, i, word) {
+            return;
+        }
+        self.failed_checks.fetch_add(1, Ordering::Relaxed);
+        error!(
+            "staged chunk {i} of {} (bytes {}..{} of {}) fails its checksum: xxh3 {got:016x}, \
+             expected {want:016x}; dropped, served from the source and staged again",
+            img.source_path.display(),
+            img.chunk_start(i),
+            img.chunk_start(i) + img.chunk_len(i),
+            img.data_path.display()
+        );
+    }
+
+    /// Drops the local bytes of a complete chunk (unless another thread changed it first).
+    fn drop_chunk(&self, img: &StagedImage, i: usize, word: u64) -> bool {
+        let busy = with_state(dropped(word), BUSY);
+        if !img.swap(i, word, busy) {
+            return false;
+        }
+        if let Err(e) = img.state.clear(i) {
+            warn!(
+                "cannot update staging progress {}: {e}",
+                img.state.path().display()
+            );
+        }
+        let _ = img.punch(i);
+        self.present_chunks.fetch_sub(1, Ordering::Relaxed);
+        self.present_bytes
+            .fetch_sub(img.chunk_len(i), Ordering::Relaxed);
+        img.swap(i, busy, dropped(word));
+        true
+    }
+
+    /// Stops staging for good (reads of staged chunks go on).
+    fn stop(&self, why: String) {
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            warn!("{why}");
+            *self.status.lock().expect("status lock") = format!("stopped: {why}");
+        }
+    }
+
+    fn set_status(&self, status: &str) {
+        let mut s = self.status.lock().expect("status lock");
+        if !s.starts_with("stopped") && *s != status {
+            *s = status.to_string();
+        }
+    }
+
+    /// Whether the stage directory is still the one opened.
+    fn dir_present(&self) -> bool {
+        std::fs::metadata(&self.opts.dir).is_ok_and(|m| (m.dev(), m.ino()) == self.dir_id)
+    }
+
+    /// Every assigned chunk is complete locally.
+    pub fn complete(&self) -> bool {
+        self.present_chunks.load(Ordering::Relaxed) == self.total_chunks
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// Asks the stager to finish.
+    pub fn shut_down(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stats(&self) -> StageStats {
+        StageStats {
+            images: self.images.iter().flatten().count() as u64,
+            total_bytes: self.total_bytes,
+            present_bytes: self.present_bytes.load(Ordering::Relaxed),
+            copied_bytes: self.copied_bytes.load(Ordering::Relaxed),
+            copied_from_reads: self.copied_from_reads.load(Ordering::Relaxed),
+            verified_chunks: self.verified_chunks.load(Ordering::Relaxed),
+            failed_checks: self.failed_checks.load(Ordering::Relaxed),
+            evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
+            status: self.status.lock().expect("status lock").clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_parse_and_assign() {
+        let s: Share = "1/4".parse().unwrap();
+        let mine: Vec<usize> = (0..10).filter(|&i| s.assigned(i)).collect();
+        assert_eq!(mine, vec![1, 5, 9]);
+        for bad in ["4/4", "1", "a/4", "0/0", "-1/4"] {
+            assert!(bad.parse::<Share>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! Node-local staging through real mounts: the copy runs while the mount serves, resumes after a
+//! kill, never serves a corrupt chunk, survives a full or vanished stage directory, and stages
+//! only this node's share of the images.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A tree split over `shards` tar images: the usual odd files in the first, and in every shard a
+/// few incompressible files of 40-300 KiB, about `per_shard` bytes in all.
+fn dataset(root: &Path, shards: usize, per_shard: usize) -> (PathBuf, Vec<PathBuf>) {
+    let src = root.join("src");
+    build_tree(&src, 20);
+    let first: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    // All files first, so that directory mtimes are final before any tar records them.
+    let mut members: Vec<Vec<String>> = Vec::new();
+    for s in 0..shards {
+        let mut mine = vec![format!("samples/s{s:02}")];
+        if s == 0 {
+            mine.insert(0, "samples".into());
+        }
+        let mut bytes_in = 0;
+        let mut n = 0;
+        while bytes_in < per_shard {
+            let len = 40_000 + (n * 37_813 + s * 7_919) % 260_000;
+            let rel = format!("samples/s{s:02}/f{n:04}.bin");
+            write_file(&src.join(&rel), &bytes((s * 1000 + n) as u64, len), 0o644);
+            mine.push(rel);
+            bytes_in += len;
+            n += 1;
+        }
+        members.push(mine);
+    }
+    let mut images = Vec::new();
+    for (s, mine) in members.iter().enumerate() {
+        let shard = root.join(format!("shard-{s:02}.tar"));
+        let mut tar = Command::new("tar");
+        tar.arg("-cf").arg(&shard).arg("-C").arg(&src);
+        if s == 0 {
+            tar.args(&first);
+        }
+        run(tar.arg("--no-recursion").args(mine));
+        images.push(shard);
+    }
+    (src, images)
+}
+
+fn refs(paths: &[PathBuf]) -> Vec<&Path> {
+    paths.iter().map(PathBuf::as_path).collect()
+}
+
+/// The number after `"key": ` in the stats JSON.
+fn field(json: &str, key: &str) -> u64 {
+    let pat = format!("\"{key}\": ");
+    let at = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    json[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+}
+
+fn uptime(json: &str) -> f64 {
+    let at = json.find("\"uptime_s\": ").expect("uptime") + 12;
+    json[at..]
+        .split(',')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn status(json: &str) -> String {
+    let at = json.find("\"status\": \"").expect("status") + 11;
+    json[at..].split('"').next().unwrap().to_string()
+}
+
+/// Polls the stats file until `done` holds for it; panics after `secs` seconds.
+fn wait_stats(path: &Path, secs: u64, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Ok(text) = fs::read_to_string(path) {
+            if done(&text) {
+                return text;
+            }
+            last = text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("waited {secs} s for {what}; last stats:\n{last}");
+}
+
+/// The daemon's log, once it has exited (after the mount guard is dropped).
+fn log_of(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `key=N` in a log line that contains `marker`.
+fn log_field(log: &str, marker: &str, key: &str) -> u64 {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker:?} in the log:\n{log}"));
+    let pat = format!("{key}=");
+    let at = line
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        + pat.len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn mount_staged(
+    images: &[PathBuf],
+    mnt: &Path,
+    stage: &Path,
+    name: &str,
+    extra: &[&str],
+) -> (Mount, PathBuf, PathBuf) {
+    let stats = mnt.with_extension(format!("{name}.json"));
+    let log = mnt.with_extension(format!("{name}.log"));
+    let _ = fs::remove_file(&log);
+    let mut args = vec![
+        "-v",
+        "--stage",
+        stage.to_str().unwrap(),
+        "--chunk-size",
+        "64K",
+        "--stats-file",
+        stats.to_str().unwrap(),
+        "--log-file",
+        log.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let m = Mount::new(&refs(images), mnt, &args);
+    (m, stats, log)
+}
+
+#[test]
+fn diff_is_clean_while_staging_and_staged_reads_skip_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 4, 2 << 20);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    {
+        // 3 MB/s: the copy takes a few seconds, and the diff runs inside it.
+        let (m, stats, log) = mount_staged(&images, &mnt, &stage, "a", &["--stage-rate", "3M"]);
+        let mounted = Instant::now();
+        let during = wait_stats(&stats, 10, "the stats file", |_| true);
+        assert_eq!(field(&during, "total_bytes"), total);
+        assert_same_tree(&src, &mnt, &[]);
+        // The file is rewritten every second: wait for one written after the diff.
+        let diff_done = mounted.elapsed().as_secs_f64();
+        let after_diff = wait_stats(&stats, 10, "fresh stats", |s| uptime(s) >= diff_done);
+        assert!(
+            field(&after_diff, "present_bytes") < total,
+            "staging finished before the diff did; slow it down:\n{after_diff}"
+        );
+        assert!(field(&after_diff, "source_bytes") > 0, "{after_diff}");
+        let done = wait_stats(&stats, 60, "staging to complete", |s| {
+            status(s) == "complete"
+        });
+        assert_eq!(field(&done, "present_bytes"), total);
+        assert_eq!(field(&done, "failed_checks"), 0);
+        drop(m);
+        assert!(
+            log_of(&log).contains("staging complete"),
+            "{}",
+            log_of(&log)
+        );
+        assert!(!stats.exists(), "the stats file outlives the daemon");
+    }
+    // A new mount finds the staged copy complete: no byte comes from the source.
+    let (m, stats, log) = mount_staged(&images, &mnt, &stage, "b", &[]);
+    assert_same_tree(&src, &mnt, &[]);
+    let text = wait_stats(&stats, 10, "the stats file", |s| status(s) == "complete");
+    assert_eq!(field(&text, "copied_bytes"), 0, "{text}");
+    drop(m);
+    let log = log_of(&log);
+    assert!(
+        log.contains(&format!("{total} of {total} bytes already staged")),
+        "{log}"
+    );
+    assert_eq!(log_field(&log, "source operations", "reads"), 0, "{log}");
+    assert_eq!(
+        log_field(&log, "source operations", "stage_reads"),
+        0,
+        "{log}"
+    );
+    assert_eq!(
+        log_field(&log, "bytes served by tier", "source_bytes"),
+        0,
+        "{log}"
+    );
+    assert_eq!(
+        log_field(&log, "bytes served by tier", "ram_bytes"),
+        0,
+        "{log}"
+    );
+    assert!(
+        log_field(&log, "bytes served by tier", "staged_bytes") > 1 << 20,
+        "{log}"
+    );
+    assert!(
+        log_field(&log, "staging in", "verified_chunks") > 16,
+        "{log}"
+    );
+}
+
+#[test]
+fn a_killed_daemon_resumes_staging_where_it_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 4, 3 << 20);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let staged_at_kill;
+    {
+        let (m, stats, _) = mount_staged(&images, &mnt, &stage, "a", &["--stage-rate", "4M"]);
+        let seen = wait_stats(&stats, 30, "a third staged", |s| {
+            field(s, "present_bytes") > total / 3
+        });
+        staged_at_kill = field(&seen, "present_bytes");
+        assert!(staged_at_kill < total, "{seen}");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(m.pid), nix::sys::signal::SIGKILL)
+            .unwrap();
+        assert!(m.wait_daemon_exit(Duration::from_secs(10)));
+        run(packfs().arg("umount").arg(&mnt));
+    }
+    let (m, stats, log) = mount_staged(&images, &mnt, &stage, "b", &[]);
+    let done = wait_stats(&stats, 60, "staging to complete", |s| {
+        status(s) == "complete"
+    });
+    let copied = field(&done, "copied_bytes");
+    assert!(
+        copied <= total - staged_at_kill,
+        "copied {copied} bytes again, but {staged_at_kill} of {total} were staged before the kill"
+    );
+    assert!(copied > 0);
+    assert_same_tree(&src, &mnt, &[]);
+    drop(m);
+    let log = log_of(&log);
+    let before = log_field(&log, "already staged", "present_bytes");
+    assert!(
+        before >= staged_at_kill && before + copied == total,
+        "{log}"
+    );
+    assert_eq!(log_field(&log, "staging in", "failed_checks"), 0, "{log}");
+}
+
+#[test]
+fn corrupt_staged_bytes_are_detected_and_read_from_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 2, 1 << 20);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    // Stage with the blocking command first.
+    let mut stage_cmd = packfs();
+    stage_cmd
+        .arg("stage")
+        .args(&images)
+        .arg("--to")
+        .arg(&stage)
+        .args(["--chunk-size", "64K"]);
+    let out = stage_cmd.output().unwrap();
+    assert_ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("of 2 image(s)"), "{said}");
+
+    // Flip a byte in the middle of big/blob.bin (shard 0) and of one sample of shard 1.
+    let offset_of = |path: &str| -> u64 {
+        let listing = run(packfs().arg("ls").arg("--extents").args(&images));
+        let line = listing
+            .lines()
+            .find(|l| l.starts_with(&format!("{path}\t")))
+            .unwrap_or_else(|| panic!("{path} not listed:\n{listing}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let data_file = |shard: usize| -> PathBuf {
+        let name = images[shard]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        fs::read_dir(&stage)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.starts_with(&name) && n.ends_with(".data")
+            })
+            .expect("staged data file")
+    };
+    let targets = [
+        (0, offset_of("big/blob.bin") + 3_000_000),
+        (1, offset_of("samples/s01/f0002.bin") + 20_000),
+    ];
+    for &(shard, at) in &targets {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(data_file(shard))
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[!b[0]], at).unwrap();
+    }
+
+    let (m, stats, log) = mount_staged(&images, &mnt, &stage, "a", &[]);
+    assert_same_tree(&src, &mnt, &[]);
+    // The stager puts the dropped chunks back.
+    let done = wait_stats(&stats, 30, "the refetch", |s| {
+        status(s) == "complete" && field(s, "copied_bytes") > 0
+    });
+    assert_eq!(field(&done, "failed_checks"), 2, "{done}");
+    assert_eq!(field(&done, "copied_bytes"), 2 * 64 * 1024, "{done}");
+    drop(m);
+    let log = log_of(&log);
+    assert_eq!(log.matches("fails its checksum").count(), 2, "{log}");
+    assert!(log.contains(&images[0].display().to_string()), "{log}");
+    // The local copy holds the source's bytes again.
+    for &(shard, at) in &targets {
+        let (mut a, mut b) = ([0u8; 1], [0u8; 1]);
+        fs::File::open(&images[shard])
+            .unwrap()
+            .read_exact_at(&mut a, at)
+            .unwrap();
+        fs::File::open(data_file(shard))
+            .unwrap()
+            .read_exact_at(&mut b, at)
+            .unwrap();
+        assert_eq!(a, b, "byte {at} of shard {shard} was not staged again");
+    }
+}
+
+/// A tmpfs of `size` mounted at `dir` for the life of the guard.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(dir: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir));
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_or_vanished_stage_directory_stops_staging_not_the_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 4, 1 << 20);
+    let mnt = tmp.path().join("mnt");
+    {
+        let tiny = Tmpfs::new(&tmp.path().join("tiny"), "1m");
+        let stage = tiny.0.join("stage");
+        let (m, stats, log) = mount_staged(&images, &mnt, &stage, "full", &[]);
+        let stopped = wait_stats(&stats, 30, "staging to stop", |s| {
+            status(s).starts_with("stopped")
+        });
+        assert!(status(&stopped).contains("is full"), "{stopped}");
+        assert_same_tree(&src, &mnt, &[]);
+        // A second mount may not share the stage directory.
+        let other = tmp.path().join("other");
+        fs::create_dir_all(&other).unwrap();
+        let refused = mount_cmd(
+            &refs(&images),
+            &other,
+            &["--stage", stage.to_str().unwrap()],
+            None,
+        );
+        assert!(!refused.status.success());
+        let msg = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            msg.contains("is in use by another packfs process")
+                && msg.contains(&format!("mount at {}", mnt.display())),
+            "{msg}"
+        );
+        drop(m);
+        assert!(
+            log_of(&log).contains("No space left on device"),
+            "{}",
+            log_of(&log)
+        );
+    }
+    // The stage directory is removed while the copy runs.
+    let stage = tmp.path().join("stage-gone");
+    let (m, stats, _) = mount_staged(&images, &mnt, &stage, "gone", &["--stage-rate", "2M"]);
+    wait_stats(&stats, 10, "some staging", |s| {
+        field(s, "present_bytes") > 0
+    });
+    fs::remove_dir_all(&stage).unwrap();
+    let stopped = wait_stats(&stats, 10, "staging to stop", |s| {
+        status(s).starts_with("stopped")
+    });
+    assert!(status(&stopped).contains("vanished"), "{stopped}");
+    assert_same_tree(&src, &mnt, &[]);
+    drop(m);
+}
+
+#[test]
+fn a_share_stages_exactly_the_assigned_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 8, 200_000);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    let out = packfs()
+        .arg("stage")
+        .args(&images)
+        .arg("--to")
+        .arg(&stage)
+        .args(["--stage-share", "1/4", "--chunk-size", "64K"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let mut staged: Vec<String> = fs::read_dir(&stage)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".data"))
+        .map(|n| n.split('.').next().unwrap().to_string())
+        .collect();
+    staged.sort();
+    assert_eq!(staged, vec!["shard-01", "shard-05"]);
+    let assigned =
+        fs::metadata(&images[1]).unwrap().len() + fs::metadata(&images[5]).unwrap().len();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "staged {assigned} of {assigned} bytes of 2 image(s)"
+        )),
+        "{said}"
+    );
+
+    let (m, stats, log) = mount_staged(&images, &mnt, &stage, "a", &["--stage-share", "1/4"]);
+    assert_same_tree(&src, &mnt, &[]);
+    let text = wait_stats(&stats, 10, "the stats file", |s| status(s) == "complete");
+    assert_eq!(field(&text, "total_bytes"), assigned);
+    assert_eq!(field(&text, "copied_bytes"), 0);
+    drop(m);
+    let log = log_of(&log);
+    assert!(
+        log_field(&log, "bytes served by tier", "staged_bytes") > 0,
+        "{log}"
+    );
+    assert!(
+        log_field(&log, "bytes served by tier", "source_bytes") > 0,
+        "{log}"
+    );
+}
+
+#[test]
+fn lazy_staging_keeps_touched_chunks_within_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 4, 1 << 20);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    let budget = 1u64 << 20;
+    let (m, stats, log) = mount_staged(
+        &images,
+        &mnt,
+        &stage,
+        "lazy",
+        &["--stage-mode", "lazy", "--stage-budget", "1M"],
+    );
+    assert_same_tree(&src, &mnt, &[]);
+    let text = wait_stats(&stats, 10, "evictions", |s| field(s, "evicted_bytes") > 0);
+    assert!(field(&text, "present_bytes") <= budget, "{text}");
+    assert!(status(&text).starts_with("lazy"), "{text}");
+    let on_disk: u64 = fs::read_dir(&stage)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+        .map(|e| std::os::unix::fs::MetadataExt::blocks(&e.metadata().unwrap()) * 512)
+        .sum();
+    assert!(
+        on_disk <= budget + (64 << 10),
+        "{on_disk} bytes allocated under a {budget}-byte budget"
+    );
+    drop(m);
+    let log = log_of(&log);
+    assert!(
+        log_field(&log, "staging in", "copied_from_reads") > 0,
+        "{log}"
+    );
+}
