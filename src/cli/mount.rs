@@ -46,10 +46,11 @@ pub struct Args {
     /// file pages, once read, live in the kernel's page cache.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = super::size::parse_bytes)]
     cache_size: u64,
-    /// Read stored bytes from the source in whole chunks kept in the RAM cache (`false`: read
-    /// exactly what is asked, for sources where extra bytes cost more than extra requests).
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
-    ram_chunks: bool,
+    /// Read stored bytes from the source in whole chunks kept in the RAM cache, and hand them to
+    /// the stager. Default: on with --stage, off without (measured: with shuffled reads, exact
+    /// reads are faster when nothing is staged; see docs/benchmarks.md).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    ram_chunks: Option<bool>,
     /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and
     /// serve each chunk from there once it is complete and checked; a later mount resumes.
     #[arg(long, value_name = "DIR")]
@@ -96,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         cache_size: args.cache_size,
         chunk_size: args.staging.chunk_size,
-        ram_chunks: args.ram_chunks,
+        ram_chunks: args.ram_chunks.unwrap_or(args.stage.is_some()),
         stage: args
             .stage
             .clone()

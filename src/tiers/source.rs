@@ -98,6 +98,22 @@ impl Source {
         Ok(())
     }
 
+    /// Hints that `len` bytes at `offset` of `image` will be read soon (the kernel reads ahead).
+    pub fn will_need(&self, image: u32, offset: u64, len: u64) {
+        if let Ok(file) = self.file(image) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: plain syscall on a descriptor we own; a failure only loses the hint.
+            unsafe {
+                libc::posix_fadvise(
+                    file.as_raw_fd(),
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+        }
+    }
+
     fn file(&self, image: u32) -> io::Result<&File> {
         self.images
             .get(image as usize)

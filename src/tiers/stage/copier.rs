@@ -6,6 +6,8 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender};
+
 use indicatif::ProgressBar;
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64;
@@ -45,15 +47,34 @@ impl Pace {
     }
 }
 
+/// The storing half of the stager, shared by the walk's writer thread and the offer path.
+#[derive(Clone, Copy)]
+struct Sink<'s> {
+    stage: &'s Stage,
+    progress: Option<&'s ProgressBar>,
+}
+
+/// A run of chunks read by the walk, on its way to the writer thread.
+struct Batch {
+    image: usize,
+    claimed: Vec<(usize, u64)>,
+    /// xxh3 of each claimed chunk, computed on the reading side to balance the two threads.
+    sums: Vec<u64>,
+    buf: Vec<u8>,
+}
+
 struct Copier<'s> {
     stage: &'s Stage,
+    sink: Sink<'s>,
+    /// The walk's runs go to the writer thread, so that reading the next run overlaps writing
+    /// this one; spent buffers come back.
+    to_writer: Sender<Batch>,
+    spent: Receiver<Vec<u8>>,
     pace: Pace,
     /// Where the eager walk goes on: (image position, chunk).
     cursor: (usize, usize),
     /// Chunks the source could not deliver; not retried by the walk.
     unreadable: HashSet<(u32, usize)>,
-    buf: Vec<u8>,
-    progress: Option<&'s ProgressBar>,
     started: Instant,
     reported_done: bool,
 }
@@ -61,51 +82,110 @@ struct Copier<'s> {
 /// Runs the stager until shutdown, or (with `until_done`) until every assigned chunk is staged
 /// or staging stops.
 pub fn run(stage: &Stage, until_done: bool, progress: Option<&ProgressBar>) {
-    let mut c = Copier {
-        stage,
-        pace: Pace {
-            rate: stage.opts.rate,
-            next: Instant::now(),
-        },
-        cursor: (0, 0),
-        unreadable: HashSet::new(),
-        buf: Vec::new(),
-        progress,
-        started: Instant::now(),
-        reported_done: false,
-    };
-    c.stage.set_status(match stage.opts.mode {
-        StageMode::Eager => "copying",
-        StageMode::Lazy => "lazy: copying chunks as reads touch them",
+    let sink = Sink { stage, progress };
+    let (to_writer, batches) = crossbeam_channel::bounded::<Batch>(1);
+    let (give_back, spent) = crossbeam_channel::unbounded();
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || {
+            for batch in batches {
+                sink.store_run(&batch);
+                let _ = give_back.send(batch.buf);
+            }
+        });
+        let mut c = Copier {
+            stage,
+            sink,
+            to_writer,
+            spent,
+            pace: Pace {
+                rate: stage.opts.rate,
+                next: Instant::now(),
+            },
+            cursor: (0, 0),
+            unreadable: HashSet::new(),
+            started: Instant::now(),
+            reported_done: false,
+        };
+        c.walk_and_take_offers(until_done);
+        drop(c);
+        let _ = writer.join();
     });
-    loop {
-        if stage.shutdown.load(Ordering::Relaxed) || stage.stopped() {
-            break;
-        }
-        if !stage.dir_present() {
-            stage.stop(format!(
-                "stage directory {} vanished; staging stopped, unstaged chunks are read from the source",
-                stage.dir().display()
-            ));
-            break;
-        }
-        while let Ok(offer) = stage.offers.1.try_recv() {
-            c.take_offer(offer);
-        }
-        let walking = stage.opts.mode == StageMode::Eager && !c.done() && !stage.stopped();
-        if walking && c.copy_next_run() {
-            continue;
-        }
-        c.report_done();
-        if until_done && (c.done() || stage.stopped()) {
-            break;
-        }
-        if let Ok(offer) = stage.offers.1.recv_timeout(TICK) {
-            c.take_offer(offer);
-        }
-    }
     if let Some(bar) = progress {
         bar.set_position(stage.present_bytes.load(Ordering::Relaxed));
+    }
+}
+
+impl Sink<'_> {
+    /// Stores each chunk of a run the walk read; on the first failure releases the rest.
+    fn store_run(&self, batch: &Batch) {
+        let img = self.stage.images[batch.image]
+            .as_ref()
+            .expect("assigned image");
+        let mut at = 0usize;
+        for (n, &(i, word)) in batch.claimed.iter().enumerate() {
+            let len = img.chunk_len(i) as usize;
+            let busy = with_state(word, BUSY);
+            let fits = self.fits_eager_budget(len as u64);
+            let bytes = &batch.buf[at..at + len];
+            if !fits || !self.store(img, i, busy, bytes, batch.sums[n]) {
+                for &(i, word) in &batch.claimed[n..] {
+                    img.swap(i, with_state(word, BUSY), word);
+                }
+                return;
+            }
+            at += len;
+        }
+    }
+
+    /// In eager mode a full budget ends the copy.
+    fn fits_eager_budget(&self, len: u64) -> bool {
+        let s = self.stage;
+        match s.opts.budget {
+            Some(budget) if s.present_bytes.load(Ordering::Relaxed) + len > budget => {
+                s.stop(format!(
+                    "stage budget of {budget} bytes reached in {}; the rest is read from the source",
+                    s.dir().display()
+                ));
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+impl Copier<'_> {
+    fn walk_and_take_offers(&mut self, until_done: bool) {
+        let stage = self.stage;
+        self.stage.set_status(match stage.opts.mode {
+            StageMode::Eager => "copying",
+            StageMode::Lazy => "lazy: copying chunks as reads touch them",
+        });
+        loop {
+            if stage.shutdown.load(Ordering::Relaxed) || stage.stopped() {
+                break;
+            }
+            if !stage.dir_present() {
+                stage.stop(format!(
+                    "stage directory {} vanished; staging stopped, unstaged chunks are read from the source",
+                    stage.dir().display()
+                ));
+                break;
+            }
+            while let Ok(offer) = stage.offers.1.try_recv() {
+                self.take_offer(offer);
+            }
+            let walking = stage.opts.mode == StageMode::Eager && !self.done() && !stage.stopped();
+            if walking && self.copy_next_run() {
+                continue;
+            }
+            self.report_done();
+            if until_done && (self.done() || stage.stopped()) {
+                break;
+            }
+            if let Ok(offer) = stage.offers.1.recv_timeout(TICK) {
+                self.take_offer(offer);
+            }
+        }
     }
 }
 
@@ -173,48 +253,58 @@ impl Copier<'_> {
             if claimed.is_empty() {
                 continue;
             }
-            self.copy_claimed(img, &claimed, bytes);
+            self.copy_claimed(img, claimed, bytes);
             return true;
         }
         self.cursor = (0, 0);
         false
     }
 
-    /// Reads the claimed consecutive chunks in one source read and stores each.
-    fn copy_claimed(&mut self, img: &StagedImage, claimed: &[(usize, u64)], bytes: u64) {
-        let release = |from: usize| {
-            for &(i, word) in &claimed[from..] {
+    /// Reads the claimed consecutive chunks in one source read and hands them to the writer.
+    fn copy_claimed(&mut self, img: &StagedImage, claimed: Vec<(usize, u64)>, bytes: u64) {
+        let release = |claimed: &[(usize, u64)]| {
+            for &(i, word) in claimed {
                 img.swap(i, with_state(word, BUSY), word);
             }
         };
         if !self.pace.wait(self.stage, bytes) {
-            return release(0);
+            return release(&claimed);
         }
         let start = img.chunk_start(claimed[0].0);
-        let mut buf = std::mem::take(&mut self.buf);
+        let mut buf = self.spent.try_recv().unwrap_or_default();
         buf.resize(bytes as usize, 0);
-        if let Err(e) = self.stage.source.read_for_stage(img.index, start, &mut buf) {
+        let source = &self.stage.source;
+        if let Err(e) = source.read_for_stage(img.index, start, &mut buf) {
             warn!(
                 "staging: cannot read {} bytes at offset {start} of {}: {e}; those chunks stay on the source",
                 bytes,
                 img.source_path.display()
             );
-            for &(i, _) in claimed {
+            for &(i, _) in &claimed {
                 self.unreadable.insert((img.index, i));
             }
-            self.buf = buf;
-            return release(0);
+            return release(&claimed);
         }
-        let mut at = 0usize;
-        for (n, &(i, word)) in claimed.iter().enumerate() {
-            let len = img.chunk_len(i) as usize;
-            if !self.store(img, i, with_state(word, BUSY), &buf[at..at + len]) {
-                self.buf = buf;
-                return release(n + 1);
-            }
-            at += len;
+        // Let the kernel fetch the next run while this one is written.
+        source.will_need(img.index, start + bytes, RUN_BYTES);
+        let mut at = 0;
+        let sums = claimed
+            .iter()
+            .map(|&(i, _)| {
+                let len = img.chunk_len(i) as usize;
+                at += len;
+                xxh3_64(&buf[at - len..at])
+            })
+            .collect();
+        let batch = Batch {
+            image: img.index as usize,
+            claimed,
+            sums,
+            buf,
+        };
+        if let Err(unsent) = self.to_writer.send(batch) {
+            release(&unsent.into_inner().claimed);
         }
-        self.buf = buf;
     }
 
     /// A chunk a read touched: take its bytes, or read them from the source.
@@ -258,7 +348,9 @@ impl Copier<'_> {
                 std::sync::Arc::new(b)
             }
         };
-        if self.store(img, i, busy, &bytes) {
+        if self.make_room(bytes.len() as u64)
+            && self.sink.store(img, i, busy, &bytes, xxh3_64(&bytes))
+        {
             if from_read {
                 self.stage
                     .copied_from_reads
@@ -268,16 +360,14 @@ impl Copier<'_> {
             give_back();
         }
     }
+}
 
+impl Sink<'_> {
     /// Writes chunk `i` (claimed: state word `busy`) and records it; false when it was not stored
-    /// (no room, or staging stopped), leaving the chunk claimed for the caller to release.
-    fn store(&mut self, img: &StagedImage, i: usize, busy: u64, bytes: &[u8]) -> bool {
+    /// (staging stopped), leaving the chunk claimed for the caller to release.
+    fn store(&self, img: &StagedImage, i: usize, busy: u64, bytes: &[u8], sum: u64) -> bool {
         let s = self.stage;
         let len = bytes.len() as u64;
-        if !self.make_room(len) {
-            return false;
-        }
-        let sum = xxh3_64(bytes);
         let written = img
             .data
             .write_all_at(bytes, img.chunk_start(i))
@@ -311,7 +401,9 @@ impl Copier<'_> {
         };
         self.stage.stop(why);
     }
+}
 
+impl Copier<'_> {
     /// Makes room for `len` more local bytes under the budget: in lazy mode by dropping the least
     /// recently used chunks; in eager mode a full budget ends the copy.
     fn make_room(&mut self, len: u64) -> bool {
@@ -323,11 +415,7 @@ impl Copier<'_> {
             return true;
         }
         if s.opts.mode == StageMode::Eager {
-            s.stop(format!(
-                "stage budget of {budget} bytes reached in {}; the rest is read from the source",
-                s.dir().display()
-            ));
-            return false;
+            return self.sink.fits_eager_budget(len);
         }
         // Evict a sixteenth of the budget beyond what is needed, so eviction runs in batches.
         let target = budget.saturating_sub(len + budget / 16);
