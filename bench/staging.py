@@ -155,7 +155,6 @@ def main():
         print(f"throttled source ({args.rate_mb:.0f} MB/s), {r['bytes']/1e9:.2f} GB: cp {r['cp_mb_s']:.0f} MB/s, "
               f"packfs stage {r['packfs_mb_s']:.0f} MB/s, ratio {r['ratio']:.2f}x")
 
-        listing_files = []
         out = sh([PACKFS, "ls", "--extents"] + slow_shards).stdout
         listing_files = [l.split("\t")[0] for l in out.splitlines() if "\t" in l]
         random.Random(7).shuffle(listing_files)

@@ -54,6 +54,16 @@ fn dataset(root: &Path, shards: usize, per_shard: usize) -> (PathBuf, Vec<PathBu
     (src, images)
 }
 
+fn size_of(images: &[PathBuf]) -> u64 {
+    images.iter().map(|p| fs::metadata(p).unwrap().len()).sum()
+}
+
+/// Bytes the daemon served from one tier (`ram_bytes`, `staged_bytes`, `source_bytes`), from its
+/// exit log.
+fn served(log: &str, tier: &str) -> u64 {
+    log_field(log, "bytes served by tier", tier)
+}
+
 fn refs(paths: &[PathBuf]) -> Vec<&Path> {
     paths.iter().map(PathBuf::as_path).collect()
 }
@@ -162,7 +172,7 @@ fn diff_is_clean_while_staging_and_staged_reads_skip_the_source() {
     let (src, images) = dataset(tmp.path(), 4, 2 << 20);
     let stage = tmp.path().join("stage");
     let mnt = tmp.path().join("mnt");
-    let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let total = size_of(&images);
     {
         // 3 MB/s: the copy takes a few seconds, and the diff runs inside it.
         let (m, stats, log) = mount_staged(&images, &mnt, &stage, "a", &["--stage-rate", "3M"]);
@@ -208,20 +218,9 @@ fn diff_is_clean_while_staging_and_staged_reads_skip_the_source() {
         0,
         "{log}"
     );
-    assert_eq!(
-        log_field(&log, "bytes served by tier", "source_bytes"),
-        0,
-        "{log}"
-    );
-    assert_eq!(
-        log_field(&log, "bytes served by tier", "ram_bytes"),
-        0,
-        "{log}"
-    );
-    assert!(
-        log_field(&log, "bytes served by tier", "staged_bytes") > 1 << 20,
-        "{log}"
-    );
+    assert_eq!(served(&log, "source_bytes"), 0, "{log}");
+    assert_eq!(served(&log, "ram_bytes"), 0, "{log}");
+    assert!(served(&log, "staged_bytes") > 1 << 20, "{log}");
     assert!(
         log_field(&log, "staging in", "verified_chunks") > 16,
         "{log}"
@@ -234,7 +233,7 @@ fn a_killed_daemon_resumes_staging_where_it_stopped() {
     let (src, images) = dataset(tmp.path(), 4, 3 << 20);
     let stage = tmp.path().join("stage");
     let mnt = tmp.path().join("mnt");
-    let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let total = size_of(&images);
     let staged_at_kill;
     {
         let (m, stats, _) = mount_staged(&images, &mnt, &stage, "a", &["--stage-rate", "4M"]);
@@ -465,14 +464,8 @@ fn a_share_stages_exactly_the_assigned_images() {
     assert_eq!(field(&text, "copied_bytes"), 0);
     drop(m);
     let log = log_of(&log);
-    assert!(
-        log_field(&log, "bytes served by tier", "staged_bytes") > 0,
-        "{log}"
-    );
-    assert!(
-        log_field(&log, "bytes served by tier", "source_bytes") > 0,
-        "{log}"
-    );
+    assert!(served(&log, "staged_bytes") > 0, "{log}");
+    assert!(served(&log, "source_bytes") > 0, "{log}");
 }
 
 #[test]

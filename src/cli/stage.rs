@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use packfs::archive::Fingerprint;
 use packfs::catalog::{self, ImageInfo};
 use packfs::tiers::Source;
 use packfs::tiers::stage::{Stage, StageMode, run_copier};
@@ -28,8 +27,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let infos = image_infos(&args.images)?;
-    let source = Arc::new(Source::open(&infos)?);
+    let (source, infos) = open_images(&args.images)?;
+    let source = Arc::new(source);
     let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
     let holder = format!("pid {}: packfs stage", std::process::id());
     let stage = Stage::open(opts, source, &infos, &holder)?;
@@ -71,22 +70,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The images and their fingerprints: from the index, or read from each image.
-fn image_infos(patterns: &[String]) -> anyhow::Result<Vec<ImageInfo>> {
+/// The images opened, with their fingerprints: as the index recorded them (checked), or as found.
+fn open_images(patterns: &[String]) -> anyhow::Result<(Source, Vec<ImageInfo>)> {
     let paths = packfs::dataset::image_paths(patterns)?;
     if let [index] = paths.as_slice()
         && catalog::index::is_index(index)
     {
-        return Ok(catalog::index::open(index)?.images().to_vec());
+        let infos = catalog::index::open(index)?.images().to_vec();
+        return Ok((Source::open(&infos)?, infos));
     }
-    paths
-        .into_iter()
-        .map(|path| {
-            let file = std::fs::File::open(&path)
-                .with_context(|| format!("cannot open image {}", path.display()))?;
-            let fingerprint = Fingerprint::of(&file)
-                .with_context(|| format!("cannot read image {}", path.display()))?;
-            Ok(ImageInfo { path, fingerprint })
-        })
-        .collect()
+    Ok(Source::open_as_is(&paths)?)
 }

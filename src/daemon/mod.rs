@@ -194,12 +194,14 @@ pub fn serve(req: &MountRequest, on_ready: impl FnOnce()) -> anyhow::Result<()> 
     let stats_file = stats::StatsFile::start(stats_path, images.clone(), mountpoint.clone());
     on_ready();
     verify_in_background(catalog.clone());
-    let stager = stage.clone().map(|stage| {
+    // The mount is up: a stager that cannot start leaves it serving from the source.
+    let stager = stage.clone().and_then(|stage| {
         std::thread::Builder::new()
             .name("packfs-stage".into())
             .spawn(move || crate::tiers::stage::run_copier(&stage, false, None))
+            .map_err(|e| warn!("cannot start the stager, serving from the source only: {e}"))
+            .ok()
     });
-    let stager = stager.transpose().context("cannot start the stager")?;
 
     let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
     let handle = signals.handle();

@@ -96,10 +96,6 @@ impl FileReader {
         )))
     }
 
-    pub fn images(&self) -> &Images {
-        &self.images
-    }
-
     pub fn source(&self) -> &Source {
         self.images.source()
     }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Source;
 use super::ram_cache::{CHUNK_TAG, RamCache, RamStats};
-use super::stage::Stage;
+use super::stage::{Stage, chunk_len};
 
 /// How a read wants its bytes fetched when they are not staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,10 +109,7 @@ impl Images {
     ) -> io::Result<()> {
         let chunked = fetch == Fetch::Chunks && self.chunked;
         if self.stage.is_none() && !chunked {
-            self.source.read_exact_at(image, offset, buf)?;
-            self.source_bytes
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            return Ok(());
+            return self.read_source(image, offset, buf);
         }
         let mut done = 0;
         while done < buf.len() {
@@ -128,9 +125,7 @@ impl Images {
             }
             if chunked {
                 let start = i * self.chunk_size;
-                let len = self
-                    .chunk_size
-                    .min(self.image_size(image).saturating_sub(start));
+                let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
                 let fetched = self.ram.fetch(image, CHUNK_TAG | start, || {
                     let mut bytes = vec![0u8; len as usize];
                     self.source.read_exact_at(image, start, &mut bytes)?;
@@ -139,8 +134,7 @@ impl Images {
                 let Ok((chunk, loaded)) = fetched else {
                     // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
                     // these bytes, so an error is this read's own.
-                    self.source.read_exact_at(image, pos, dst)?;
-                    self.source_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    self.read_source(image, pos, dst)?;
                     continue;
                 };
                 let from = within as usize;
@@ -155,13 +149,20 @@ impl Images {
                     stage.offer(image, i as usize, Some(chunk));
                 }
             } else {
-                self.source.read_exact_at(image, pos, dst)?;
-                self.source_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                self.read_source(image, pos, dst)?;
                 if let Some(stage) = stage {
                     stage.offer(image, i as usize, None);
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Exactly `buf.len()` bytes at `offset`, from the source.
+    fn read_source(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.source.read_exact_at(image, offset, buf)?;
+        self.source_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -123,10 +123,6 @@ impl RamCache {
         Ok((value, loaded))
     }
 
-    pub fn budget(&self) -> u64 {
-        self.budget
-    }
-
     pub fn stats(&self) -> RamStats {
         let loads = self.loads.load(Ordering::Relaxed);
         RamStats {

@@ -50,25 +50,38 @@ impl Source {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
-        let per_thread = images.len().div_ceil(OPEN_THREADS).max(1);
-        let opened: Vec<Result<(PathBuf, File, u64), SourceError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = images
-                .chunks(per_thread)
-                .map(|part| scope.spawn(move || part.iter().map(open_checked).collect::<Vec<_>>()))
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().expect("open thread panicked"))
-                .collect()
-        });
-        let images = opened.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(Source {
+        Ok(Source::with(open_parallel(images, open_checked)?))
+    }
+
+    /// Opens images that no catalog describes, and returns their fingerprints as found.
+    pub fn open_as_is(paths: &[PathBuf]) -> Result<(Source, Vec<ImageInfo>), SourceError> {
+        let opened = open_parallel(paths, |path| {
+            let file = File::open(path).map_err(|error| SourceError::Open {
+                path: path.clone(),
+                error,
+            })?;
+            let fingerprint = Fingerprint::of(&file).map_err(|error| SourceError::Open {
+                path: path.clone(),
+                error,
+            })?;
+            let info = ImageInfo {
+                path: path.clone(),
+                fingerprint,
+            };
+            Ok(((path.clone(), file, fingerprint.size), info))
+        })?;
+        let (images, infos) = opened.into_iter().unzip();
+        Ok((Source::with(images), infos))
+    }
+
+    fn with(images: Vec<(PathBuf, File, u64)>) -> Source {
+        Source {
             images,
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             stage_reads: AtomicU64::new(0),
             stage_bytes: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Size of an image as fingerprinted when opened (0 for an unknown image).
@@ -130,6 +143,26 @@ impl Source {
             stage_bytes: self.stage_bytes.load(Ordering::Relaxed),
         }
     }
+}
+
+/// `open` applied to every item, `OPEN_THREADS` at a time; results keep the items' order.
+fn open_parallel<I: Sync, T: Send>(
+    items: &[I],
+    open: impl Fn(&I) -> Result<T, SourceError> + Sync,
+) -> Result<Vec<T>, SourceError> {
+    let per_thread = items.len().div_ceil(OPEN_THREADS).max(1);
+    let open = &open;
+    let opened: Vec<Result<T, SourceError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(per_thread)
+            .map(|part| scope.spawn(move || part.iter().map(open).collect::<Vec<_>>()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("open thread panicked"))
+            .collect()
+    });
+    opened.into_iter().collect()
 }
 
 fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File, u64), SourceError> {

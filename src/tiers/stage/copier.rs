@@ -3,18 +3,16 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-
 use indicatif::ProgressBar;
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
-use std::os::unix::fs::FileExt;
-
-use super::image::{ABSENT, BUSY, PRESENT, QUEUED, StagedImage, VERIFIED, state, with_state};
+use super::image::{ABSENT, BUSY, PRESENT, QUEUED, StagedImage, is_local, state, with_state};
 use super::{Offer, Stage, StageMode};
 
 /// Source bytes read per request when copying runs of chunks (large sequential reads are what
@@ -115,44 +113,6 @@ pub fn run(stage: &Stage, until_done: bool, progress: Option<&ProgressBar>) {
     }
 }
 
-impl Sink<'_> {
-    /// Stores each chunk of a run the walk read; on the first failure releases the rest.
-    fn store_run(&self, batch: &Batch) {
-        let img = self.stage.images[batch.image]
-            .as_ref()
-            .expect("assigned image");
-        let mut at = 0usize;
-        for (n, &(i, word)) in batch.claimed.iter().enumerate() {
-            let len = img.chunk_len(i) as usize;
-            let busy = with_state(word, BUSY);
-            let fits = self.fits_eager_budget(len as u64);
-            let bytes = &batch.buf[at..at + len];
-            if !fits || !self.store(img, i, busy, bytes, batch.sums[n]) {
-                for &(i, word) in &batch.claimed[n..] {
-                    img.swap(i, with_state(word, BUSY), word);
-                }
-                return;
-            }
-            at += len;
-        }
-    }
-
-    /// In eager mode a full budget ends the copy.
-    fn fits_eager_budget(&self, len: u64) -> bool {
-        let s = self.stage;
-        match s.opts.budget {
-            Some(budget) if s.present_bytes.load(Ordering::Relaxed) + len > budget => {
-                s.stop(format!(
-                    "stage budget of {budget} bytes reached in {}; the rest is read from the source",
-                    s.dir().display()
-                ));
-                false
-            }
-            _ => true,
-        }
-    }
-}
-
 impl Copier<'_> {
     fn walk_and_take_offers(&mut self, until_done: bool) {
         let stage = self.stage;
@@ -187,9 +147,7 @@ impl Copier<'_> {
             }
         }
     }
-}
 
-impl Copier<'_> {
     /// Every assigned chunk is staged, or cannot be read from the source.
     fn done(&self) -> bool {
         let s = self.stage;
@@ -262,13 +220,8 @@ impl Copier<'_> {
 
     /// Reads the claimed consecutive chunks in one source read and hands them to the writer.
     fn copy_claimed(&mut self, img: &StagedImage, claimed: Vec<(usize, u64)>, bytes: u64) {
-        let release = |claimed: &[(usize, u64)]| {
-            for &(i, word) in claimed {
-                img.swap(i, with_state(word, BUSY), word);
-            }
-        };
         if !self.pace.wait(self.stage, bytes) {
-            return release(&claimed);
+            return img.release(&claimed);
         }
         let start = img.chunk_start(claimed[0].0);
         let mut buf = self.spent.try_recv().unwrap_or_default();
@@ -283,7 +236,7 @@ impl Copier<'_> {
             for &(i, _) in &claimed {
                 self.unreadable.insert((img.index, i));
             }
-            return release(&claimed);
+            return img.release(&claimed);
         }
         // Let the kernel fetch the next run while this one is written.
         source.will_need(img.index, start + bytes, RUN_BYTES);
@@ -303,7 +256,7 @@ impl Copier<'_> {
             buf,
         };
         if let Err(unsent) = self.to_writer.send(batch) {
-            release(&unsent.into_inner().claimed);
+            img.release(&unsent.into_inner().claimed);
         }
     }
 
@@ -360,9 +313,80 @@ impl Copier<'_> {
             give_back();
         }
     }
+    /// Makes room for `len` more local bytes under the budget: in lazy mode by dropping the least
+    /// recently used chunks; in eager mode a full budget ends the copy.
+    fn make_room(&mut self, len: u64) -> bool {
+        let s = self.stage;
+        let Some(budget) = s.opts.budget else {
+            return true;
+        };
+        if s.present_bytes.load(Ordering::Relaxed) + len <= budget {
+            return true;
+        }
+        if s.opts.mode == StageMode::Eager {
+            return self.sink.fits_eager_budget(len);
+        }
+        // Evict a sixteenth of the budget beyond what is needed, so eviction runs in batches.
+        let target = budget.saturating_sub(len + budget / 16);
+        let mut candidates: Vec<(u64, usize, usize)> = Vec::new();
+        for (pos, img) in s.images.iter().enumerate() {
+            let Some(img) = img else { continue };
+            for (i, c) in img.chunks.iter().enumerate() {
+                if is_local(c.word.load(Ordering::Relaxed)) {
+                    candidates.push((c.last_use.load(Ordering::Relaxed), pos, i));
+                }
+            }
+        }
+        candidates.sort_unstable();
+        for (_, pos, i) in candidates {
+            if s.present_bytes.load(Ordering::Relaxed) <= target {
+                break;
+            }
+            let img = s.images[pos].as_ref().expect("assigned image");
+            let word = img.word(i);
+            if is_local(word) && s.drop_chunk(img, i, word) {
+                s.evicted_bytes
+                    .fetch_add(img.chunk_len(i), Ordering::Relaxed);
+            }
+        }
+        s.present_bytes.load(Ordering::Relaxed) + len <= budget
+    }
 }
 
 impl Sink<'_> {
+    /// Stores each chunk of a run the walk read; on the first failure releases the rest.
+    fn store_run(&self, batch: &Batch) {
+        let img = self.stage.images[batch.image]
+            .as_ref()
+            .expect("assigned image");
+        let mut at = 0usize;
+        for (n, &(i, word)) in batch.claimed.iter().enumerate() {
+            let len = img.chunk_len(i) as usize;
+            let busy = with_state(word, BUSY);
+            let fits = self.fits_eager_budget(len as u64);
+            let bytes = &batch.buf[at..at + len];
+            if !fits || !self.store(img, i, busy, bytes, batch.sums[n]) {
+                return img.release(&batch.claimed[n..]);
+            }
+            at += len;
+        }
+    }
+
+    /// In eager mode a full budget ends the copy.
+    fn fits_eager_budget(&self, len: u64) -> bool {
+        let s = self.stage;
+        match s.opts.budget {
+            Some(budget) if s.present_bytes.load(Ordering::Relaxed) + len > budget => {
+                s.stop(format!(
+                    "stage budget of {budget} bytes reached in {}; the rest is read from the source",
+                    s.dir().display()
+                ));
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// Writes chunk `i` (claimed: state word `busy`) and records it; false when it was not stored
     /// (staging stopped), leaving the chunk claimed for the caller to release.
     fn store(&self, img: &StagedImage, i: usize, busy: u64, bytes: &[u8], sum: u64) -> bool {
@@ -400,48 +424,5 @@ impl Sink<'_> {
             ),
         };
         self.stage.stop(why);
-    }
-}
-
-impl Copier<'_> {
-    /// Makes room for `len` more local bytes under the budget: in lazy mode by dropping the least
-    /// recently used chunks; in eager mode a full budget ends the copy.
-    fn make_room(&mut self, len: u64) -> bool {
-        let s = self.stage;
-        let Some(budget) = s.opts.budget else {
-            return true;
-        };
-        if s.present_bytes.load(Ordering::Relaxed) + len <= budget {
-            return true;
-        }
-        if s.opts.mode == StageMode::Eager {
-            return self.sink.fits_eager_budget(len);
-        }
-        // Evict a sixteenth of the budget beyond what is needed, so eviction runs in batches.
-        let target = budget.saturating_sub(len + budget / 16);
-        let mut candidates: Vec<(u64, usize, usize)> = Vec::new();
-        for (pos, img) in s.images.iter().enumerate() {
-            let Some(img) = img else { continue };
-            for (i, c) in img.chunks.iter().enumerate() {
-                let st = state(c.word.load(Ordering::Relaxed));
-                if st == PRESENT || st == VERIFIED {
-                    candidates.push((c.last_use.load(Ordering::Relaxed), pos, i));
-                }
-            }
-        }
-        candidates.sort_unstable();
-        for (_, pos, i) in candidates {
-            if s.present_bytes.load(Ordering::Relaxed) <= target {
-                break;
-            }
-            let img = s.images[pos].as_ref().expect("assigned image");
-            let word = img.word(i);
-            let st = state(word);
-            if (st == PRESENT || st == VERIFIED) && s.drop_chunk(img, i, word) {
-                s.evicted_bytes
-                    .fetch_add(img.chunk_len(i), Ordering::Relaxed);
-            }
-        }
-        s.present_bytes.load(Ordering::Relaxed) + len <= budget
     }
 }

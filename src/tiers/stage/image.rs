@@ -33,6 +33,11 @@ pub fn with_state(word: u64, state: u64) -> u64 {
     (word & !0xff) | state
 }
 
+/// Whether a chunk in this state has complete local bytes.
+pub fn is_local(word: u64) -> bool {
+    matches!(state(word), PRESENT | VERIFIED)
+}
+
 /// The same chunk with its local bytes dropped: absent, next generation.
 pub fn dropped(word: u64) -> u64 {
     ((word >> 8) + 1) << 8
@@ -59,7 +64,6 @@ pub struct StagedImage {
 /// What opening found on local storage.
 pub struct Opened {
     pub image: StagedImage,
-    pub present_bytes: u64,
     pub reset: Option<String>,
 }
 
@@ -87,13 +91,9 @@ impl StagedImage {
         }
         // Sparse: only the staged chunks take space.
         data.set_len(fp.size)?;
-        let mut present_bytes = 0;
         let chunks = (0..chunks)
             .map(|i| {
                 let sum = loaded.sums[i];
-                if sum.is_some() {
-                    present_bytes += chunk_len(fp.size, chunk_size, i);
-                }
                 Chunk {
                     word: AtomicU64::new(if sum.is_some() { PRESENT } else { ABSENT }),
                     sum: AtomicU64::new(sum.unwrap_or(0)),
@@ -112,7 +112,6 @@ impl StagedImage {
                 chunk_size,
                 chunks,
             },
-            present_bytes,
             reset: loaded.reset,
         })
     }
@@ -151,6 +150,20 @@ impl StagedImage {
 
     pub fn word(&self, i: usize) -> u64 {
         self.chunks[i].word.load(Ordering::SeqCst)
+    }
+
+    /// Chunks that are complete locally: (count, bytes).
+    pub fn local_extent(&self) -> (u64, u64) {
+        (0..self.chunks.len())
+            .filter(|&i| is_local(self.word(i)))
+            .fold((0, 0), |(n, b), i| (n + 1, b + self.chunk_len(i)))
+    }
+
+    /// Gives claimed chunks (state BUSY over the word each had when claimed) back unchanged.
+    pub fn release(&self, claimed: &[(usize, u64)]) {
+        for &(i, word) in claimed {
+            self.swap(i, with_state(word, BUSY), word);
+        }
     }
 
     /// Moves chunk `i` from `from` to `to`; false when another thread changed it first.

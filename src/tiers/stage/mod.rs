@@ -23,7 +23,8 @@ use tracing::{error, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
 pub use copier::run as run_copier;
-use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, state, with_state};
+pub use image::chunk_len;
+use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, is_local, state, with_state};
 pub use lock::{DirLock, LockError};
 
 use super::Source;
@@ -106,7 +107,7 @@ struct Offer {
 /// Whether a chunk whose state word was `before` when a read began still had its local bytes
 /// throughout: same generation (no eviction or drop in between), still complete.
 fn still_local(before: u64, now: u64) -> bool {
-    now >> 8 == before >> 8 && matches!(state(now), PRESENT | VERIFIED)
+    now >> 8 == before >> 8 && is_local(now)
 }
 
 /// Offers waiting at most (each may hold a chunk's bytes).
@@ -185,14 +186,11 @@ impl Stage {
                 );
             }
             let img = opened.image;
+            let (chunks, bytes) = img.local_extent();
             total_chunks += img.chunks.len() as u64;
             total_bytes += img.size;
-            present_bytes += opened.present_bytes;
-            present_chunks += img
-                .chunks
-                .iter()
-                .filter(|c| state(c.word.load(Ordering::Relaxed)) == PRESENT)
-                .count() as u64;
+            present_chunks += chunks;
+            present_bytes += bytes;
             staged.push(Some(img));
         }
         let assigned = staged.iter().flatten().count();
@@ -285,8 +283,11 @@ impl Stage {
             }
             _ => return false,
         }
-        let now = self.tick.fetch_add(1, Ordering::Relaxed);
-        img.chunks[i].last_use.store(now, Ordering::Relaxed);
+        // Recency only matters where chunks get evicted; elsewhere spare the shared counter.
+        if self.opts.mode == StageMode::Lazy && self.opts.budget.is_some() {
+            let now = self.tick.fetch_add(1, Ordering::Relaxed);
+            img.chunks[i].last_use.store(now, Ordering::Relaxed);
+        }
         true
     }
 
@@ -381,11 +382,6 @@ impl Stage {
     /// Whether the stage directory is still the one opened.
     fn dir_present(&self) -> bool {
         std::fs::metadata(&self.opts.dir).is_ok_and(|m| (m.dev(), m.ino()) == self.dir_id)
-    }
-
-    /// Every assigned chunk is complete locally.
-    pub fn complete(&self) -> bool {
-        self.present_chunks.load(Ordering::Relaxed) == self.total_chunks
     }
 
     pub fn stopped(&self) -> bool {
