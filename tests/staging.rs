@@ -68,19 +68,21 @@ fn refs(paths: &[PathBuf]) -> Vec<&Path> {
     paths.iter().map(PathBuf::as_path).collect()
 }
 
+/// The digits right after `pat` in `text`, as a number.
+fn number_after(text: &str, pat: &str) -> u64 {
+    let at = text
+        .find(pat)
+        .unwrap_or_else(|| panic!("no {pat:?} in {text}"))
+        + pat.len();
+    let digits = text[at..].split(|c: char| !c.is_ascii_digit()).next();
+    digits
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {pat:?} in {text}"))
+}
+
 /// The number after `"key": ` in the stats JSON.
 fn field(json: &str, key: &str) -> u64 {
-    let pat = format!("\"{key}\": ");
-    let at = json
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + pat.len();
-    json[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+    number_after(json, &format!("\"{key}\": "))
 }
 
 fn uptime(json: &str) -> f64 {
@@ -120,24 +122,14 @@ fn log_of(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_default()
 }
 
-/// `key=N` in a log line that contains `marker`.
+/// `key=N` in the last log line that contains `marker`.
 fn log_field(log: &str, marker: &str, key: &str) -> u64 {
     let line = log
         .lines()
         .rev()
         .find(|l| l.contains(marker))
         .unwrap_or_else(|| panic!("no {marker:?} in the log:\n{log}"));
-    let pat = format!("{key}=");
-    let at = line
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        + pat.len();
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    number_after(line, &format!("{key}="))
 }
 
 fn mount_staged(
