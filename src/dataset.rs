@@ -1,64 +1,127 @@
-//! From image arguments to a catalog: expand the patterns, scan the images in parallel, merge.
+//! From image arguments to a catalog: expand the patterns, then map one index or scan the images
+//! in parallel and merge them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use anyhow::Context;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing::{info, warn};
 
 use crate::archive::{self, ArchiveError, ScannedImage};
-use crate::catalog::{self, Catalog, DuplicatePolicy};
-use crate::expand::expand_images;
+use crate::catalog::index::{self, IndexError};
+use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
+use crate::expand::{ExpandError, expand_images};
+use crate::tiers::{Source, SourceError};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
 const SCAN_THREADS: usize = 8;
 
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("no images given")]
+    NoImages,
+    #[error("bad path {}: {error}", path.display())]
+    BadPath {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Expand(#[from] ExpandError),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+/// Scanning progress, for a progress bar: images done of the total, members found so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanProgress {
+    pub images_done: u64,
+    pub images: u64,
+    pub members: u64,
+}
+
+/// Told about the scan as it goes.
+pub type OnScan<'a> = &'a (dyn Fn(ScanProgress) + Sync);
+
+/// For callers that show nothing.
+pub fn quiet(_: ScanProgress) {}
+
 /// Expands `patterns` into image paths (absolute, so a daemon may change directory).
-pub fn image_paths(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
     let paths = expand_images(patterns)?;
     if paths.is_empty() {
-        anyhow::bail!("no images given");
+        return Err(DatasetError::NoImages);
     }
     paths
         .into_iter()
-        .map(|p| std::path::absolute(&p).with_context(|| format!("bad path {}", p.display())))
+        .map(|p| std::path::absolute(&p).map_err(|error| DatasetError::BadPath { path: p, error }))
         .collect()
+}
+
+/// The one index among `paths`, if they are exactly one index file.
+fn the_index(paths: &[PathBuf]) -> Option<&Path> {
+    match paths {
+        [one] if index::is_index(one) => Some(one),
+        _ => None,
+    }
 }
 
 /// The catalog of `sources`: one index file, mapped; or images, scanned and merged (an index
 /// among images fails the scan with a message saying so).
-pub fn open(sources: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
+pub fn open(
+    sources: &[String],
+    policy: DuplicatePolicy,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
     let paths = image_paths(sources)?;
-    match paths.as_slice() {
-        [index] if catalog::index::is_index(index) => {
-            let started = std::time::Instant::now();
-            let catalog = catalog::index::open(index)?;
-            info!(
-                entries = catalog.len(),
-                files = catalog.file_count(),
-                images = catalog.images().len(),
-                "index {} opened in {:.3} s",
-                index.display(),
-                started.elapsed().as_secs_f64()
-            );
-            Ok(catalog)
-        }
-        _ => load_paths(&paths, policy),
+    if let Some(path) = the_index(&paths) {
+        let started = std::time::Instant::now();
+        let catalog = index::open(path)?;
+        info!(
+            entries = catalog.len(),
+            files = catalog.file_count(),
+            images = catalog.images().len(),
+            "index {} opened in {:.3} s",
+            path.display(),
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(catalog);
     }
+    load_paths(&paths, policy, on_scan)
 }
 
 /// Scans all images (several at once) and merges them into one catalog.
-pub fn load(patterns: &[String], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
-    load_paths(&image_paths(patterns)?, policy)
+pub fn load(
+    patterns: &[String],
+    policy: DuplicatePolicy,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
+    load_paths(&image_paths(patterns)?, policy, on_scan)
 }
 
-fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Catalog> {
+/// The images of `patterns` opened for reading without a catalog (for staging): as one index
+/// recorded them (fingerprints checked), or as found.
+pub fn open_images(patterns: &[String]) -> Result<(Source, Vec<ImageInfo>), DatasetError> {
+    let paths = image_paths(patterns)?;
+    if let Some(path) = the_index(&paths) {
+        let infos = index::open(path)?.images().to_vec();
+        return Ok((Source::open(&infos)?, infos));
+    }
+    Ok(Source::open_as_is(&paths)?)
+}
+
+fn load_paths(
+    paths: &[PathBuf],
+    policy: DuplicatePolicy,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
-    let bar = progress_bar(paths);
-    let scanned = scan_all(paths, &bar)?;
-    bar.finish_and_clear();
+    let scanned = scan_all(paths, on_scan)?;
     let scan_secs = started.elapsed().as_secs_f64();
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
     let skipped: u64 = scanned.iter().map(|s| s.skipped).sum();
@@ -78,24 +141,11 @@ fn load_paths(paths: &[PathBuf], policy: DuplicatePolicy) -> anyhow::Result<Cata
     Ok(catalog)
 }
 
-/// A bar over the images, drawn only when stderr is a terminal (it costs no I/O of its own).
-fn progress_bar(paths: &[PathBuf]) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(
-        Some(paths.len() as u64),
-        ProgressDrawTarget::stderr_with_hz(4),
-    );
-    if let Ok(style) =
-        ProgressStyle::with_template("scanning {bar:30} {pos}/{len} images, {msg}, eta {eta}")
-    {
-        bar.set_style(style);
-    }
-    bar
-}
-
 /// Scans images in parallel; results keep the order of `paths`, and the first failing image (in
 /// that order) is the error reported.
-pub fn scan_all(paths: &[PathBuf], bar: &ProgressBar) -> Result<Vec<ScannedImage>, ArchiveError> {
-    let members = std::sync::atomic::AtomicU64::new(0);
+pub fn scan_all(paths: &[PathBuf], on_scan: OnScan) -> Result<Vec<ScannedImage>, ArchiveError> {
+    let members = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
     let results: Vec<Mutex<Option<Result<ScannedImage, ArchiveError>>>> =
         paths.iter().map(|_| Mutex::new(None)).collect();
@@ -107,11 +157,14 @@ pub fn scan_all(paths: &[PathBuf], bar: &ProgressBar) -> Result<Vec<ScannedImage
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
                     let result = archive::scan(path);
-                    if let Ok(image) = &result {
-                        let n = members.fetch_add(image.members.len() as u64, Ordering::Relaxed);
-                        bar.set_message(format!("{} members", n + image.members.len() as u64));
-                    }
-                    bar.inc(1);
+                    let found = result
+                        .as_ref()
+                        .map_or(0, |image| image.members.len() as u64);
+                    on_scan(ScanProgress {
+                        images_done: done.fetch_add(1, Ordering::Relaxed) + 1,
+                        images: paths.len() as u64,
+                        members: members.fetch_add(found, Ordering::Relaxed) + found,
+                    });
                     *results[i].lock().expect("not poisoned") = Some(result);
                 }
             });

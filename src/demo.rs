@@ -10,15 +10,34 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::catalog::DuplicatePolicy;
-use crate::daemon;
-use crate::fs::{self, FsOptions, Mounted};
-use crate::tiers::{FileReader, Source};
+use crate::daemon::{self, MountError};
+use crate::dataset::{self, DatasetError};
+use crate::fs::{self, Core, FsOptions, Mounted};
+use crate::tiers::{self, OpenError, TierOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("files, classes and shards must be positive")]
+    Options,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("{what}: {error}")]
+    Read { what: String, error: std::io::Error },
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    #[error(transparent)]
+    Tiers(#[from] OpenError),
+    /// The mount did not serve what was packed.
+    #[error("{0}")]
+    Mismatch(String),
+}
 
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -88,11 +107,10 @@ impl Drop for MountGuard {
     }
 }
 
-pub fn run_demo(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
-    ensure!(
-        opts.files > 0 && opts.classes > 0 && opts.shards > 0,
-        "files, classes and shards must be positive"
-    );
+pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
+    if opts.files == 0 || opts.classes == 0 || opts.shards == 0 {
+        return Err(DemoError::Options);
+    }
     daemon::check_fuse_available()?;
     let tempdir;
     let workdir = match &opts.workdir {
@@ -118,16 +136,16 @@ pub fn run_demo(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
 
     let started = Instant::now();
     let patterns: Vec<String> = shards.iter().map(|p| p.display().to_string()).collect();
-    let catalog = Arc::new(crate::dataset::load(&patterns, DuplicatePolicy::Error)?);
-    let source = Arc::new(Source::open(catalog.images())?);
+    let catalog = Arc::new(dataset::load(
+        &patterns,
+        DuplicatePolicy::Error,
+        &dataset::quiet,
+    )?);
+    let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
     let mnt = daemon::check_mountpoint(&mnt)?;
-    let files = Arc::new(FileReader::direct(source, 64 << 20));
-    let guard = MountGuard(Some(fs::mount(
-        catalog,
-        files,
-        &mnt,
-        &FsOptions::default(),
-    )?));
+    let fs_opts = FsOptions::default();
+    let core = Arc::new(Core::new(catalog, Arc::new(files), fs_opts.owner()));
+    let guard = MountGuard(Some(fs::mount(core, &mnt, &fs_opts)?));
     std::fs::metadata(&mnt)?;
     let mount_time = started.elapsed();
 
@@ -138,29 +156,35 @@ pub fn run_demo(opts: &DemoOptions) -> anyhow::Result<DemoReport> {
     let mut expected: Vec<PathBuf> = samples.iter().map(|s| s.0.clone()).collect();
     expected.sort();
     if files != expected {
-        bail!(
+        return Err(DemoError::Mismatch(format!(
             "the mount lists {} files, the dataset has {}",
             files.len(),
             expected.len()
-        );
+        )));
     }
 
     let started = Instant::now();
     let mut read_bytes = 0u64;
     for rel in &files {
-        let got =
-            std::fs::read(mnt.join(rel)).with_context(|| format!("reading {}", rel.display()))?;
+        let got = std::fs::read(mnt.join(rel)).map_err(|error| DemoError::Read {
+            what: format!("reading {}", rel.display()),
+            error,
+        })?;
         read_bytes += got.len() as u64;
         let want = std::fs::read(source_dir.join(rel))?;
         if got != want {
-            bail!("{} differs from the original", rel.display());
+            return Err(DemoError::Mismatch(format!(
+                "{} differs from the original",
+                rel.display()
+            )));
         }
     }
     let read_time = started.elapsed();
-    ensure!(
-        read_bytes == bytes,
-        "read {read_bytes} bytes, expected {bytes}"
-    );
+    if read_bytes != bytes {
+        return Err(DemoError::Mismatch(format!(
+            "read {read_bytes} bytes, expected {bytes}"
+        )));
+    }
     drop(guard);
 
     Ok(DemoReport {
@@ -181,7 +205,7 @@ fn generate_dataset(
     root: &Path,
     files: usize,
     classes: usize,
-) -> anyhow::Result<Vec<(PathBuf, u64)>> {
+) -> std::io::Result<Vec<(PathBuf, u64)>> {
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     let mut samples = Vec::with_capacity(files);
     for class in 0..classes {
@@ -217,7 +241,7 @@ fn pack_shards(
     samples: &[(PathBuf, u64)],
     out_dir: &Path,
     count: usize,
-) -> anyhow::Result<Vec<PathBuf>> {
+) -> std::io::Result<Vec<PathBuf>> {
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.shuffle(&mut SmallRng::seed_from_u64(42));
     let paths: Vec<PathBuf> = (0..count)
@@ -244,7 +268,7 @@ fn pack_shards(
 }
 
 /// Lists every file below `root` (relative paths) and counts the directories.
-fn walk(root: &Path) -> anyhow::Result<(Vec<PathBuf>, usize)> {
+fn walk(root: &Path) -> std::io::Result<(Vec<PathBuf>, usize)> {
     let (mut files, mut dirs) = (Vec::new(), 0);
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {

@@ -4,21 +4,46 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+/// A pattern that cannot be expanded.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpandError {
+    #[error("bad pattern {pattern:?}: {error}")]
+    BadPattern {
+        pattern: String,
+        error: glob::PatternError,
+    },
+    #[error("cannot expand {pattern:?}: {error}")]
+    Unreadable {
+        pattern: String,
+        error: glob::GlobError,
+    },
+    #[error("no file matches {0:?}")]
+    NoMatch(String),
+    #[error("bad step in range {{{0}}}")]
+    BadStep(String),
+    #[error("range {{{range}}} has {count} items")]
+    TooLarge { range: String, count: u64 },
+}
 
 /// Expands every pattern, in order. A glob that matches nothing is an error; a plain path is kept
 /// as is (a missing file is reported when it is opened, with its name).
-pub fn expand_images(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn expand_images(patterns: &[String]) -> Result<Vec<PathBuf>, ExpandError> {
     let mut out = Vec::new();
     for pattern in patterns {
         for word in expand_braces(pattern)? {
             if word.contains(['*', '?', '[']) {
                 let mut matched: Vec<PathBuf> = glob::glob(&word)
-                    .with_context(|| format!("bad pattern {word:?}"))?
+                    .map_err(|error| ExpandError::BadPattern {
+                        pattern: word.clone(),
+                        error,
+                    })?
                     .collect::<Result<_, _>>()
-                    .with_context(|| format!("cannot expand {word:?}"))?;
+                    .map_err(|error| ExpandError::Unreadable {
+                        pattern: word.clone(),
+                        error,
+                    })?;
                 if matched.is_empty() {
-                    bail!("no file matches {word:?}");
+                    return Err(ExpandError::NoMatch(word));
                 }
                 matched.sort();
                 out.append(&mut matched);
@@ -32,7 +57,7 @@ pub fn expand_images(patterns: &[String]) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Bash-style brace expansion: `{a,b}` alternatives and `{000..127}` / `{0..10..2}` ranges, zero
 /// padded when either bound is. Braces nest and several groups multiply out.
-pub fn expand_braces(word: &str) -> anyhow::Result<Vec<String>> {
+pub fn expand_braces(word: &str) -> Result<Vec<String>, ExpandError> {
     let Some((open, close)) = first_group(word) else {
         return Ok(vec![word.to_string()]);
     };
@@ -103,7 +128,7 @@ fn split_top_level(body: &str) -> Vec<&str> {
 }
 
 /// `first..last[..step]` with integer bounds, or `None` if `body` is not a range.
-fn range(body: &str) -> anyhow::Result<Option<Vec<String>>> {
+fn range(body: &str) -> Result<Option<Vec<String>>, ExpandError> {
     let parts: Vec<&str> = body.split("..").collect();
     if !(2..=3).contains(&parts.len()) {
         return Ok(None);
@@ -114,7 +139,7 @@ fn range(body: &str) -> anyhow::Result<Option<Vec<String>>> {
     };
     let step = match parts.get(2) {
         Some(s) => match num(s) {
-            Some(0) | None => bail!("bad step in range {{{body}}}"),
+            Some(0) | None => return Err(ExpandError::BadStep(body.to_string())),
             Some(s) => s.unsigned_abs() as i64,
         },
         None => 1,
@@ -128,7 +153,10 @@ fn range(body: &str) -> anyhow::Result<Option<Vec<String>>> {
     };
     let count = (first - last).unsigned_abs() / step as u64 + 1;
     if count > 10_000_000 {
-        bail!("range {{{body}}} has {count} items");
+        return Err(ExpandError::TooLarge {
+            range: body.to_string(),
+            count,
+        });
     }
     let dir = if last >= first { step } else { -step };
     Ok(Some(

@@ -12,4 +12,5 @@ pub mod demo;
 pub mod expand;
 pub mod fs;
 pub mod logging;
+pub mod read_at;
 pub mod tiers;

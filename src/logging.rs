@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Mutex;
 
-use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 
@@ -20,11 +19,27 @@ fn default_filter(verbosity: u8) -> &'static str {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("bad RUST_LOG {spec:?}: {error}")]
+    Filter {
+        spec: String,
+        error: tracing_subscriber::filter::ParseError,
+    },
+    #[error("cannot open log file {}: {error}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot install the logger: {0}")]
+    Install(String),
+}
+
 /// Installs the global subscriber. Call once, before any thread starts logging.
-pub fn init(verbosity: u8, log_file: Option<&Path>) -> anyhow::Result<()> {
+pub fn init(verbosity: u8, log_file: Option<&Path>) -> Result<(), LogError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.is_empty() => {
-            EnvFilter::try_new(&spec).with_context(|| format!("bad RUST_LOG {spec:?}"))?
+            EnvFilter::try_new(&spec).map_err(|error| LogError::Filter { spec, error })?
         }
         _ => EnvFilter::new(default_filter(verbosity)),
     };
@@ -37,7 +52,10 @@ pub fn init(verbosity: u8, log_file: Option<&Path>) -> anyhow::Result<()> {
                 .create(true)
                 .append(true)
                 .open(path)
-                .with_context(|| format!("cannot open log file {}", path.display()))?;
+                .map_err(|error| LogError::File {
+                    path: path.to_path_buf(),
+                    error,
+                })?;
             builder
                 .with_ansi(false)
                 .with_writer(std::io::stderr.and(Mutex::new(file)))
@@ -48,5 +66,5 @@ pub fn init(verbosity: u8, log_file: Option<&Path>) -> anyhow::Result<()> {
             .with_writer(std::io::stderr)
             .try_init(),
     }
-    .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+    .map_err(|e| LogError::Install(e.to_string()))
 }

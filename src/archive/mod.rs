@@ -1,10 +1,13 @@
-//! Archive formats: scan an image into members (path, kind, attributes, data extent).
+//! Archive formats: scan an image into members (path, kind, attributes, data extent), and plan the
+//! reads of a member's bytes (`layout`), decoding them with the shared codecs (`codec`).
 //!
 //! A format knows nothing of FUSE or caching. A malformed image is an `ArchiveError` that names the
 //! image and the byte offset; a member that cannot be served (device node, sparse file, unsafe name)
 //! is skipped with a warning so that one odd member never takes a whole dataset down.
 
+pub mod codec;
 pub mod fingerprint;
+pub mod layout;
 pub mod name;
 pub mod squashfs;
 pub mod tar;
@@ -15,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use fingerprint::Fingerprint;
+pub use layout::{Encoding, Layout};
 
 /// What a member is, after format-specific types are folded away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,19 +28,6 @@ pub enum MemberKind {
     Symlink,
     /// A hard link whose target could not be resolved yet; scanners resolve them before returning.
     HardLink,
-}
-
-/// How a member's bytes are stored at its data offset.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Encoding {
-    /// `size` bytes as they are (tar, zip stored): served with one pread.
-    #[default]
-    Stored,
-    /// A raw deflate stream that inflates to `size` bytes (zip deflated); self-terminating, so
-    /// its compressed length is not needed to read it.
-    Deflate,
-    /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
-    Squashfs,
 }
 
 /// A byte range inside `ScannedImage::strings`.

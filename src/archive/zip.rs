@@ -12,8 +12,8 @@ use zip::extra_fields::ExtraField;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
 
-/// Deflated members are inflated whole into the RAM cache; larger ones are skipped for now (a
-/// streaming reader with restart points would lift this).
+/// Deflated members are inflated whole (one `layout::Unit`) into the RAM cache; larger ones are
+/// skipped for now (a streaming reader with restart points would lift this).
 pub const MAX_DEFLATED: u64 = 16 << 20;
 
 /// A symlink's target is stored as the member's data; longer ones are treated as corruption.

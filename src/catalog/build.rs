@@ -16,7 +16,7 @@ use super::{Catalog, ImageInfo};
 use crate::archive::{Encoding, Member, MemberKind, ScannedImage};
 
 /// What to do when two images hold the same path.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DuplicatePolicy {
     /// Refuse to mount, naming both images.
     #[default]

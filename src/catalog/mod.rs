@@ -18,7 +18,7 @@ pub use store::CatalogError;
 use store::Store;
 
 use crate::archive::Fingerprint;
-use crate::archive::squashfs::block_map::BlockMap;
+use crate::archive::layout::Layout;
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,11 +95,12 @@ impl Catalog {
         self.store.names(entry.offset, entry.size as usize)
     }
 
-    /// The block map record of a squashfs file (`archive::squashfs::block_map`).
-    pub fn block_map(&self, entry: &Entry) -> Result<&[u8], CatalogError> {
-        let head = self.store.names(entry.offset, 8)?;
-        let len = BlockMap::encoded_len(head.try_into().expect("8 bytes"));
-        self.store.names(entry.offset, len)
+    /// Where a file's bytes are (`archive::layout`), as recorded: the format reads its own record.
+    pub fn layout(&self, entry: &Entry) -> Result<Layout<'_>, CatalogError> {
+        debug_assert_eq!(entry.kind(), Kind::File);
+        Layout::read(entry.encoding(), entry.offset, |offset, len| {
+            self.store.names(offset, len)
+        })
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).

@@ -27,6 +27,15 @@ pub enum CatalogError {
         index.display()
     )]
     Damaged { index: PathBuf, offset: u64 },
+    /// A record that reads but does not make sense (never in a catalog packfs built itself).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<crate::archive::layout::PlanError> for CatalogError {
+    fn from(e: crate::archive::layout::PlanError) -> Self {
+        CatalogError::Invalid(e.why)
+    }
 }
 
 pub(super) enum Store {

@@ -1,57 +1,63 @@
 //! `packfs cat`
 
+use std::ffi::OsString;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
-use packfs::catalog::{DuplicatePolicy, Kind};
-use packfs::tiers::{FileReader, Source};
+use anyhow::Context;
+use packfs::fs::{Core, FsOptions, core::ino_of};
+use packfs::tiers::{self, TierOptions};
+
+use super::args::{Images, Merge};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar, zip or squashfs images (brace ranges and globs are expanded), or one index file.
-    #[arg(required = true, num_args = 1..)]
-    images: Vec<String>,
-    /// Path of the file inside the merged tree.
-    path: String,
-    #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
-    duplicates: DuplicatePolicy,
+    #[command(flatten)]
+    images: Images,
+    /// Path of the file inside the merged tree (bytes, as the archive names it).
+    path: OsString,
+    #[command(flatten)]
+    merge: Merge,
 }
 
-const CHUNK: u64 = 1 << 20;
+/// Bytes read per request, as the kernel would ask.
+const CHUNK: u32 = 1 << 20;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let catalog = packfs::dataset::open(&args.images, args.duplicates)?;
+    let catalog = Arc::new(packfs::dataset::open(
+        &args.images.images,
+        args.merge.policy(),
+        &packfs::dataset::quiet,
+    )?);
+    let shown = args.path.to_string_lossy();
     let id = catalog
         .resolve(args.path.as_bytes())
-        .with_context(|| format!("{}: no such file in the images", args.path))?;
-    let e = catalog.entry(id)?;
-    match e.kind() {
-        Kind::File => {}
-        Kind::Dir => bail!("{} is a directory", args.path),
-        Kind::Symlink => bail!(
-            "{} is a symlink to {}",
-            args.path,
-            String::from_utf8_lossy(catalog.symlink_target(e)?)
+        .with_context(|| format!("{shown}: no such file in the images"))?;
+    let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
+    let core = Core::new(catalog, Arc::new(files), FsOptions::default().owner());
+    let ino = ino_of(id);
+    match core.readlink(ino) {
+        Ok(target) => anyhow::bail!(
+            "{shown} is a symlink to {}",
+            String::from_utf8_lossy(target)
         ),
+        Err(packfs::fs::Error::NotSymlink) => {}
+        Err(e) => return Err(e.into()),
     }
-    let source = Arc::new(Source::open(catalog.images())?);
-    // Room for one decoded member or block: cat reads sequentially.
-    let files = FileReader::direct(source, 64 << 20);
     let mut out = std::io::stdout().lock();
     let mut buf = Vec::new();
-    let mut done = 0;
-    while done < e.size {
-        let n = (e.size - done).min(CHUNK) as usize;
-        let served = files.read(&catalog, e, done, n, &mut buf).map_err(|err| {
-            anyhow::anyhow!(
-                "{}: cannot read {} at its offset {done}: {err}",
-                files.source().image_path(e.image).display(),
-                args.path
-            )
-        })?;
-        out.write_all(served.bytes())?;
-        done += n as u64;
+    let mut done = 0u64;
+    loop {
+        let served = core
+            .read(ino, done, CHUNK, &mut buf)
+            .with_context(|| format!("{shown}"))?;
+        let bytes = served.bytes();
+        if bytes.is_empty() {
+            break;
+        }
+        out.write_all(bytes)?;
+        done += bytes.len() as u64;
     }
     out.flush()?;
     Ok(())

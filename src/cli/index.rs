@@ -3,25 +3,29 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use packfs::catalog::{DuplicatePolicy, index};
+use packfs::catalog::index;
+
+use super::args::{Images, Merge};
+use super::progress::ScanBar;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar images; brace ranges (`train-{000000..000127}.tar`) and globs are expanded.
-    #[arg(required = true, num_args = 1..)]
-    images: Vec<String>,
+    #[command(flatten)]
+    images: Images,
     /// The index file to write, e.g. DATASET.packfs-index beside the images (image paths are
     /// recorded relative to it, so the folder can move as a whole).
     #[arg(short, long, value_name = "PATH")]
     output: PathBuf,
-    /// What to do when two images hold the same path.
-    #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
-    duplicates: DuplicatePolicy,
+    #[command(flatten)]
+    merge: Merge,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let catalog = packfs::dataset::load(&args.images, args.duplicates)?;
+    let bar = ScanBar::new();
+    let catalog =
+        packfs::dataset::load(&args.images.images, args.merge.policy(), &|p| bar.update(p))?;
+    drop(bar);
     let scanned = started.elapsed().as_secs_f64();
     let written = index::write(&catalog, &args.output)?;
     println!(

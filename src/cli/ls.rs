@@ -2,15 +2,15 @@
 
 use std::io::Write;
 
-use packfs::archive::Encoding;
-use packfs::archive::squashfs::block_map::BlockMap;
-use packfs::catalog::{DuplicatePolicy, Kind, ROOT};
+use packfs::catalog::{Kind, ROOT};
+
+use super::args::{Images, Merge};
+use super::progress::ScanBar;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tar, zip or squashfs images (brace ranges and globs are expanded), or one index file.
-    #[arg(required = true)]
-    images: Vec<String>,
+    #[command(flatten)]
+    images: Images,
     /// Long listing: mode, size, mtime, path, symlink target.
     #[arg(short, long)]
     long: bool,
@@ -18,12 +18,15 @@ pub struct Args {
     /// and end offsets of its data blocks, and its tail's fragment block).
     #[arg(long)]
     extents: bool,
-    #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
-    duplicates: DuplicatePolicy,
+    #[command(flatten)]
+    merge: Merge,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let catalog = packfs::dataset::open(&args.images, args.duplicates)?;
+    let bar = ScanBar::new();
+    let catalog =
+        packfs::dataset::open(&args.images.images, args.merge.policy(), &|p| bar.update(p))?;
+    drop(bar);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in catalog.walk(ROOT) {
         let e = catalog.entry(id)?;
@@ -49,27 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if args.extents && e.kind() == Kind::File {
             let image = catalog.images()[e.image as usize].path.display();
-            match e.encoding() {
-                Encoding::Stored => write!(out, "\t{image} stored at {}", e.offset)?,
-                Encoding::Deflate => write!(out, "\t{image} deflate at {}", e.offset)?,
-                Encoding::Squashfs => {
-                    let map =
-                        BlockMap::decode(catalog.block_map(e)?).map_err(anyhow::Error::msg)?;
-                    write!(out, "\t{image} {}", map.codec.name())?;
-                    if map.count > 0 {
-                        let first = map.block(0).start;
-                        write!(
-                            out,
-                            " blocks {} at {first}..{}",
-                            map.count,
-                            map.blocks_end()
-                        )?;
-                    }
-                    if let Some(t) = map.tail {
-                        write!(out, " tail at {}+{}", t.block.start, t.offset)?;
-                    }
-                }
-            }
+            write!(out, "\t{image} {}", catalog.layout(e)?)?;
         }
         out.write_all(b"\n")?;
     }

@@ -1,10 +1,12 @@
 //! Command-line interface: one module per subcommand.
 
+mod args;
 mod cat;
 mod demo;
 mod index;
 mod ls;
 mod mount;
+mod progress;
 mod size;
 mod stage;
 mod staging;
@@ -19,7 +21,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "packfs",
     version,
-    about = "Mount tar shards of a dataset (or their index) as one read-only tree"
+    about = "Mount the tar, zip and squashfs shards of a dataset (or their index) as one read-only tree"
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.

@@ -3,29 +3,27 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use packfs::catalog::DuplicatePolicy;
 use packfs::daemon::{self, MountRequest};
-use packfs::fs::{FsOptions, ReaddirPlus};
-use packfs::tiers::stage::StageMode;
+use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
 
+use super::args::{Images, Listings, Merge, Staging, absolute};
+use super::progress::ScanBar;
 use super::staging::StageFlags;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// One index file (`packfs index`), or tar images: brace ranges (`train-{000000..000127}.tar`)
-    /// and globs are expanded.
-    #[arg(required = true, num_args = 1..)]
-    images: Vec<String>,
+    #[command(flatten)]
+    images: Images,
     /// An existing empty directory.
     mountpoint: PathBuf,
     /// Stay in the foreground instead of returning once the mount is ready.
     #[arg(short, long)]
     foreground: bool,
     /// Threads answering FUSE requests (lookups, attributes, listings).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = DEFAULT_THREADS)]
     threads: usize,
     /// Threads reading file data from the images.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = DEFAULT_IO_THREADS)]
     io_threads: usize,
     /// Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).
     #[arg(long)]
@@ -39,8 +37,8 @@ pub struct Args {
     gid: Option<u32>,
     /// Whether listings carry attributes: `never` is fastest for find/os.walk/ImageFolder scans,
     /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
-    #[arg(long, value_enum, default_value_t = ReaddirPlus::Never)]
-    readdirplus: ReaddirPlus,
+    #[arg(long, value_enum, default_value_t = Listings::Never)]
+    readdirplus: Listings,
     /// RAM budget (K, M, G suffixes) for decompressed squashfs blocks, inflated zip members and
     /// chunks of stored bytes read from the source. It only has to hold data in short-term use:
     /// file pages, once read, live in the kernel's page cache.
@@ -56,17 +54,16 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     stage: Option<PathBuf>,
     /// `eager` copies everything; `lazy` copies the chunks that reads touch.
-    #[arg(long, value_enum, default_value_t = StageMode::Eager, requires = "stage")]
-    stage_mode: StageMode,
+    #[arg(long, value_enum, default_value_t = Staging::Eager, requires = "stage")]
+    stage_mode: Staging,
     #[command(flatten)]
     staging: StageFlags,
     /// Write the mount's counters here every second (default: under /run/packfs, or
     /// $XDG_RUNTIME_DIR/packfs; the log names it).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
-    /// What to do when two images hold the same path.
-    #[arg(long, value_enum, default_value_t = DuplicatePolicy::Error)]
-    duplicates: DuplicatePolicy,
+    #[command(flatten)]
+    merge: Merge,
     /// Save the catalog scanned from the images as an index file, for faster mounts next time.
     #[arg(long, value_name = "PATH")]
     save_index: Option<PathBuf>,
@@ -83,16 +80,16 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let request = MountRequest {
-        images: args.images.clone(),
+        images: args.images.images.clone(),
         mountpoint: args.mountpoint.clone(),
-        duplicates: args.duplicates,
+        duplicates: args.merge.policy(),
         fs: FsOptions {
             threads: args.threads,
             io_threads: args.io_threads,
             allow_other: args.allow_other,
             uid: args.uid,
             gid: args.gid,
-            readdirplus: args.readdirplus,
+            readdirplus: args.readdirplus.into(),
             ..FsOptions::default()
         },
         cache_size: args.cache_size,
@@ -101,32 +98,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stage: args
             .stage
             .clone()
-            .map(|dir| args.staging.options(dir, args.stage_mode))
+            .map(|dir| args.staging.options(dir, args.stage_mode.into()))
             .transpose()?,
-        stats_file: args
-            .stats_file
-            .as_ref()
-            .map(std::path::absolute)
-            .transpose()?,
-        pid_file: args
-            .pid_file
-            .as_ref()
-            .map(std::path::absolute)
-            .transpose()?,
-        save_index: args
-            .save_index
-            .as_ref()
-            .map(std::path::absolute)
-            .transpose()?,
+        stats_file: absolute(&args.stats_file)?,
+        pid_file: absolute(&args.pid_file)?,
+        save_index: absolute(&args.save_index)?,
     };
     if args.daemon_child {
-        return daemon::serve(&request, daemon::detach_from_launcher);
+        // Its stderr is the launcher's pipe, where no bar is drawn.
+        return Ok(daemon::serve(
+            &request,
+            &packfs::dataset::quiet,
+            daemon::detach_from_launcher,
+        )?);
     }
     if args.foreground {
-        return daemon::serve(&request, || {});
+        let bar = ScanBar::new();
+        return Ok(daemon::serve(&request, &|p| bar.update(p), || {})?);
     }
     // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
     let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
     child_args.push("--daemon-child".into());
-    daemon::spawn_background(&child_args, &args.mountpoint)
+    Ok(daemon::spawn_background(&child_args, &args.mountpoint)?)
 }

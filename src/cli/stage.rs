@@ -6,19 +6,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
-use packfs::catalog::{self, ImageInfo};
-use packfs::tiers::Source;
 use packfs::tiers::stage::{Stage, StageMode, run_copier};
 
+use super::args::Images;
+use super::progress::staging_bar;
 use super::staging::StageFlags;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// One index file, or images (brace ranges and globs expanded), in the order given to mount.
-    #[arg(required = true, num_args = 1..)]
-    images: Vec<String>,
+    /// Images or one index, in the order given to mount (staged copies are matched by path).
+    #[command(flatten)]
+    images: Images,
     /// The stage directory that `packfs mount --stage DIR` will be given.
     #[arg(long, value_name = "DIR")]
     to: PathBuf,
@@ -27,23 +25,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (source, infos) = open_images(&args.images)?;
-    let source = Arc::new(source);
+    let (source, infos) = packfs::dataset::open_images(&args.images.images)?;
     let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
     let holder = format!("pid {}: packfs stage", std::process::id());
-    let stage = Stage::open(opts, source, &infos, &holder)?;
+    let stage = Stage::open(opts, Arc::new(source), &infos, &holder)?;
     let before = stage.stats();
-    let bar = ProgressBar::with_draw_target(Some(before.total_bytes), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "staging {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}",
-        )
-        .expect("valid template"),
-    );
-    bar.set_position(before.present_bytes);
-    bar.reset_eta();
+    let bar = staging_bar(before.total_bytes, before.present_bytes);
     let started = Instant::now();
-    run_copier(&stage, true, Some(&bar));
+    run_copier(&stage, true, Some(&|done| bar.set_position(done)));
     bar.finish_and_clear();
     let after = stage.stats();
     let secs = started.elapsed().as_secs_f64();
@@ -68,16 +57,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("{}", after.status);
     }
     Ok(())
-}
-
-/// The images opened, with their fingerprints: as the index recorded them (checked), or as found.
-fn open_images(patterns: &[String]) -> anyhow::Result<(Source, Vec<ImageInfo>)> {
-    let paths = packfs::dataset::image_paths(patterns)?;
-    if let [index] = paths.as_slice()
-        && catalog::index::is_index(index)
-    {
-        let infos = catalog::index::open(index)?.images().to_vec();
-        return Ok((Source::open(&infos)?, infos));
-    }
-    Ok(Source::open_as_is(&paths)?)
 }

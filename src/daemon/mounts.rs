@@ -2,6 +2,9 @@
 //!
 //! Paths are made absolute without touching the mount root itself: a stale FUSE mount answers every
 //! stat with ENOTCONN, and `packfs umount` must still find it.
+//!
+//! Parsed here rather than with a crate: the only maintained parser (procfs) brings a dozen
+//! dependencies for these 30 lines, and what matters here (never stat-ing the mount root) is ours.
 
 use std::io;
 use std::path::{Component, Path, PathBuf};

@@ -1,18 +1,19 @@
-//! The mount's counters as a small JSON file, rewritten every second while the daemon runs, so
-//! that scripts (and a later `packfs status MOUNT`) can read them without asking the daemon.
+//! The mount's counters: one snapshot type, rendered to a small JSON file rewritten every second
+//! while the daemon runs (so scripts, and a later `packfs status MOUNT`, read them without asking
+//! the daemon), and to the log at exit.
 //!
-//! The file is replaced by rename, so a reader never sees half of it; it is removed at exit, when
-//! the log gets the final figures.
+//! The file is replaced by rename, so a reader never sees half of it; it is removed at exit.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tracing::warn;
+use serde::Serialize;
+use tracing::{info, warn};
 
-use crate::tiers::Images;
+use crate::tiers::stage::StageStats;
+use crate::tiers::{FileReader, RamStats, SourceStats, TierStats};
 
 const PERIOD: Duration = Duration::from_secs(1);
 
@@ -46,76 +47,72 @@ pub fn default_path(mountpoint: &Path) -> PathBuf {
     dir.join(format!("{name}.{hash:016x}.json"))
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// Every counter of a mount at one moment (docs/metrics.md says what each means).
+#[derive(Clone, Debug, Serialize)]
+pub struct Counters {
+    pub mountpoint: PathBuf,
+    pub pid: u32,
+    pub uptime_s: f64,
+    /// Bytes delivered to readers by each tier.
+    pub served: TierStats,
+    /// Operations on the backing files.
+    pub source: SourceStats,
+    pub ram: RamStats,
+    pub stage: Option<StageStats>,
 }
 
-/// The counters as JSON.
-pub fn render(images: &Images, mountpoint: &Path, started: Instant) -> String {
-    let tiers = images.stats();
-    let src = images.source().stats();
-    let ram = images.ram_stats();
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "{{\n  \"mountpoint\": {},\n  \"pid\": {},\n  \"uptime_s\": {:.1},\n",
-        json_str(&mountpoint.to_string_lossy()),
-        std::process::id(),
-        started.elapsed().as_secs_f64()
-    );
-    let _ = writeln!(
-        s,
-        "  \"served\": {{\"ram_bytes\": {}, \"staged_bytes\": {}, \"source_bytes\": {}}},",
-        tiers.ram_bytes, tiers.staged_bytes, tiers.source_bytes
-    );
-    let _ = writeln!(
-        s,
-        "  \"source\": {{\"opens\": {}, \"reads\": {}, \"bytes\": {}, \"stage_reads\": {}, \"stage_bytes\": {}}},",
-        src.opens, src.reads, src.bytes, src.stage_reads, src.stage_bytes
-    );
-    let _ = writeln!(
-        s,
-        "  \"ram\": {{\"budget\": {}, \"held\": {}, \"peak\": {}, \"hits\": {}, \"loads\": {}, \"loaded_bytes\": {}}},",
-        ram.budget, ram.held, ram.peak, ram.hits, ram.loads, ram.loaded_bytes
-    );
-    match images.stage() {
-        None => s.push_str("  \"stage\": null\n"),
-        Some(stage) => {
-            let st = stage.stats();
-            let _ = writeln!(
-                s,
-                "  \"stage\": {{\"dir\": {}, \"mode\": {}, \"status\": {}, \"images\": {}, \
-                 \"total_bytes\": {}, \"present_bytes\": {}, \"copied_bytes\": {}, \
-                 \"copied_from_reads\": {}, \"verified_chunks\": {}, \"failed_checks\": {}, \
-                 \"evicted_bytes\": {}}}",
-                json_str(&stage.dir().to_string_lossy()),
-                json_str(&format!("{:?}", stage.mode()).to_lowercase()),
-                json_str(&st.status),
-                st.images,
-                st.total_bytes,
-                st.present_bytes,
-                st.copied_bytes,
-                st.copied_from_reads,
-                st.verified_chunks,
-                st.failed_checks,
-                st.evicted_bytes
+impl Counters {
+    pub fn of(files: &FileReader, mountpoint: &Path, started: Instant) -> Counters {
+        let images = files.images();
+        Counters {
+            mountpoint: mountpoint.to_path_buf(),
+            pid: std::process::id(),
+            uptime_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            served: images.stats(),
+            source: images.source().stats(),
+            ram: images.ram_stats(),
+            stage: images.stage().map(|s| s.stats()),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("counters serialize");
+        text.push('\n');
+        text
+    }
+
+    /// One log line per group, `title key=value ...`, with the same names as the JSON.
+    pub fn log(&self) {
+        info!("source operations {}", fields(&self.source));
+        info!("bytes served by tier {}", fields(&self.served));
+        info!("RAM cache {}", fields(&self.ram));
+        if let Some(st) = &self.stage {
+            info!(
+                "staging in {}: {} {}",
+                st.dir.display(),
+                st.status,
+                fields(st)
             );
         }
     }
-    s.push_str("}\n");
-    s
+}
+
+/// The numeric fields of a group as `key=value` pairs.
+fn fields(group: &impl Serialize) -> String {
+    let value = serde_json::to_value(group).expect("counters serialize");
+    let Some(map) = value.as_object() else {
+        return String::new();
+    };
+    map.iter()
+        .filter(|(_, v)| v.is_number())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The final figures of every tier, at exit.
+pub fn log_counters(files: &FileReader) {
+    Counters::of(files, Path::new(""), Instant::now()).log();
 }
 
 /// Rewrites the stats file every second until dropped; then removes it.
@@ -126,7 +123,7 @@ pub struct StatsFile {
 }
 
 impl StatsFile {
-    pub fn start(path: PathBuf, images: Arc<Images>, mountpoint: PathBuf) -> StatsFile {
+    pub fn start(path: PathBuf, files: Arc<FileReader>, mountpoint: PathBuf) -> StatsFile {
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(dir) = path.parent()
             && let Err(e) = std::fs::create_dir_all(dir)
@@ -141,7 +138,7 @@ impl StatsFile {
                 let tmp = p.with_extension("json.tmp");
                 let mut warned = false;
                 while !flag.load(Ordering::Relaxed) {
-                    let text = render(&images, &mountpoint, started);
+                    let text = Counters::of(&files, &mountpoint, started).to_json();
                     let written =
                         std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &p));
                     if let Err(e) = written

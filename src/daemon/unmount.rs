@@ -1,9 +1,9 @@
 //! Unmounting, also of a stale mount whose daemon died ("Transport endpoint is not connected").
 
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, bail};
 use nix::errno::Errno;
 use nix::mount::{MntFlags, umount2};
 use tracing::warn;
@@ -19,21 +19,58 @@ pub enum Unmounted {
     Detached,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum UnmountError {
+    #[error("cannot resolve {}: {error}", path.display())]
+    Resolve { path: PathBuf, error: io::Error },
+    #[error("cannot read /proc/self/mountinfo: {0}")]
+    Mountinfo(io::Error),
+    #[error("{} is not a mount point", .0.display())]
+    NotMounted(PathBuf),
+    #[error(
+        "{} is a {fstype} mount of {from}, not a packfs mount; leaving it alone",
+        path.display()
+    )]
+    NotFuse {
+        path: PathBuf,
+        fstype: String,
+        from: String,
+    },
+    #[error("cannot unmount {}: {error}", path.display())]
+    Unmount { path: PathBuf, error: Errno },
+    #[error("cannot detach {}: {error}", path.display())]
+    Detach { path: PathBuf, error: Errno },
+    #[error("unmounting as a non-root user needs fusermount3 (package fuse3)")]
+    NoFusermount,
+    #[error("cannot run {helper}: {error}")]
+    Helper {
+        helper: &'static str,
+        error: io::Error,
+    },
+    #[error("{helper} -uz {} failed: {stderr}", path.display())]
+    HelperFailed {
+        helper: &'static str,
+        path: PathBuf,
+        stderr: String,
+    },
+}
+
 /// Unmounts the FUSE mount at `path`. A busy mount is detached (lazily unmounted) rather than left
 /// behind; `lazy` detaches without trying a plain unmount first. Refuses to touch non-FUSE mounts.
-pub fn unmount(path: &Path, lazy: bool) -> anyhow::Result<Unmounted> {
-    let abs =
-        mounts::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))?;
-    let Some(entry) = mounts::find(&abs).context("cannot read /proc/self/mountinfo")? else {
-        bail!("{} is not a mount point", abs.display());
+pub fn unmount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
+    let abs = mounts::absolute(path).map_err(|error| UnmountError::Resolve {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let Some(entry) = mounts::find(&abs).map_err(UnmountError::Mountinfo)? else {
+        return Err(UnmountError::NotMounted(abs));
     };
     if !entry.fstype.starts_with("fuse") {
-        bail!(
-            "{} is a {} mount of {}, not a packfs mount; leaving it alone",
-            abs.display(),
-            entry.fstype,
-            entry.source
-        );
+        return Err(UnmountError::NotFuse {
+            path: abs,
+            fstype: entry.fstype,
+            from: entry.source,
+        });
     }
     if nix::unistd::geteuid().is_root() {
         unmount_as_root(&abs, lazy)
@@ -42,33 +79,41 @@ pub fn unmount(path: &Path, lazy: bool) -> anyhow::Result<Unmounted> {
     }
 }
 
-fn unmount_as_root(path: &Path, lazy: bool) -> anyhow::Result<Unmounted> {
+fn unmount_as_root(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
     if !lazy {
         match umount2(path, MntFlags::empty()) {
             Ok(()) => return Ok(Unmounted::Now),
             Err(Errno::EBUSY) => {
                 warn!("{} is busy; detaching it lazily", path.display());
             }
-            Err(e) => bail!("cannot unmount {}: {e}", path.display()),
+            Err(error) => {
+                return Err(UnmountError::Unmount {
+                    path: path.to_path_buf(),
+                    error,
+                });
+            }
         }
     }
-    umount2(path, MntFlags::MNT_DETACH)
-        .with_context(|| format!("cannot detach {}", path.display()))?;
+    umount2(path, MntFlags::MNT_DETACH).map_err(|error| UnmountError::Detach {
+        path: path.to_path_buf(),
+        error,
+    })?;
     Ok(Unmounted::Detached)
 }
 
-fn unmount_with_fusermount(path: &Path, lazy: bool) -> anyhow::Result<Unmounted> {
+fn unmount_with_fusermount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
     let helper = ["fusermount3", "fusermount"]
         .into_iter()
         .find(|h| which(h))
-        .context("unmounting as a non-root user needs fusermount3 (package fuse3)")?;
+        .ok_or(UnmountError::NoFusermount)?;
+    let failed_to_run = |error| UnmountError::Helper { helper, error };
     let run = |lazy: bool| {
         let mut cmd = Command::new(helper);
         cmd.arg(if lazy { "-uz" } else { "-u" }).arg(path);
         cmd.output()
     };
     if !lazy {
-        let out = run(false).with_context(|| format!("cannot run {helper}"))?;
+        let out = run(false).map_err(failed_to_run)?;
         if out.status.success() {
             return Ok(Unmounted::Now);
         }
@@ -78,13 +123,13 @@ fn unmount_with_fusermount(path: &Path, lazy: bool) -> anyhow::Result<Unmounted>
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let out = run(true).with_context(|| format!("cannot run {helper}"))?;
+    let out = run(true).map_err(failed_to_run)?;
     if !out.status.success() {
-        bail!(
-            "{helper} -uz {} failed: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(UnmountError::HelperFailed {
+            helper,
+            path: path.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(Unmounted::Detached)
 }

@@ -1,5 +1,5 @@
-//! `fuser::Filesystem` over the catalog. Every answer but READ comes straight from the immutable
-//! catalog; READ goes to the worker pool. This is also the one place that picks errnos.
+//! `fuser::Filesystem` over the core: decode each request, ask `Core`, encode the reply. Errors
+//! go through `failed`, which logs what is worth logging and takes the errno from `Error::errno`.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -10,84 +10,113 @@ use fuser::{
     LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
     ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
-use tracing::{debug, info};
+use tracing::{debug, error, info};
 
-use super::attr::{Owner, TTL, attr_of, file_type, id_of, ino_of};
+use super::attr::{TTL, file_attr, file_type};
+use super::core::{Core, DirEntry, Listing};
+use super::error::Error;
 use super::reads::{ReadJob, Reads};
 use super::{FsOptions, ReaddirPlus};
-use crate::catalog::{Catalog, CatalogError, Entry, EntryId, Kind};
-use crate::tiers::FileReader;
 
 /// Bounds on asynchronous reads (readahead) the kernel keeps in flight.
 const MAX_BACKGROUND: u16 = 64;
 
-/// One line of a listing: id, entry and name.
-type Slot<'a> = (EntryId, &'a Entry, &'a [u8]);
-
 pub struct PackFs {
-    catalog: Arc<Catalog>,
+    core: Arc<Core>,
     reads: Reads,
-    owner: Owner,
     readdirplus: ReaddirPlus,
 }
 
 impl PackFs {
-    pub fn new(
-        catalog: Arc<Catalog>,
-        files: Arc<FileReader>,
-        opts: &FsOptions,
-    ) -> std::io::Result<Self> {
-        let reads = Reads::start(
-            opts.request_threads(),
-            opts.io_threads,
-            catalog.clone(),
-            files,
-        )?;
-        let owner = Owner {
-            uid: opts.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
-            gid: opts.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw()),
-        };
+    pub fn new(core: Arc<Core>, opts: &FsOptions) -> std::io::Result<Self> {
+        let reads = Reads::start(opts.request_threads(), opts.io_threads, core.clone())?;
         Ok(PackFs {
-            catalog,
+            core,
             reads,
-            owner,
             readdirplus: opts.readdirplus,
         })
     }
 
-    fn entry(&self, ino: INodeNo) -> Result<(EntryId, &Entry), CatalogError> {
-        let id = id_of(ino).ok_or(CatalogError::NotFound)?;
-        Ok((id, self.catalog.entry(id)?))
-    }
-
-    /// The entry and name at `slot` of a listing: "." is 0, ".." is 1, child `i` is `2 + i`. The
-    /// readdir offset handed to the kernel for a slot is `slot + 1`, where the next call resumes.
-    fn dir_slot<'a>(
-        &'a self,
-        dir_id: EntryId,
-        dir: &'a Entry,
-        slot: u64,
-    ) -> Result<Option<Slot<'a>>, CatalogError> {
-        let (id, name) = match slot {
-            0 => (dir_id, b".".as_slice()),
-            1 => (dir.parent, b"..".as_slice()),
-            _ => {
-                let Some(child) = self.catalog.children(dir).nth((slot - 2) as usize) else {
-                    return Ok(None);
-                };
-                (child, self.catalog.name(self.catalog.entry(child)?)?)
-            }
-        };
-        Ok(Some((id, self.catalog.entry(id)?, name)))
+    /// One listing for READDIR and READDIRPLUS.
+    fn list(&self, ino: INodeNo, offset: u64, with_attrs: bool, mut reply: impl DirReply) {
+        match self.core.list(ino.0, offset, with_attrs, &mut reply) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(failed(e)),
+        }
     }
 }
 
-/// The one mapping from catalog errors to errnos: a damaged index chunk (logged where it was
-/// found) fails the request rather than answering wrongly.
-fn errno(err: CatalogError) -> Errno {
-    match err {
-        CatalogError::NotFound => Errno::ENOENT,
-        CatalogError::Damaged { .. } => Errno::EIO,
+/// The errno of a failed request, logged when the failure is the data's rather than the caller's.
+pub(super) fn failed(err: Error) -> Errno {
+    if err.is_worth_logging() {
+        match &err {
+            Error::Io {
+                image,
+                offset,
+                path,
+                file_offset,
+                len,
+                error,
+            } => error!(
+                image = %image.display(),
+                offset,
+                file_offset,
+                len,
+                path = %String::from_utf8_lossy(path),
+                "read failed, returning EIO: {error}"
+            ),
+            other => error!("request failed, returning EIO: {other}"),
+        }
+    } else {
+        debug!("request failed: {err}");
+    }
+    Errno::from_i32(err.errno())
+}
+
+/// A FUSE directory reply: a `Listing` that is finished with `ok` or `error`.
+trait DirReply: Listing {
+    fn ok(self);
+    fn error(self, errno: Errno);
+}
+
+impl Listing for ReplyDirectory {
+    fn add(&mut self, e: DirEntry) -> bool {
+        let name = OsStr::from_bytes(e.name);
+        ReplyDirectory::add(self, INodeNo(e.ino), e.next, file_type(e.kind), name)
+    }
+}
+
+impl DirReply for ReplyDirectory {
+    fn ok(self) {
+        ReplyDirectory::ok(self)
+    }
+    fn error(self, errno: Errno) {
+        ReplyDirectory::error(self, errno)
+    }
+}
+
+impl Listing for ReplyDirectoryPlus {
+    fn add(&mut self, e: DirEntry) -> bool {
+        let attr = file_attr(&e.attr.expect("a listing with attributes"));
+        let name = OsStr::from_bytes(e.name);
+        ReplyDirectoryPlus::add(
+            self,
+            INodeNo(e.ino),
+            e.next,
+            name,
+            &TTL,
+            &attr,
+            Generation(0),
+        )
+    }
+}
+
+impl DirReply for ReplyDirectoryPlus {
+    fn ok(self) {
+        ReplyDirectoryPlus::ok(self)
+    }
+    fn error(self, errno: Errno) {
+        ReplyDirectoryPlus::error(self, errno)
     }
 }
 
@@ -121,35 +150,23 @@ impl Filesystem for PackFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let found = self.entry(parent).and_then(|(parent_id, dir)| {
-            if !dir.is_dir() {
-                return Ok(None);
-            }
-            let id = self.catalog.lookup(parent_id, name.as_bytes())?;
-            Ok(Some((id, self.catalog.entry(id)?)))
-        });
-        match found {
-            Ok(Some((id, e))) => reply.entry(&TTL, &attr_of(id, e, self.owner), Generation(0)),
-            Ok(None) => reply.error(Errno::ENOTDIR),
-            Err(err) => reply.error(errno(err)),
+        match self.core.lookup(parent.0, name.as_bytes()) {
+            Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+            Err(e) => reply.error(failed(e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.entry(ino) {
-            Ok((id, e)) => reply.attr(&TTL, &attr_of(id, e, self.owner)),
-            Err(err) => reply.error(errno(err)),
+        match self.core.getattr(ino.0) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(e) => reply.error(failed(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.entry(ino) {
-            Ok((_, e)) if e.kind() == Kind::Symlink => match self.catalog.symlink_target(e) {
-                Ok(target) => reply.data(target),
-                Err(err) => reply.error(errno(err)),
-            },
-            Ok(_) => reply.error(Errno::EINVAL),
-            Err(err) => reply.error(errno(err)),
+        match self.core.readlink(ino.0) {
+            Ok(target) => reply.data(target),
+            Err(e) => reply.error(failed(e)),
         }
     }
 
@@ -175,23 +192,10 @@ impl Filesystem for PackFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let (id, e) = match self.entry(ino) {
-            Ok(found) => found,
-            Err(err) => return reply.error(errno(err)),
-        };
-        match e.kind() {
-            Kind::File => {}
-            Kind::Dir => return reply.error(Errno::EISDIR),
-            Kind::Symlink => return reply.error(Errno::EINVAL),
-        }
-        if offset >= e.size || size == 0 {
-            return reply.data(&[]);
-        }
-        let len = (e.size - offset).min(size as u64) as usize;
         self.reads.submit(ReadJob {
-            id,
+            ino: ino.0,
             offset,
-            len,
+            size,
             reply,
         });
     }
@@ -202,31 +206,9 @@ impl Filesystem for PackFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let (dir_id, dir) = match self.entry(ino) {
-            Ok(found) => found,
-            Err(err) => return reply.error(errno(err)),
-        };
-        if !dir.is_dir() {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let mut slot = offset;
-        loop {
-            match self.dir_slot(dir_id, dir, slot) {
-                Ok(Some((id, e, name))) => {
-                    if reply.add(ino_of(id), slot + 1, file_type(e), OsStr::from_bytes(name)) {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                // What was added so far is good; the next call starts at the damaged slot.
-                Err(err) if slot == offset => return reply.error(errno(err)),
-                Err(_) => break,
-            }
-            slot += 1;
-        }
-        reply.ok();
+        self.list(ino, offset, false, reply);
     }
 
     fn readdirplus(
@@ -235,32 +217,9 @@ impl Filesystem for PackFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let (dir_id, dir) = match self.entry(ino) {
-            Ok(found) => found,
-            Err(err) => return reply.error(errno(err)),
-        };
-        if !dir.is_dir() {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let mut slot = offset;
-        loop {
-            match self.dir_slot(dir_id, dir, slot) {
-                Ok(Some((id, e, name))) => {
-                    let attr = attr_of(id, e, self.owner);
-                    let name = OsStr::from_bytes(name);
-                    if reply.add(ino_of(id), slot + 1, name, &TTL, &attr, Generation(0)) {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(err) if slot == offset => return reply.error(errno(err)),
-                Err(_) => break,
-            }
-            slot += 1;
-        }
-        reply.ok();
+        self.list(ino, offset, true, reply);
     }
 
     /// Python's `open()` asks every file `isatty()` (TCGETS), which FUSE forwards on every open and
@@ -281,9 +240,9 @@ impl Filesystem for PackFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         const BSIZE: u32 = 4096;
-        let blocks = self.catalog.file_bytes().div_ceil(BSIZE as u64);
-        let files = self.catalog.len() as u64;
-        debug!(blocks, files, "statfs");
-        reply.statfs(blocks, 0, 0, files, 0, BSIZE, 255, BSIZE);
+        let usage = self.core.usage();
+        let blocks = usage.bytes.div_ceil(BSIZE as u64);
+        debug!(blocks, files = usage.entries, "statfs");
+        reply.statfs(blocks, 0, 0, usage.entries, 0, BSIZE, 255, BSIZE);
     }
 }

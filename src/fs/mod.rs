@@ -1,13 +1,16 @@
-//! The FUSE side: the only module that knows fuser.
-//!
-//! `adapter` answers kernel requests from the catalog; `reads` serves file data inline or from a
-//! worker pool so that a slow read on the parallel filesystem never holds up a lookup; `session`
-//! mounts and runs it.
+//! The file system: `core` answers lookups, attributes, listings and reads from the catalog and
+//! the tiers, with one error type (`error`); `adapter` is the only module that knows fuser, and
+//! only decodes requests and encodes replies; `reads` serves file data inline or from a worker
+//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts.
 
 mod adapter;
 mod attr;
+pub mod core;
+pub mod error;
 mod reads;
 mod session;
 
+pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};
 pub use adapter::PackFs;
-pub use session::{FsOptions, Mounted, ReaddirPlus, mount};
+pub use error::Error;
+pub use session::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, mount};

@@ -3,8 +3,8 @@
 //! A FUSE request thread reads inline (the fastest path: no hand-off, one wakeup less per request)
 //! as long as fewer than `threads - 1` request threads are inside a read. Otherwise it moves the
 //! reply to a pool of I/O workers and returns at once. So at least one request thread is always free
-//! for lookups and listings, however slow the parallel filesystem is. An I/O error becomes EIO for
-//! that read only, logged with the image, the offset and the file's path.
+//! for lookups and listings, however slow the parallel filesystem is. What a read answers is the
+//! core's business; an I/O error becomes EIO for that read only.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -13,27 +13,19 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
 use fuser::{Errno, ReplyData};
-use tracing::error;
 
-use crate::catalog::{Catalog, EntryId};
-use crate::tiers::FileReader;
+use super::adapter::failed;
+use super::core::{Core, Ino};
 
 pub struct ReadJob {
-    pub id: EntryId,
-    /// Offset of the request in the file; the request lies inside the file.
+    pub ino: Ino,
     pub offset: u64,
-    pub len: usize,
+    pub size: u32,
     pub reply: ReplyData,
 }
 
-/// What serving a read needs.
-struct Tiers {
-    catalog: Arc<Catalog>,
-    files: Arc<FileReader>,
-}
-
 pub struct Reads {
-    tiers: Arc<Tiers>,
+    core: Arc<Core>,
     /// Request threads allowed to read inline at once.
     inline_limit: usize,
     inline_now: AtomicUsize,
@@ -50,25 +42,23 @@ impl Reads {
     pub fn start(
         request_threads: usize,
         io_threads: usize,
-        catalog: Arc<Catalog>,
-        files: Arc<FileReader>,
+        core: Arc<Core>,
     ) -> std::io::Result<Self> {
-        let tiers = Arc::new(Tiers { catalog, files });
         let (tx, rx) = crossbeam_channel::unbounded::<ReadJob>();
         let workers = (0..io_threads.max(1))
             .map(|i| {
-                let (rx, tiers) = (rx.clone(), tiers.clone());
+                let (rx, core) = (rx.clone(), core.clone());
                 std::thread::Builder::new()
                     .name(format!("packfs-read-{i}"))
                     .spawn(move || {
                         for job in rx {
-                            serve(job, &tiers);
+                            serve(job, &core);
                         }
                     })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Reads {
-            tiers,
+            core,
             inline_limit: request_threads.saturating_sub(1),
             inline_now: AtomicUsize::new(0),
             pool: Some(tx),
@@ -79,7 +69,7 @@ impl Reads {
     /// Serves the read here or in the pool (see the module comment).
     pub fn submit(&self, job: ReadJob) {
         if self.inline_now.fetch_add(1, Ordering::AcqRel) < self.inline_limit {
-            serve(job, &self.tiers);
+            serve(job, &self.core);
             self.inline_now.fetch_sub(1, Ordering::AcqRel);
             return;
         }
@@ -103,30 +93,14 @@ impl Reads {
     }
 }
 
-fn serve(job: ReadJob, tiers: &Tiers) {
-    let catalog = &tiers.catalog;
-    let entry = match catalog.entry(job.id) {
-        Ok(entry) => entry,
-        Err(_) => return job.reply.error(Errno::EIO),
-    };
+fn serve(job: ReadJob, core: &Core) {
     BUFFER.with_borrow_mut(|buf| {
-        match tiers.files.read(catalog, entry, job.offset, job.len, buf) {
+        match core.read(job.ino, job.offset, job.size, buf) {
             Ok(served) => job.reply.data(served.bytes()),
-            Err(err) => {
-                error!(
-                    image = %tiers.files.source().image_path(entry.image).display(),
-                    offset = err.image_offset,
-                    file_offset = job.offset,
-                    len = job.len,
-                    path = %String::from_utf8_lossy(&catalog.path_of(job.id)),
-                    "read failed, returning EIO: {}",
-                    err.error
-                );
-                job.reply.error(Errno::EIO);
-            }
+            Err(e) => job.reply.error(failed(e)),
         }
         // Keep at most one large request's worth of buffer per thread.
-        buf.truncate(job.len);
+        buf.truncate(job.size as usize);
         buf.shrink_to(2 << 20);
     });
 }

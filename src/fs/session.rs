@@ -9,9 +9,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fuser::{Config, MountOption, Session, SessionACL};
 
-use super::PackFs;
-use crate::catalog::Catalog;
-use crate::tiers::FileReader;
+use super::{Core, Owner, PackFs};
 
 /// Whether directory listings carry attributes (FUSE READDIRPLUS).
 ///
@@ -19,7 +17,7 @@ use crate::tiers::FileReader;
 /// entry (about 5 µs each), so `find` or `os.walk` take 7x longer than without, while a following
 /// stat of every file costs nothing more; without them, each first stat or open of a file costs
 /// one LOOKUP round trip instead. See docs/benchmarks.md.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReaddirPlus {
     /// Names only: fastest for find, os.walk and ImageFolder scans; each file's first stat or
     /// open asks the daemon once.
@@ -30,6 +28,11 @@ pub enum ReaddirPlus {
     /// Always attributes: fastest for stat-heavy walks (ls -l, du, rsync).
     Always,
 }
+
+/// FUSE request threads by default.
+pub const DEFAULT_THREADS: usize = 4;
+/// Read workers by default.
+pub const DEFAULT_IO_THREADS: usize = 16;
 
 #[derive(Clone, Debug)]
 pub struct FsOptions {
@@ -50,8 +53,8 @@ pub struct FsOptions {
 impl Default for FsOptions {
     fn default() -> Self {
         FsOptions {
-            threads: 4,
-            io_threads: 16,
+            threads: DEFAULT_THREADS,
+            io_threads: DEFAULT_IO_THREADS,
             allow_other: false,
             fsname: "packfs".into(),
             uid: None,
@@ -66,6 +69,14 @@ impl FsOptions {
     pub fn request_threads(&self) -> usize {
         self.threads.max(1)
     }
+
+    /// The owner shown for every entry: `uid`/`gid`, else this process's user.
+    pub fn owner(&self) -> Owner {
+        Owner {
+            uid: self.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
+            gid: self.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw()),
+        }
+    }
 }
 
 /// A mounted file system whose session runs on background threads.
@@ -75,15 +86,10 @@ pub struct Mounted {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Mounts the catalog at `mountpoint`. Returns once the kernel handshake is done, so the mount
-/// answers requests as soon as this returns.
-pub fn mount(
-    catalog: Arc<Catalog>,
-    files: Arc<FileReader>,
-    mountpoint: &Path,
-    opts: &FsOptions,
-) -> io::Result<Mounted> {
-    let fs = PackFs::new(catalog, files, opts)?;
+/// Mounts the file system `core` answers at `mountpoint`. Returns once the kernel handshake is
+/// done, so the mount answers requests as soon as this returns.
+pub fn mount(core: Arc<Core>, mountpoint: &Path, opts: &FsOptions) -> io::Result<Mounted> {
+    let fs = PackFs::new(core, opts)?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,

@@ -23,7 +23,7 @@ pub enum Fetch {
 }
 
 /// Bytes delivered to readers by each tier (page-cache misses of the mount).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub ram_bytes: u64,
     pub staged_bytes: u64,

@@ -41,7 +41,7 @@ impl Weighter<Key, Decoded> for ByAllocation {
 }
 
 /// What the cache did since it was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RamStats {
     pub budget: u64,
     /// Bytes held now, and the most seen after any insertion.

@@ -1,21 +1,26 @@
-//! The source images, opened once and read with positioned reads.
+//! The source images, opened once and read with positioned reads through `ReadAt`.
 //!
-//! `pread` rather than mmap: the images live on parallel filesystems, where page faults turn into
-//! synchronous 4 KiB round trips and a truncated file raises SIGBUS instead of an error.
+//! Files are read with `pread` rather than mmap: the images live on parallel filesystems, where
+//! page faults turn into synchronous 4 KiB round trips and a truncated file raises SIGBUS instead
+//! of an error. Anything else that implements `ReadAt` (a fault-injecting wrapper in tests, later
+//! an object store) can stand in for a file.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
 
 use crate::archive::Fingerprint;
 use crate::archive::fingerprint::show_time;
 use crate::catalog::ImageInfo;
+use crate::read_at::ReadAt;
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SourceStats {
     pub opens: u64,
     pub reads: u64,
@@ -24,14 +29,27 @@ pub struct SourceStats {
     pub stage_bytes: u64,
 }
 
-#[derive(Debug)]
+/// One image: where it is, how to read it, and its size as fingerprinted.
+pub struct SourceImage {
+    pub path: PathBuf,
+    pub data: Arc<dyn ReadAt>,
+    pub size: u64,
+}
+
 pub struct Source {
-    /// Path, open file and size (as fingerprinted) of each image.
-    images: Vec<(PathBuf, File, u64)>,
+    images: Vec<SourceImage>,
     reads: AtomicU64,
     bytes: AtomicU64,
     stage_reads: AtomicU64,
     stage_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("images", &self.images.len())
+            .finish()
+    }
 }
 
 /// Why the images cannot be served.
@@ -50,31 +68,30 @@ impl Source {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
-        Ok(Source::with(open_parallel(images, open_checked)?))
+        Ok(Source::new(open_parallel(images, open_checked)?))
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
     pub fn open_as_is(paths: &[PathBuf]) -> Result<(Source, Vec<ImageInfo>), SourceError> {
         let opened = open_parallel(paths, |path| {
-            let file = File::open(path).map_err(|error| SourceError::Open {
+            let open_error = |error| SourceError::Open {
                 path: path.clone(),
                 error,
-            })?;
-            let fingerprint = Fingerprint::of(&file).map_err(|error| SourceError::Open {
-                path: path.clone(),
-                error,
-            })?;
+            };
+            let file = File::open(path).map_err(open_error)?;
+            let fingerprint = Fingerprint::of(&file).map_err(open_error)?;
             let info = ImageInfo {
                 path: path.clone(),
                 fingerprint,
             };
-            Ok(((path.clone(), file, fingerprint.size), info))
+            Ok((image(path.clone(), file, fingerprint.size), info))
         })?;
         let (images, infos) = opened.into_iter().unzip();
-        Ok((Source::with(images), infos))
+        Ok((Source::new(images), infos))
     }
 
-    fn with(images: Vec<(PathBuf, File, u64)>) -> Source {
+    /// A source over images held by any `ReadAt` (tests, other stores).
+    pub fn new(images: Vec<SourceImage>) -> Source {
         Source {
             images,
             reads: AtomicU64::new(0),
@@ -84,20 +101,34 @@ impl Source {
         }
     }
 
+    /// The same images, each read through what `wrap` makes of it (e.g. a fault injector).
+    pub fn wrapped(self, wrap: impl Fn(u32, Arc<dyn ReadAt>) -> Arc<dyn ReadAt>) -> Source {
+        let images = self
+            .images
+            .into_iter()
+            .enumerate()
+            .map(|(i, img)| SourceImage {
+                data: wrap(i as u32, img.data),
+                ..img
+            })
+            .collect();
+        Source::new(images)
+    }
+
     /// Size of an image as fingerprinted when opened (0 for an unknown image).
     pub fn image_size(&self, image: u32) -> u64 {
-        self.images.get(image as usize).map_or(0, |i| i.2)
+        self.images.get(image as usize).map_or(0, |i| i.size)
     }
 
     pub fn image_path(&self, image: u32) -> &Path {
-        &self.images[image as usize].0
+        &self.images[image as usize].path
     }
 
     /// Fills `buf` from `offset` of `image`. A short file (an image truncated after it was scanned)
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
     pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.file(image)?.read_exact_at(buf, offset)?;
+        self.data(image)?.read_exact_at(buf, offset)?;
         self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -105,7 +136,7 @@ impl Source {
     /// The same read for the stager, counted apart from the mount's reads.
     pub fn read_for_stage(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.stage_reads.fetch_add(1, Ordering::Relaxed);
-        self.file(image)?.read_exact_at(buf, offset)?;
+        self.data(image)?.read_exact_at(buf, offset)?;
         self.stage_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -113,24 +144,15 @@ impl Source {
 
     /// Hints that `len` bytes at `offset` of `image` will be read soon (the kernel reads ahead).
     pub fn will_need(&self, image: u32, offset: u64, len: u64) {
-        if let Ok(file) = self.file(image) {
-            use std::os::fd::AsRawFd;
-            // SAFETY: plain syscall on a descriptor we own; a failure only loses the hint.
-            unsafe {
-                libc::posix_fadvise(
-                    file.as_raw_fd(),
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                    libc::POSIX_FADV_WILLNEED,
-                )
-            };
+        if let Ok(data) = self.data(image) {
+            data.will_need(offset, len);
         }
     }
 
-    fn file(&self, image: u32) -> io::Result<&File> {
+    fn data(&self, image: u32) -> io::Result<&dyn ReadAt> {
         self.images
             .get(image as usize)
-            .map(|i| &i.1)
+            .map(|i| &*i.data)
             .ok_or_else(|| io::Error::other(format!("no image #{image}")))
     }
 
@@ -142,6 +164,14 @@ impl Source {
             stage_reads: self.stage_reads.load(Ordering::Relaxed),
             stage_bytes: self.stage_bytes.load(Ordering::Relaxed),
         }
+    }
+}
+
+fn image(path: PathBuf, file: File, size: u64) -> SourceImage {
+    SourceImage {
+        path,
+        data: Arc::new(file),
+        size,
     }
 }
 
@@ -165,7 +195,7 @@ fn open_parallel<I: Sync, T: Send>(
     opened.into_iter().collect()
 }
 
-fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File, u64), SourceError> {
+fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
     let path = info.path.clone();
     let opened = File::open(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
     let (file, now) = match opened {
@@ -174,7 +204,7 @@ fn open_checked(info: &ImageInfo) -> Result<(PathBuf, File, u64), SourceError> {
     };
     let was = &info.fingerprint;
     match was.differences(&now) {
-        None => Ok((path, file, now.size)),
+        None => Ok(image(path, file, now.size)),
         Some(mut what) => {
             if (was.size, was.head, was.tail) == (now.size, now.head, now.tail) {
                 // Typically a copy that did not keep times (cp without -p, rsync without -t).

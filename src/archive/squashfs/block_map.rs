@@ -15,9 +15,10 @@
 //!
 //! Checkpoints bound the work to find block i to 63 additions, for any file size.
 
-use super::codec::Codec;
+use super::{codec_from_id, codec_id};
+use crate::archive::codec::Codec;
+use crate::archive::layout::{Piece, PlanError, Unit};
 
-const HEAD: usize = 8;
 const FRAGMENT: usize = 16;
 const CHECKPOINT_EVERY: usize = 64;
 /// Bit of a size word that marks a block stored without compression.
@@ -63,7 +64,7 @@ pub fn encode(
     tail: Option<Tail>,
     out: &mut Vec<u8>,
 ) {
-    out.push(codec as u8);
+    out.push(codec_id(codec));
     out.push(block_log);
     out.push(if tail.is_some() { HAS_FRAGMENT } else { 0 });
     out.push(0);
@@ -96,6 +97,9 @@ pub struct BlockMap<'a> {
     words: &'a [u8],
 }
 
+/// Bytes of a record's fixed head, from which its whole length follows.
+pub const HEAD: usize = 8;
+
 impl<'a> BlockMap<'a> {
     /// The length of the record that starts with `head` (its first 8 bytes).
     pub fn encoded_len(head: &[u8; HEAD]) -> usize {
@@ -116,7 +120,7 @@ impl<'a> BlockMap<'a> {
         if b.len() != Self::encoded_len(head) {
             return Err(format!("block map has {} bytes, expected more", b.len()));
         }
-        let codec = Codec::from_id(head[0] as u16)?;
+        let codec = codec_from_id(head[0] as u16)?;
         let block_log = head[1];
         if !(12..=20).contains(&block_log) {
             return Err(format!("block size 2^{block_log} is out of range"));
@@ -180,6 +184,76 @@ impl<'a> BlockMap<'a> {
     /// The bytes of the file's block `i` once decoded: a full block, or less for the last one.
     pub fn decoded_len(&self, file_size: u64, i: usize) -> u64 {
         (file_size - i as u64 * self.block_size()).min(self.block_size())
+    }
+
+    /// The piece of a file of `file_size` bytes that starts at `pos`: the rest of the block (or
+    /// tail) holding `pos`, at most `want` bytes.
+    pub fn piece(&self, file_size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
+        let bs = self.block_size();
+        let i = (pos / bs) as usize;
+        let within = pos % bs;
+        if i < self.count {
+            let block_len = self.decoded_len(file_size, i);
+            let len = ((block_len - within) as usize).min(want);
+            let extent = self.block(i);
+            if extent.is_sparse() {
+                return Ok(Piece::Zeros(len));
+            }
+            if extent.is_stored() {
+                if extent.disk_len() as u64 != block_len {
+                    return Err(PlanError {
+                        at: extent.start,
+                        why: format!(
+                            "stored block of {} bytes, expected {block_len}",
+                            extent.disk_len()
+                        ),
+                    });
+                }
+                return Ok(Piece::Stored {
+                    at: extent.start + within,
+                    len,
+                });
+            }
+            let unit = Unit::block(
+                self.codec,
+                extent.start,
+                extent.disk_len(),
+                block_len as usize,
+            );
+            return Ok(Piece::Decoded {
+                unit,
+                from: within as usize,
+                len,
+            });
+        }
+        let Some(tail) = self.tail else {
+            return Err(PlanError {
+                at: 0,
+                why: format!("offset {pos} is past the file's blocks"),
+            });
+        };
+        let tail_len = file_size - self.count as u64 * bs;
+        let len = ((tail_len - within) as usize).min(want);
+        let from = tail.offset as u64 + within;
+        if tail.block.is_stored() {
+            return Ok(Piece::Stored {
+                at: tail.block.start + from,
+                len,
+            });
+        }
+        let need = (tail.offset as u64 + tail_len) as usize;
+        let unit = Unit::fragment_block(
+            self.codec,
+            tail.block.start,
+            tail.block.disk_len(),
+            need,
+            bs as usize,
+        );
+        Ok(Piece::Decoded {
+            unit,
+            from: from as usize,
+            len,
+        })
     }
 
     /// Checks that the blocks and the tail account for exactly `file_size` bytes.
@@ -252,7 +326,7 @@ mod tests {
     #[test]
     fn without_tail() {
         let mut rec = Vec::new();
-        encode(Codec::Gzip, 17, 96, &[5000, 6000], None, &mut rec);
+        encode(Codec::Zlib, 17, 96, &[5000, 6000], None, &mut rec);
         let map = BlockMap::decode(&rec).unwrap();
         assert_eq!(map.block(1).start, 5096);
         map.check_size(131072 + 10).unwrap();

@@ -4,7 +4,6 @@
 //! lock and its fragment cache is unbounded, so it stays off the read path).
 
 pub mod block_map;
-pub mod codec;
 mod superblock;
 
 use std::fs::File;
@@ -15,10 +14,10 @@ use std::os::unix::fs::FileExt;
 use backhand::{FilesystemReader, InnerNode, SquashfsFileReader};
 use tracing::warn;
 
+use super::codec::Codec;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
 use block_map::{BlockMap, Extent, STORED, Tail};
-pub use codec::Codec;
 use superblock::Superblock;
 
 /// `frag_index` of a file without a tail fragment.
@@ -109,6 +108,36 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     Ok(())
 }
 
+/// The codec of a squashfs compressor id; the error is a sentence for the user.
+pub fn codec_from_id(id: u16) -> Result<Codec, String> {
+    Ok(match id {
+        1 => Codec::Zlib,
+        4 => Codec::Xz,
+        5 => Codec::Lz4,
+        6 => Codec::Zstd,
+        2 | 3 => {
+            let name = if id == 2 { "lzma" } else { "lzo" };
+            return Err(format!(
+                "{name}-compressed squashfs images are not supported; rebuild the image with \
+                 `mksquashfs ... -comp zstd` (or gzip, xz, lz4)"
+            ));
+        }
+        other => return Err(format!("unknown squashfs compressor id {other}")),
+    })
+}
+
+/// The squashfs compressor id of a codec (the id block-map records keep).
+pub fn codec_id(codec: Codec) -> u8 {
+    match codec {
+        Codec::Zlib => 1,
+        Codec::Xz => 4,
+        Codec::Lz4 => 5,
+        Codec::Zstd => 6,
+        // Never stored in a block map: squashfs has no raw-deflate compressor.
+        Codec::Deflate => 0,
+    }
+}
+
 fn metadata_error(path: &std::path::Path, sb: &Superblock, why: &str) -> ArchiveError {
     ArchiveError::malformed(
         path,
@@ -192,4 +221,20 @@ fn block_record(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_compressors_are_named() {
+        assert!(codec_from_id(3).unwrap_err().contains("lzo"));
+        assert!(codec_from_id(2).unwrap_err().contains("lzma"));
+        assert!(codec_from_id(9).unwrap_err().contains("9"));
+        assert_eq!(codec_from_id(6).unwrap(), Codec::Zstd);
+        for codec in [Codec::Zlib, Codec::Xz, Codec::Lz4, Codec::Zstd] {
+            assert_eq!(codec_from_id(codec_id(codec) as u16), Ok(codec));
+        }
+    }
 }

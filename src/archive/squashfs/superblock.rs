@@ -1,7 +1,8 @@
 //! The squashfs v4 superblock, checked before the metadata parser runs, so that a damaged or
 //! unsupported image fails with a message naming the field and its offset.
 
-use super::codec::Codec;
+use super::codec_from_id;
+use crate::archive::codec::Codec;
 
 pub const LEN: usize = 96;
 const NO_TABLE: u64 = u64::MAX;
@@ -45,7 +46,7 @@ impl Superblock {
                 format!("squashfs version {major}.{minor}; only version 4.0 is supported"),
             ));
         }
-        let codec = Codec::from_id(u16_at(b, 20)).map_err(|e| (20, e))?;
+        let codec = codec_from_id(u16_at(b, 20)).map_err(|e| (20, e))?;
         let block_size = u32_at(b, 12);
         let block_log = u16_at(b, 22);
         if !(4096..=1 << 20).contains(&block_size)

@@ -10,12 +10,11 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::store::{Chunks, Mapped, Store};
-use super::{Catalog, Entry, ImageInfo, ROOT};
+use super::{Catalog, CatalogError, Entry, ImageInfo, ROOT};
 use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord};
 
 pub use format::{MAGIC, VERSION};
@@ -24,6 +23,46 @@ const _: () = assert!(
     cfg!(target_endian = "little"),
     "the index maps little-endian records as they are"
 );
+
+/// Why an index cannot be written or used.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// A file operation failed; `what` says which, e.g. "cannot open index".
+    #[error("{what} {}: {error}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Not an index this packfs reads; `reason` is a sentence about the file.
+    #[error("index {}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error("index {} is damaged: {what}; rebuild it with `packfs index`", path.display())]
+    Damaged { path: PathBuf, what: &'static str },
+    #[error(
+        "index {}: image {} is missing: it is neither at {} (relative to the index) nor at {} \
+         (where it was indexed)",
+        index.display(),
+        relative.display(),
+        beside.display(),
+        absolute.display()
+    )]
+    MissingImage {
+        index: PathBuf,
+        relative: PathBuf,
+        beside: PathBuf,
+        absolute: PathBuf,
+    },
+    #[error("cannot write an index from a damaged one: {0}")]
+    DamagedCatalog(#[from] CatalogError),
+    #[error("cannot index more than 4 billion images")]
+    TooManyImages,
+}
+
+fn io_error(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
+    let path = path.to_path_buf();
+    move |error| IndexError::Io { what, path, error }
+}
 
 /// What `write` produced.
 #[derive(Clone, Copy, Debug)]
@@ -43,12 +82,10 @@ pub fn is_index(path: &Path) -> bool {
 
 /// Writes `catalog` to `dest` atomically (a temporary file renamed into place), image paths
 /// recorded relative to `dest`'s directory as well as absolute.
-pub fn write(catalog: &Catalog, dest: &Path) -> anyhow::Result<Written> {
-    let dest = std::path::absolute(dest).with_context(|| format!("bad path {}", dest.display()))?;
+pub fn write(catalog: &Catalog, dest: &Path) -> Result<Written, IndexError> {
+    let dest = std::path::absolute(dest).map_err(io_error("bad path", dest))?;
     let dir = dest.parent().unwrap_or(Path::new("/"));
-    let (entries, names) = catalog
-        .tables()
-        .context("cannot write an index from a damaged one")?;
+    let (entries, names) = catalog.tables()?;
     // SAFETY: Entry is plain integers without padding (asserted in entry.rs).
     let entry_bytes = unsafe {
         std::slice::from_raw_parts(
@@ -70,7 +107,7 @@ pub fn write(catalog: &Catalog, dest: &Path) -> anyhow::Result<Written> {
         entries.len() as u64,
         names.len() as u64,
         images.len() as u64,
-        u32::try_from(catalog.images().len()).context("more than 4 billion images")?,
+        u32::try_from(catalog.images().len()).map_err(|_| IndexError::TooManyImages)?,
     );
     header.file_count = catalog.file_count();
     header.file_bytes = catalog.file_bytes();
@@ -91,7 +128,7 @@ pub fn write(catalog: &Catalog, dest: &Path) -> anyhow::Result<Written> {
     let tmp = tempfile::Builder::new()
         .prefix(".packfs-index-")
         .tempfile_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+        .map_err(io_error("cannot create a file in", dir))?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
     for part in [
         &header.encode()[..],
@@ -102,18 +139,17 @@ pub fn write(catalog: &Catalog, dest: &Path) -> anyhow::Result<Written> {
         &images,
     ] {
         out.write_all(part)
-            .with_context(|| format!("cannot write {}", dest.display()))?;
+            .map_err(io_error("cannot write", &dest))?;
     }
-    out.flush()
-        .with_context(|| format!("cannot write {}", dest.display()))?;
+    out.flush().map_err(io_error("cannot write", &dest))?;
     drop(out);
     let file = tmp.as_file();
     // Readable by everybody who can read the images (a temporary file starts as 0600).
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    file.sync_all()
-        .with_context(|| format!("cannot write {}", dest.display()))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(io_error("cannot write", &dest))?;
+    file.sync_all().map_err(io_error("cannot write", &dest))?;
     tmp.persist(&dest)
-        .with_context(|| format!("cannot create {}", dest.display()))?;
+        .map_err(|e| io_error("cannot create", &dest)(e.error))?;
     Ok(Written {
         bytes: header.file_len(),
         entries: header.entry_count,
@@ -141,13 +177,20 @@ fn chunk_hash(parts: &[&[u8]], mut offset: usize, mut len: usize) -> u64 {
 
 /// Maps an index and checks everything whose size does not grow with the number of files; the
 /// images are resolved (relative to the index first) but not opened.
-pub fn open(path: &Path) -> anyhow::Result<Catalog> {
-    let path = std::path::absolute(path).with_context(|| format!("bad path {}", path.display()))?;
-    let shown = path.display();
-    let file = File::open(&path).with_context(|| format!("cannot open index {shown}"))?;
+pub fn open(path: &Path) -> Result<Catalog, IndexError> {
+    let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
+    let invalid = |reason: String| IndexError::Invalid {
+        path: path.clone(),
+        reason,
+    };
+    let damaged = |what| IndexError::Damaged {
+        path: path.clone(),
+        what,
+    };
+    let file = File::open(&path).map_err(io_error("cannot open index", &path))?;
     let len = file
         .metadata()
-        .with_context(|| format!("cannot stat index {shown}"))?
+        .map_err(io_error("cannot stat index", &path))?
         .len();
     if len < HEADER_LEN as u64 {
         let mut head = Vec::new();
@@ -155,38 +198,35 @@ pub fn open(path: &Path) -> anyhow::Result<Catalog> {
         (&file)
             .take(HEADER_LEN as u64)
             .read_to_end(&mut head)
-            .with_context(|| format!("cannot read index {shown}"))?;
+            .map_err(io_error("cannot read index", &path))?;
         let reason = Header::decode(&head, len).err().unwrap_or_default();
-        bail!("index {shown}: {reason}");
+        return Err(invalid(reason));
     }
     // SAFETY: the mapping is read-only. Index files are replaced by rename, never rewritten in
     // place; a file truncated under a running daemon would fault (documented).
-    let map = unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map index {shown}"))?;
-    let header = Header::decode(&map[..HEADER_LEN], len)
-        .map_err(|r| anyhow::anyhow!("index {shown}: {r}"))?;
+    let map = unsafe { Mmap::map(&file) }.map_err(io_error("cannot map index", &path))?;
+    let header = Header::decode(&map[..HEADER_LEN], len).map_err(invalid)?;
 
     let (chunks_off, images_off) = (header.chunks_off as usize, header.images_off as usize);
     let mut meta = Xxh3::new();
     meta.update(&map[..HASHED_HEADER]);
     meta.update(&map[chunks_off..]);
     if meta.digest() != header.meta_hash {
-        bail!(
-            "index {shown} is damaged: its header, chunk table or image table fails its checksum; \
-             rebuild it with `packfs index`"
-        );
+        return Err(damaged(
+            "its header, chunk table or image table fails its checksum",
+        ));
     }
     let records = ImageRecord::decode_all(&map[images_off..], header.image_count)
-        .with_context(|| format!("index {shown}: the image table is malformed"))?;
-    let dir = path.parent().unwrap_or(Path::new("/"));
+        .ok_or_else(|| invalid("the image table is malformed".into()))?;
     let images = records
         .into_iter()
         .map(|r| {
             Ok(ImageInfo {
-                path: locate(dir, &r).with_context(|| format!("index {shown}"))?,
+                path: locate(&path, &r)?,
                 fingerprint: r.fingerprint,
             })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, IndexError>>()?;
 
     let entries = header.entries_off as usize..header.names_off as usize;
     let names = header.names_off as usize..(header.names_off + header.names_len) as usize;
@@ -203,15 +243,19 @@ pub fn open(path: &Path) -> anyhow::Result<Catalog> {
         file_count: header.file_count,
         file_bytes: header.file_bytes,
     };
-    let root_ok = catalog.entry(ROOT).map(Entry::is_dir)?;
+    let root_ok = catalog
+        .entry(ROOT)
+        .map(Entry::is_dir)
+        .map_err(|e| invalid(e.to_string()))?;
     if !root_ok {
-        bail!("index {shown} is damaged: its first entry is not a directory");
+        return Err(damaged("its first entry is not a directory"));
     }
     Ok(catalog)
 }
 
 /// An image's current path: beside the index as recorded, else where it was when indexed.
-fn locate(dir: &Path, record: &ImageRecord) -> anyhow::Result<PathBuf> {
+fn locate(index: &Path, record: &ImageRecord) -> Result<PathBuf, IndexError> {
+    let dir = index.parent().unwrap_or(Path::new("/"));
     let beside = dir.join(&record.relative);
     if beside.exists() {
         return Ok(beside);
@@ -219,13 +263,12 @@ fn locate(dir: &Path, record: &ImageRecord) -> anyhow::Result<PathBuf> {
     if record.absolute.exists() {
         return Ok(record.absolute.clone());
     }
-    bail!(
-        "image {} is missing: it is neither at {} (relative to the index) nor at {} (where it was \
-         indexed)",
-        record.relative.display(),
-        beside.display(),
-        record.absolute.display()
-    )
+    Err(IndexError::MissingImage {
+        index: index.to_path_buf(),
+        relative: record.relative.clone(),
+        beside,
+        absolute: record.absolute.clone(),
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use indicatif::ProgressBar;
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -49,7 +48,7 @@ impl Pace {
 #[derive(Clone, Copy)]
 struct Sink<'s> {
     stage: &'s Stage,
-    progress: Option<&'s ProgressBar>,
+    progress: Option<Progress<'s>>,
 }
 
 /// A run of chunks read by the walk, on its way to the writer thread.
@@ -77,9 +76,12 @@ struct Copier<'s> {
     reported_done: bool,
 }
 
+/// Told the bytes staged so far, as the copy goes (a progress bar in `packfs stage`).
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
 /// Runs the stager until shutdown, or (with `until_done`) until every assigned chunk is staged
 /// or staging stops.
-pub fn run(stage: &Stage, until_done: bool, progress: Option<&ProgressBar>) {
+pub fn run(stage: &Stage, until_done: bool, progress: Option<Progress>) {
     let sink = Sink { stage, progress };
     let (to_writer, batches) = crossbeam_channel::bounded::<Batch>(1);
     let (give_back, spent) = crossbeam_channel::unbounded();
@@ -108,8 +110,8 @@ pub fn run(stage: &Stage, until_done: bool, progress: Option<&ProgressBar>) {
         drop(c);
         let _ = writer.join();
     });
-    if let Some(bar) = progress {
-        bar.set_position(stage.present_bytes.load(Ordering::Relaxed));
+    if let Some(progress) = progress {
+        progress(stage.present_bytes.load(Ordering::Relaxed));
     }
 }
 
@@ -407,8 +409,8 @@ impl Sink<'_> {
         s.present_chunks.fetch_add(1, Ordering::Relaxed);
         s.present_bytes.fetch_add(len, Ordering::Relaxed);
         s.copied_bytes.fetch_add(len, Ordering::Relaxed);
-        if let Some(bar) = self.progress {
-            bar.set_position(s.present_bytes.load(Ordering::Relaxed));
+        if let Some(progress) = self.progress {
+            progress(s.present_bytes.load(Ordering::Relaxed));
         }
         true
     }

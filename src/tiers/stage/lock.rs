@@ -4,11 +4,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
 pub struct DirLock {
-    _file: File,
+    _file: Flock<File>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,30 +31,29 @@ impl DirLock {
             dir: dir.display().to_string(),
             error,
         };
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(dir.join("packfs.lock"))
             .map_err(io_err)?;
-        // SAFETY: plain syscall on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io_err(error));
+        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => locked,
+            Err((_, errno)) if errno != Errno::EWOULDBLOCK => return Err(io_err(errno.into())),
+            Err((mut file, _)) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                let holder = match text.trim() {
+                    "" => "holder unknown".to_string(),
+                    t => t.to_string(),
+                };
+                return Err(LockError::Busy {
+                    dir: dir.display().to_string(),
+                    holder,
+                });
             }
-            let mut text = String::new();
-            let _ = file.read_to_string(&mut text);
-            let holder = match text.trim() {
-                "" => "holder unknown".to_string(),
-                t => t.to_string(),
-            };
-            return Err(LockError::Busy {
-                dir: dir.display().to_string(),
-                holder,
-            });
-        }
+        };
         let _ = file.set_len(0);
         let _ = file.rewind();
         let _ = file.write_all(holder.as_bytes());

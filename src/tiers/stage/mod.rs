@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{error, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
@@ -31,7 +30,8 @@ use super::Source;
 use super::ram_cache::Decoded;
 use crate::catalog::ImageInfo;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StageMode {
     /// Copy every assigned image, front to back, as fast as allowed.
     Eager,
@@ -80,9 +80,30 @@ pub struct StageOptions {
     pub chunk_size: u64,
 }
 
+/// Why a stage directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("cannot create stage directory {}: {error}", dir.display())]
+    Create { dir: PathBuf, error: std::io::Error },
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(
+        "cannot prepare the local copy of {} in stage directory {}: {error}",
+        image.display(),
+        dir.display()
+    )]
+    Prepare {
+        image: PathBuf,
+        dir: PathBuf,
+        error: std::io::Error,
+    },
+}
+
 /// Staging figures, for the log and the stats file.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct StageStats {
+    pub dir: PathBuf,
+    pub mode: Option<StageMode>,
     pub images: u64,
     pub total_bytes: u64,
     /// Bytes complete on local storage now.
@@ -150,13 +171,15 @@ impl Stage {
         source: Arc<Source>,
         images: &[ImageInfo],
         holder: &str,
-    ) -> anyhow::Result<Stage> {
+    ) -> Result<Stage, StageError> {
         let dir = &opts.dir;
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create stage directory {}", dir.display()))?;
+        let create_error = |error| StageError::Create {
+            dir: dir.clone(),
+            error,
+        };
+        std::fs::create_dir_all(dir).map_err(create_error)?;
         let lock = DirLock::take(dir, holder)?;
-        let meta = std::fs::metadata(dir)
-            .with_context(|| format!("cannot use stage directory {}", dir.display()))?;
+        let meta = std::fs::metadata(dir).map_err(create_error)?;
         let mut staged = Vec::with_capacity(images.len());
         let (mut total_chunks, mut total_bytes, mut present_bytes, mut present_chunks) =
             (0, 0, 0, 0);
@@ -172,12 +195,10 @@ impl Stage {
                 &info.fingerprint,
                 opts.chunk_size,
             )
-            .with_context(|| {
-                format!(
-                    "cannot prepare the local copy of {} in stage directory {}",
-                    info.path.display(),
-                    dir.display()
-                )
+            .map_err(|error| StageError::Prepare {
+                image: info.path.clone(),
+                dir: dir.clone(),
+                error,
             })?;
             if let Some(why) = &opened.reset {
                 info!(
@@ -395,6 +416,8 @@ impl Stage {
 
     pub fn stats(&self) -> StageStats {
         StageStats {
+            dir: self.opts.dir.clone(),
+            mode: Some(self.opts.mode),
             images: self.images.iter().flatten().count() as u64,
             total_bytes: self.total_bytes,
             present_bytes: self.present_bytes.load(Ordering::Relaxed),

@@ -1,33 +1,48 @@
-//! Inflating a zip member's raw deflate stream, read from its image in large positioned reads.
-//!
-//! A deflate stream can only be decoded from its start, so members are inflated whole (at most
-//! `archive::zip::MAX_DEFLATED` bytes) and kept in the RAM cache.
+//! Deflate, zlib-wrapped (squashfs gzip blocks) or raw (zip members), with flate2.
 
+use std::cell::RefCell;
 use std::io;
 
 use flate2::{Decompress, FlushDecompress, Status};
 
-use super::images::{Fetch, Images};
+use crate::read_at::ReadAt;
 
-/// Compressed bytes read per pread while inflating.
+/// Compressed bytes read per request while inflating a stream.
 const READ_CHUNK: usize = 256 * 1024;
 
-/// The `size` bytes that the deflate stream at `offset` of `image` inflates to.
-pub fn inflate(images: &Images, image: u32, offset: u64, size: u64) -> io::Result<Vec<u8>> {
+thread_local! {
+    static ZLIB: RefCell<Decompress> = RefCell::new(Decompress::new(true));
+    static RAW: RefCell<Decompress> = RefCell::new(Decompress::new(false));
+}
+
+/// One whole block: `input` must hold the complete stream.
+pub fn decompress(input: &[u8], zlib: bool, limit: usize, out: &mut Vec<u8>) -> Result<(), String> {
+    let context = if zlib { &ZLIB } else { &RAW };
+    context.with_borrow_mut(|z| {
+        z.reset(zlib);
+        match z.decompress_vec(input, out, FlushDecompress::Finish) {
+            Ok(Status::StreamEnd) => Ok(()),
+            Ok(_) if out.len() >= limit => Err(format!("it decodes to more than {limit} bytes")),
+            Ok(_) => Err("the stream ends early".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+}
+
+/// A raw deflate stream read from `image` in large positioned reads until it ends.
+pub fn inflate_stream(image: &dyn ReadAt, offset: u64, size: u64) -> io::Result<Vec<u8>> {
     let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     let mut out = Vec::with_capacity(size as usize);
     let mut inflater = Decompress::new(false);
     let mut chunk = vec![0u8; READ_CHUNK];
     let mut pos = offset;
-    let end = images.image_size(image);
     loop {
-        let n = READ_CHUNK.min(end.saturating_sub(pos) as usize);
+        let n = read_some(image, &mut chunk, pos)?;
         if n == 0 {
             return Err(bad(format!(
                 "deflate stream at offset {offset} runs past the end"
             )));
         }
-        images.read_exact_at(image, pos, &mut chunk[..n], Fetch::Exact)?;
         let mut used = 0;
         while used < n {
             if out.len() == out.capacity() {
@@ -58,4 +73,18 @@ pub fn inflate(images: &Images, image: u32, offset: u64, size: u64) -> io::Resul
         }
         pos += n as u64;
     }
+}
+
+/// As many bytes as the image has at `pos`, up to `buf.len()`; short only at its end.
+fn read_some(image: &dyn ReadAt, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match image.read_at(&mut buf[got..], pos + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }

@@ -1,0 +1,132 @@
+//! Decompression, one module per compression, shared by every format: squashfs blocks (gzip, xz,
+//! lz4, zstd) and zip members (raw deflate). Each decoder keeps its context per thread: a block is
+//! decoded by whichever FUSE or I/O thread missed it, and contexts are costly to create (zstd's is
+//! ~100 KB) but cheap to reset.
+
+mod deflate;
+mod lz4;
+mod xz;
+mod zstd;
+
+use std::io;
+
+use crate::read_at::ReadAt;
+
+/// The compressions packfs decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    /// zlib-wrapped deflate (squashfs "gzip").
+    Zlib,
+    /// Raw deflate (zip method 8); a stream that ends itself.
+    Deflate,
+    Xz,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Zlib => "gzip",
+            Codec::Deflate => "deflate",
+            Codec::Xz => "xz",
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// Decodes one whole compressed block into `out` (replacing its content). A block that
+    /// decodes to more than `limit` bytes is corrupt. The error is a sentence naming the codec.
+    pub fn decompress(self, input: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        out.clear();
+        out.reserve_exact(limit);
+        let failed = |e: &dyn std::fmt::Display| format!("{} data is corrupt: {e}", self.name());
+        match self {
+            Codec::Zstd => zstd::decompress(input, out).map_err(|e| failed(&e))?,
+            Codec::Zlib | Codec::Deflate => {
+                deflate::decompress(input, self == Codec::Zlib, limit, out)
+                    .map_err(|e| failed(&e))?
+            }
+            Codec::Lz4 => lz4::decompress(input, limit, out).map_err(|e| failed(&e))?,
+            Codec::Xz => xz::decompress(input, limit, out).map_err(|e| failed(&e))?,
+        }
+        if out.len() > limit {
+            return Err(failed(&format!("it decodes to more than {limit} bytes")));
+        }
+        Ok(())
+    }
+}
+
+/// Inflates the raw deflate stream that starts at `offset` of `image` and must decode to exactly
+/// `size` bytes; the stream ends itself, so its compressed length need not be known.
+pub fn inflate_stream(image: &dyn ReadAt, offset: u64, size: u64) -> io::Result<Vec<u8>> {
+    deflate::inflate_stream(image, offset, size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn sample() -> Vec<u8> {
+        (0..100_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn round_trips_and_limits() {
+        let plain = sample();
+        let zstd = ::zstd::bulk::compress(&plain, 3).unwrap();
+        let mut gz = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&plain).unwrap();
+        let zlib = gz.finish().unwrap();
+        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        raw.write_all(&plain).unwrap();
+        let raw = raw.finish().unwrap();
+        let lz4 = lz4_flex::block::compress(&plain);
+        let mut xz = liblzma::write::XzEncoder::new(Vec::new(), 1);
+        xz.write_all(&plain).unwrap();
+        let xz = xz.finish().unwrap();
+        let mut out = Vec::new();
+        for (codec, packed) in [
+            (Codec::Zstd, &zstd),
+            (Codec::Zlib, &zlib),
+            (Codec::Deflate, &raw),
+            (Codec::Lz4, &lz4),
+            (Codec::Xz, &xz),
+        ] {
+            codec.decompress(packed, plain.len(), &mut out).unwrap();
+            assert_eq!(out, plain, "{codec:?}");
+            // Twice on the same thread: the reused context is reset.
+            codec.decompress(packed, plain.len(), &mut out).unwrap();
+            assert_eq!(out, plain, "{codec:?} again");
+            let err = codec.decompress(packed, plain.len() - 1, &mut out);
+            assert!(err.is_err(), "{codec:?} ignored its limit");
+            let mut bad = packed.clone();
+            let mid = bad.len() / 2;
+            bad[mid] ^= 0x5a;
+            bad.truncate(bad.len() - 3);
+            let err = codec.decompress(&bad, plain.len(), &mut out).unwrap_err();
+            assert!(err.contains(codec.name()), "{err}");
+        }
+    }
+
+    #[test]
+    fn streams_inflate_from_any_reader() {
+        let plain = sample();
+        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        raw.write_all(&plain).unwrap();
+        let mut image = vec![7u8; 1000];
+        image.extend(raw.finish().unwrap());
+        let size = plain.len() as u64;
+        assert_eq!(inflate_stream(&image, 1000, size).unwrap(), plain);
+        let short = inflate_stream(&image, 1000, size - 1).unwrap_err();
+        assert!(short.to_string().contains("more than"), "{short}");
+        let long = inflate_stream(&image, 1000, size + 1).unwrap_err();
+        assert!(long.to_string().contains("expected"), "{long}");
+        let cut = image[..image.len() - 10].to_vec();
+        let cut = inflate_stream(&cut, 1000, size).unwrap_err();
+        assert!(cut.to_string().contains("past the end"), "{cut}");
+    }
+}

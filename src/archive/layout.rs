@@ -1,0 +1,394 @@
+//! Where a file's bytes are, and how to read a byte range of it: the format's read planner.
+//!
+//! The catalog records a file's `Layout` (an encoding, an image offset and, for squashfs, a block
+//! map). For a range of the file, `Layout::plan` yields the pieces that make it up, in order:
+//! zeros, stored image bytes, or a slice of a `Unit` (an encoded run of the image that decodes as
+//! one: a squashfs block, a whole deflated zip member). The tiers execute plans (staged copy, RAM
+//! cache, source) without knowing any format; new layouts (sparse members, deflate from restart
+//! checkpoints) are new pieces and units here.
+
+use std::fmt;
+use std::io;
+
+use super::codec::{self, Codec};
+use super::squashfs::block_map::{self, BlockMap};
+use crate::read_at::ReadAt;
+
+/// How a member's bytes are stored at its data offset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    /// `size` bytes as they are (tar, zip stored): served with one pread.
+    #[default]
+    Stored,
+    /// A raw deflate stream that inflates to `size` bytes (zip deflated); self-terminating, so
+    /// its compressed length is not needed to read it.
+    Deflate,
+    /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
+    Squashfs,
+}
+
+/// A file's layout as the catalog holds it.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout<'a> {
+    Stored { at: u64 },
+    Deflate { at: u64 },
+    Squashfs(BlockMap<'a>),
+}
+
+/// A piece of a read, in file order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Zeros(usize),
+    Stored {
+        at: u64,
+        len: usize,
+    },
+    /// `len` bytes from `from` of what `unit` decodes to.
+    Decoded {
+        unit: Unit,
+        from: usize,
+        len: usize,
+    },
+}
+
+impl Piece {
+    pub fn len(&self) -> usize {
+        match self {
+            Piece::Zeros(len) | Piece::Stored { len, .. } | Piece::Decoded { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A run of image bytes that decodes as one. Decoded units are what the RAM cache keeps, keyed by
+/// (image, `key()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unit {
+    /// Image offset of the encoded bytes.
+    pub at: u64,
+    kind: UnitKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnitKind {
+    /// `len` encoded bytes that decode to at least `need` and at most `limit` bytes; `what` names
+    /// it in errors.
+    Block {
+        codec: Codec,
+        len: u32,
+        need: usize,
+        limit: usize,
+        what: &'static str,
+    },
+    /// A raw deflate stream that inflates to exactly `size` bytes.
+    DeflateStream { size: u64 },
+}
+
+impl Unit {
+    /// A block of `len` encoded bytes at `at` that must decode to exactly `size` bytes.
+    pub fn block(codec: Codec, at: u64, len: u32, size: usize) -> Unit {
+        Unit {
+            at,
+            kind: UnitKind::Block {
+                codec,
+                len,
+                need: size,
+                limit: size,
+                what: "block",
+            },
+        }
+    }
+
+    /// A squashfs fragment block: at most `limit` bytes, of which the first `need` are used.
+    pub fn fragment_block(codec: Codec, at: u64, len: u32, need: usize, limit: usize) -> Unit {
+        Unit {
+            at,
+            kind: UnitKind::Block {
+                codec,
+                len,
+                need,
+                limit,
+                what: "fragment block",
+            },
+        }
+    }
+
+    pub fn deflate_stream(at: u64, size: u64) -> Unit {
+        Unit {
+            at,
+            kind: UnitKind::DeflateStream { size },
+        }
+    }
+
+    /// The RAM cache key within the image.
+    pub fn key(&self) -> u64 {
+        self.at
+    }
+
+    /// Reads the encoded bytes from `image` (through whatever tiers it stands for) and decodes
+    /// them. A result of the wrong length is `InvalidData`, like a corrupt stream.
+    pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
+        let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        match self.kind {
+            UnitKind::DeflateStream { size } => codec::inflate_stream(image, self.at, size),
+            UnitKind::Block {
+                codec,
+                len,
+                need,
+                limit,
+                what,
+            } => {
+                let mut out = Vec::new();
+                ENCODED.with_borrow_mut(|packed| {
+                    packed.resize(len as usize, 0);
+                    image.read_exact_at(packed, self.at)?;
+                    codec.decompress(packed, limit, &mut out).map_err(invalid)
+                })?;
+                if out.len() < need {
+                    let expected = if need == limit {
+                        format!("expected {need}")
+                    } else {
+                        format!("too short for the {need} bytes used")
+                    };
+                    return Err(invalid(format!(
+                        "{} {what} decodes to {} bytes, {expected}",
+                        codec.name(),
+                        out.len()
+                    )));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Encoded bytes of the block being decoded on this thread.
+    static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A layout that cannot be read as recorded: the image offset of the problem and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    pub at: u64,
+    pub why: String,
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+impl<'a> Layout<'a> {
+    /// The layout of a file whose catalog record says `encoding` and `offset`; `record(offset,
+    /// len)` gives bytes of the catalog's arena (where squashfs block maps are kept).
+    pub fn read<E: From<PlanError>>(
+        encoding: Encoding,
+        offset: u64,
+        record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
+    ) -> Result<Layout<'a>, E> {
+        Ok(match encoding {
+            Encoding::Stored => Layout::Stored { at: offset },
+            Encoding::Deflate => Layout::Deflate { at: offset },
+            Encoding::Squashfs => {
+                let head = record(offset, block_map::HEAD)?;
+                let len = BlockMap::encoded_len(head.try_into().expect("HEAD bytes"));
+                let invalid = |why| PlanError {
+                    at: 0,
+                    why: format!("the catalog's block map is invalid: {why}"),
+                };
+                Layout::Squashfs(BlockMap::decode(record(offset, len)?).map_err(invalid)?)
+            }
+        })
+    }
+
+    /// The pieces of bytes `offset..offset + len` of a file of `size` bytes (the range lies
+    /// inside the file).
+    pub fn plan(self, size: u64, offset: u64, len: usize) -> Plan<'a> {
+        Plan {
+            layout: self,
+            size,
+            pos: offset,
+            end: offset + len as u64,
+        }
+    }
+
+    /// The piece that starts at `pos`, at most `want` bytes long.
+    fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
+        match self {
+            Layout::Stored { at } => Ok(Piece::Stored {
+                at: at + pos,
+                len: want,
+            }),
+            Layout::Deflate { at } => Ok(Piece::Decoded {
+                unit: Unit::deflate_stream(*at, size),
+                from: pos as usize,
+                len: want,
+            }),
+            Layout::Squashfs(map) => map.piece(size, pos, want),
+        }
+    }
+}
+
+impl fmt::Display for Layout<'_> {
+    /// Where the bytes lie, for `packfs ls --extents`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::Stored { at } => write!(f, "stored at {at}"),
+            Layout::Deflate { at } => write!(f, "deflate at {at}"),
+            Layout::Squashfs(map) => {
+                f.write_str(map.codec.name())?;
+                if map.count > 0 {
+                    let first = map.block(0).start;
+                    write!(f, " blocks {} at {first}..{}", map.count, map.blocks_end())?;
+                }
+                if let Some(t) = map.tail {
+                    write!(f, " tail at {}+{}", t.block.start, t.offset)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The pieces of one read, in order (an iterator, so a read allocates no list).
+pub struct Plan<'a> {
+    layout: Layout<'a>,
+    size: u64,
+    pos: u64,
+    end: u64,
+}
+
+impl Iterator for Plan<'_> {
+    type Item = Result<Piece, PlanError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.end {
+            return None;
+        }
+        let want = (self.end - self.pos) as usize;
+        let piece = self.layout.piece(self.size, self.pos, want);
+        match &piece {
+            Ok(p) if !p.is_empty() => self.pos += p.len() as u64,
+            // An empty piece would never advance: a record that covers nothing here is damage.
+            Ok(_) => {
+                self.pos = self.end;
+                return Some(Err(PlanError {
+                    at: 0,
+                    why: format!("the layout covers nothing at file offset {}", self.pos),
+                }));
+            }
+            Err(_) => self.pos = self.end,
+        }
+        Some(piece)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::squashfs::block_map::{Extent, STORED, Tail};
+
+    #[test]
+    fn stored_and_deflate_are_one_piece() {
+        let pieces: Vec<_> = Layout::Stored { at: 512 }.plan(100, 10, 20).collect();
+        assert_eq!(pieces, [Ok(Piece::Stored { at: 522, len: 20 })]);
+        let pieces: Vec<_> = Layout::Deflate { at: 40 }.plan(100, 10, 20).collect();
+        assert_eq!(
+            pieces,
+            [Ok(Piece::Decoded {
+                unit: Unit::deflate_stream(40, 100),
+                from: 10,
+                len: 20
+            })]
+        );
+    }
+
+    #[test]
+    fn squashfs_reads_split_at_blocks() {
+        // Blocks of 4 KiB: compressed, sparse, stored; then a tail in a fragment block.
+        let mut rec = Vec::new();
+        let tail = Tail {
+            block: Extent {
+                start: 90_000,
+                word: 700,
+            },
+            offset: 100,
+        };
+        block_map::encode(
+            Codec::Zstd,
+            12,
+            1000,
+            &[900, 0, 4096 | STORED],
+            Some(tail),
+            &mut rec,
+        );
+        let map = BlockMap::decode(&rec).unwrap();
+        let size = 3 * 4096 + 50;
+        let pieces: Vec<Piece> = Layout::Squashfs(map)
+            .plan(size, 4000, (size - 4000) as usize)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                Piece::Decoded {
+                    unit: Unit::block(Codec::Zstd, 1000, 900, 4096),
+                    from: 4000,
+                    len: 96
+                },
+                Piece::Zeros(4096),
+                Piece::Stored {
+                    at: 1900,
+                    len: 4096
+                },
+                Piece::Decoded {
+                    unit: Unit::fragment_block(Codec::Zstd, 90_000, 700, 150, 4096),
+                    from: 100,
+                    len: 50
+                },
+            ]
+        );
+        assert_eq!(
+            Layout::Squashfs(map).to_string(),
+            "zstd blocks 3 at 1000..5996 tail at 90000+100"
+        );
+    }
+
+    #[test]
+    fn units_check_what_they_decode_to() {
+        use std::io::Write;
+        let plain = vec![3u8; 5000];
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(&plain).unwrap();
+        let packed = z.finish().unwrap();
+        let mut image = vec![0u8; 64];
+        image.extend_from_slice(&packed);
+        let len = packed.len() as u32;
+        assert_eq!(
+            Unit::block(Codec::Zlib, 64, len, 5000)
+                .decode(&image)
+                .unwrap(),
+            plain
+        );
+        let err = Unit::block(Codec::Zlib, 64, len, 4000)
+            .decode(&image)
+            .unwrap_err();
+        assert!(err.to_string().contains("more than 4000"), "{err}");
+        let frag = Unit::fragment_block(Codec::Zlib, 64, len, 6000, 8192);
+        let err = frag.decode(&image).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("gzip fragment block decodes to 5000"),
+            "{err}"
+        );
+        let cut = Unit::block(Codec::Zlib, 64, len + 10, 5000)
+            .decode(&image)
+            .unwrap_err();
+        assert_eq!(cut.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}

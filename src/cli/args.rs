@@ -1,0 +1,87 @@
+//! Arguments shared by several subcommands, and the command-line names of library choices.
+
+use std::path::PathBuf;
+
+use packfs::catalog::DuplicatePolicy;
+use packfs::fs::ReaddirPlus;
+use packfs::tiers::stage::StageMode;
+
+/// The images a command works on.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Images {
+    /// Images (tar, zip, squashfs; recognized by content) or one index file. Brace ranges
+    /// (`train-{000000..000127}.tar`) and globs (`shards/*.tar`) are expanded, so they can be
+    /// quoted in job scripts.
+    #[arg(required = true, num_args = 1.., value_name = "IMAGES|INDEX")]
+    pub images: Vec<String>,
+}
+
+/// How images merge into one tree.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Merge {
+    /// What to do when two images hold the same path: `error` refuses, naming both; `last-wins`
+    /// serves the one given last.
+    #[arg(long, value_enum, default_value_t = Duplicates::Error)]
+    pub duplicates: Duplicates,
+}
+
+impl Merge {
+    pub fn policy(&self) -> DuplicatePolicy {
+        match self.duplicates {
+            Duplicates::Error => DuplicatePolicy::Error,
+            Duplicates::LastWins => DuplicatePolicy::LastWins,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Duplicates {
+    /// Refuse to mount, naming both images.
+    Error,
+    /// The image given last wins.
+    LastWins,
+}
+
+/// Whether directory listings carry attributes (see docs/configuration.md for the measurements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Listings {
+    /// Names only: fastest for find, os.walk and ImageFolder scans; each file's first stat or
+    /// open asks the daemon once.
+    Never,
+    /// The kernel's heuristic: attributes at least for the first part of every listing.
+    Auto,
+    /// Always attributes: fastest for stat-heavy walks (ls -l, du, rsync).
+    Always,
+}
+
+impl From<Listings> for ReaddirPlus {
+    fn from(l: Listings) -> Self {
+        match l {
+            Listings::Never => ReaddirPlus::Never,
+            Listings::Auto => ReaddirPlus::Auto,
+            Listings::Always => ReaddirPlus::Always,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Staging {
+    /// Copy every assigned image, front to back, as fast as allowed.
+    Eager,
+    /// Copy only the chunks that reads touch (for datasets larger than local storage).
+    Lazy,
+}
+
+impl From<Staging> for StageMode {
+    fn from(s: Staging) -> Self {
+        match s {
+            Staging::Eager => StageMode::Eager,
+            Staging::Lazy => StageMode::Lazy,
+        }
+    }
+}
+
+/// Absolute, so that a daemon that changes directory still finds it.
+pub fn absolute(path: &Option<PathBuf>) -> std::io::Result<Option<PathBuf>> {
+    path.as_ref().map(std::path::absolute).transpose()
+}

@@ -1,0 +1,69 @@
+//! The background mode: `packfs mount` re-executes itself as a detached daemon and relays the
+//! daemon's messages until the daemon says it is ready (the mount answers) or dies; so the
+//! command returns 0 only when the mount answers, and otherwise prints why it failed.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::MountError;
+
+/// The line a daemon writes to its launcher once the mount answers; the launcher does not print it.
+const READY_MARKER: &[u8] = b"\x01packfs-ready";
+
+/// Re-executes this program with `child_args` as a detached daemon, relays its messages, and
+/// returns once it reports the mount ready, or an error if it exits first.
+pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<(), MountError> {
+    let exe = std::env::current_exe().map_err(MountError::NoExecutable)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(child_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the job's terminal and
+    // process group, so a Ctrl-C aimed at the launching shell does not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(MountError::Spawn)?;
+    let stderr = child.stderr.take().expect("piped");
+    let mut out = std::io::stderr().lock();
+    let mut ready = false;
+    for line in BufReader::new(stderr).split(b'\n') {
+        let Ok(line) = line else { break };
+        if line == READY_MARKER {
+            ready = true;
+            break;
+        }
+        let _ = out.write_all(&line);
+        let _ = out.write_all(b"\n");
+    }
+    drop(out);
+    if !ready {
+        let status = child.wait().map_err(MountError::Spawn)?;
+        return Err(MountError::DaemonExited {
+            mountpoint: mountpoint.to_path_buf(),
+            status,
+        });
+    }
+    Ok(())
+}
+
+/// Called in the daemon once the mount is ready: tell the launcher, then stop writing to its pipe.
+/// Logs continue in the log file, if one was given.
+pub fn detach_from_launcher() {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(READY_MARKER);
+    let _ = err.write_all(b"\n");
+    let _ = err.flush();
+    drop(err);
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stderr(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+}

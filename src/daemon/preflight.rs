@@ -1,0 +1,78 @@
+//! Checks before mounting, so that a prologue fails at once with the reason and the remedy.
+
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+use super::{MountError, mounts, unmount};
+
+/// Checks that `path` can take a new mount, and returns it absolute.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
+    let unusable = |error| MountError::Mountpoint {
+        path: path.to_path_buf(),
+        error,
+    };
+    let abs = mounts::absolute(path).map_err(unusable)?;
+    match std::fs::metadata(&abs) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(MountError::NotADirectory(abs)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::NoMountpoint(abs));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountError::Stale(abs)),
+        Err(error) => return Err(MountError::Mountpoint { path: abs, error }),
+    }
+    if let Some(m) = mounts::find(&abs).map_err(unusable)? {
+        // The kernel may still answer stat from cached attributes; listing shows a dead daemon.
+        let stale = m.fstype.starts_with("fuse")
+            && std::fs::read_dir(&abs).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+        if stale {
+            return Err(MountError::Stale(abs));
+        }
+        return Err(MountError::AlreadyMounted {
+            path: abs,
+            fstype: m.fstype,
+            from: m.source,
+        });
+    }
+    Ok(abs)
+}
+
+/// Checks that this process can mount a FUSE file system at all. Root opens /dev/fuse itself;
+/// other users go through the setuid helper fusermount3, which opens it for them.
+pub fn check_fuse_available() -> Result<(), MountError> {
+    const DEV: &str = "/dev/fuse";
+    if !Path::new(DEV).exists() {
+        return Err(MountError::NoFuseDevice);
+    }
+    if nix::unistd::geteuid().is_root() {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(DEV)
+            .map_err(MountError::FuseDevice)?;
+    } else if !unmount::which("fusermount3") && !unmount::which("fusermount") {
+        return Err(MountError::NoFusermount);
+    } else if nix::unistd::access(
+        DEV,
+        nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+    )
+    .is_err()
+    {
+        // Neither fuser nor fusermount3 can mount for an ordinary user then.
+        return Err(MountError::FuseDeviceMode);
+    }
+    Ok(())
+}
+
+/// Every image stays open for the life of the mount, and datasets come in thousands of shards:
+/// lift the soft limit on open files to the hard one.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+    }
+}

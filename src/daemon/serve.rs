@@ -1,0 +1,231 @@
+//! Serving one mount in this process: open the catalog and the tiers, mount, report readiness,
+//! run the stager and the stats writer, and unmount on a signal or when the kernel ends the
+//! session.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing::{info, warn};
+
+use super::preflight::{check_fuse_available, check_mountpoint, raise_open_file_limit};
+use super::{MountError, stats, unmount};
+use crate::catalog::{Catalog, DuplicatePolicy};
+use crate::dataset::OnScan;
+use crate::fs::{self, Core, FsOptions, Mounted};
+use crate::tiers::stage::{Stage, StageOptions};
+use crate::tiers::{self, TierOptions};
+
+/// After a signal, open files may keep a detached mount alive; the daemon waits this long for them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Everything needed to serve one mount.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    pub images: Vec<String>,
+    pub mountpoint: PathBuf,
+    pub duplicates: DuplicatePolicy,
+    pub fs: FsOptions,
+    pub pid_file: Option<PathBuf>,
+    /// Write the catalog built from scanned images to this index file before mounting.
+    pub save_index: Option<PathBuf>,
+    /// Byte budget of the RAM tier (decoded blocks and source chunks).
+    pub cache_size: u64,
+    /// Size of the source chunks kept in RAM and of the staged chunks.
+    pub chunk_size: u64,
+    /// Read stored bytes in whole chunks through the RAM tier.
+    pub ram_chunks: bool,
+    pub stage: Option<StageOptions>,
+    /// Where the counters are written while the mount runs (`stats::default_path` when unset).
+    pub stats_file: Option<PathBuf>,
+}
+
+/// Serves a mount in this process until it is unmounted or a signal arrives. `on_scan` hears of
+/// a scan's progress; `on_ready` runs once the mount answers a stat of its root.
+pub fn serve(
+    req: &MountRequest,
+    on_scan: OnScan,
+    on_ready: impl FnOnce(),
+) -> Result<(), MountError> {
+    let mountpoint = check_mountpoint(&req.mountpoint)?;
+    check_fuse_available()?;
+    raise_open_file_limit();
+    let catalog = Arc::new(crate::dataset::open(&req.images, req.duplicates, on_scan)?);
+    if let Some(dest) = &req.save_index {
+        let written = crate::catalog::index::write(&catalog, dest)?;
+        info!(bytes = written.bytes, "index saved to {}", dest.display());
+    }
+    let files = Arc::new(tiers::open(&catalog, &tier_options(req, &mountpoint))?);
+    let _pid_file = req.pid_file.as_deref().map(PidFile::create).transpose()?;
+    // Registered before mounting, so that a signal arriving from here on unmounts.
+    let signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(MountError::Signals)?;
+
+    let core = Arc::new(Core::new(catalog.clone(), files.clone(), req.fs.owner()));
+    let mounted = mount_and_check(core, &mountpoint, &req.fs)?;
+    info!(
+        files = catalog.file_count(),
+        images = catalog.images().len(),
+        "mounted at {}",
+        mountpoint.display()
+    );
+    // Do not pin the directory the job started in.
+    let _ = std::env::set_current_dir("/");
+    let stats_path = req
+        .stats_file
+        .clone()
+        .unwrap_or_else(|| stats::default_path(&mountpoint));
+    info!("counters in {}", stats_path.display());
+    let stats_file = stats::StatsFile::start(stats_path, files.clone(), mountpoint.clone());
+    on_ready();
+    verify_in_background(catalog);
+    let stage = files.images().stage().cloned();
+    // The mount is up: a stager that cannot start leaves it serving from the source.
+    let stager = stage.clone().and_then(start_stager);
+
+    wait_for_the_end(mounted, signals, &mountpoint)?;
+    if let Some(stage) = &stage {
+        stage.shut_down();
+    }
+    if let Some(stager) = stager {
+        let _ = stager.join();
+    }
+    drop(stats_file);
+    stats::log_counters(&files);
+    Ok(())
+}
+
+/// The tier stack the request asks for; the stage directory is held in this mount's name.
+fn tier_options(req: &MountRequest, mountpoint: &Path) -> TierOptions {
+    let holder = format!(
+        "pid {}: mount at {}",
+        std::process::id(),
+        mountpoint.display()
+    );
+    TierOptions {
+        cache_size: req.cache_size,
+        chunk_size: req.chunk_size,
+        ram_chunks: req.ram_chunks,
+        stage: req.stage.clone().map(|opts| (opts, holder)),
+    }
+}
+
+/// Mounts, and checks that the mount answers through the kernel; unmounts again if not.
+fn mount_and_check(
+    core: Arc<Core>,
+    mountpoint: &Path,
+    opts: &FsOptions,
+) -> Result<Mounted, MountError> {
+    let mounted = fs::mount(core, mountpoint, opts).map_err(|error| MountError::Mount {
+        path: mountpoint.to_path_buf(),
+        error,
+    })?;
+    if let Err(error) = std::fs::metadata(mountpoint) {
+        let _ = unmount(mountpoint, true);
+        return Err(MountError::NotAnswering {
+            path: mountpoint.to_path_buf(),
+            error,
+        });
+    }
+    Ok(mounted)
+}
+
+fn start_stager(stage: Arc<Stage>) -> Option<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("packfs-stage".into())
+        .spawn(move || tiers::stage::run_copier(&stage, false, None))
+        .map_err(|e| warn!("cannot start the stager, serving from the source only: {e}"))
+        .ok()
+}
+
+/// Serves until the kernel ends the session (an unmount) or a signal asks to unmount.
+fn wait_for_the_end(
+    mut mounted: Mounted,
+    mut signals: Signals,
+    mountpoint: &Path,
+) -> Result<(), MountError> {
+    let (sig_tx, sig_rx) = crossbeam_channel::bounded(1);
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("packfs-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let _ = sig_tx.send(sig);
+            }
+        })
+        .map_err(MountError::Thread)?;
+    crossbeam_channel::select! {
+        recv(mounted.ended()) -> ended => {
+            info!("unmounted");
+            if let Ok(Err(e)) = ended {
+                warn!("session ended with an error: {e}");
+            }
+        }
+        recv(sig_rx) -> sig => {
+            info!("signal {}: unmounting {}", sig.unwrap_or(0), mountpoint.display());
+            if let Err(e) = unmount(mountpoint, true) {
+                warn!("{e}");
+            }
+            if mounted.wait(Some(SHUTDOWN_GRACE)).is_none() {
+                warn!(
+                    "files under {} are still open after {} s; exiting anyway",
+                    mountpoint.display(),
+                    SHUTDOWN_GRACE.as_secs()
+                );
+            }
+        }
+    }
+    handle.close();
+    Ok(())
+}
+
+/// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the
+/// log at once instead of at the first request that meets it, and the index pages get warm.
+fn verify_in_background(catalog: Arc<Catalog>) {
+    let Some(index) = catalog.index_path().map(Path::to_path_buf) else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("packfs-verify".into())
+        .spawn(move || {
+            // SAFETY: plain syscall; on Linux, `who = 0` is the calling thread only.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+            let started = std::time::Instant::now();
+            let damaged = catalog.verify_all();
+            let secs = started.elapsed().as_secs_f64();
+            if damaged == 0 {
+                info!("index {} verified in {secs:.3} s", index.display());
+            } else {
+                tracing::error!(
+                    "index {}: {damaged} damaged chunk(s); the entries in them answer EIO",
+                    index.display()
+                );
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("cannot start the index verification: {e}");
+    }
+}
+
+/// The daemon's process id in a file, for as long as the daemon runs.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn create(path: &Path) -> Result<PidFile, MountError> {
+        std::fs::write(path, format!("{}\n", std::process::id())).map_err(|error| {
+            MountError::PidFile {
+                path: path.to_path_buf(),
+                error,
+            }
+        })?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

@@ -1,0 +1,111 @@
+//! Positioned reads from an image, whatever holds it: a local or parallel-filesystem file today,
+//! an object store later, a fault-injecting wrapper in tests. The archive decoders and the tiers
+//! read through this trait only.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+pub trait ReadAt: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`. Fewer bytes than asked are not an error (a
+    /// backing store may answer short); 0 means `offset` is at or past the end.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// Fills `buf` from `offset`, retrying short and interrupted reads. Running out of data is an
+    /// `UnexpectedEof` error: callers ask only for bytes the catalog promised.
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.read_at(buf, offset) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the image ends before offset {offset}"),
+                    ));
+                }
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Hints that `len` bytes at `offset` will be read soon; the default does nothing.
+    fn will_need(&self, _offset: u64, _len: u64) {}
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on a descriptor this File owns; a failure only loses the hint.
+        unsafe {
+            libc::posix_fadvise(
+                self.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let Ok(start) = usize::try_from(offset) else {
+            return Ok(0);
+        };
+        let Some(rest) = self.get(start..) else {
+            return Ok(0);
+        };
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        Ok(n)
+    }
+}
+
+impl ReadAt for Vec<u8> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.as_slice().read_at(buf, offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers at most 3 bytes per call, and fails every other call with EINTR.
+    struct Stingy(Vec<u8>, std::sync::atomic::AtomicU32);
+
+    impl ReadAt for Stingy {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            if self
+                .1
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .is_multiple_of(2)
+            {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            let n = buf.len().min(3);
+            self.0.read_at(&mut buf[..n], offset)
+        }
+    }
+
+    #[test]
+    fn exact_reads_retry_short_and_interrupted_reads() {
+        let data: Vec<u8> = (0..100).collect();
+        let stingy = Stingy(data.clone(), Default::default());
+        let mut buf = [0u8; 40];
+        stingy.read_exact_at(&mut buf, 50).unwrap();
+        assert_eq!(&buf[..], &data[50..90]);
+        let err = stingy.read_exact_at(&mut buf, 80).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(data.read_at(&mut buf, 1 << 40).unwrap(), 0);
+    }
+}
