@@ -1,5 +1,7 @@
 //! The `packfs` command: parses arguments and calls the library.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod cli;
 
 use std::process::ExitCode;

@@ -11,15 +11,15 @@ use common::*;
 /// Entries in the big directory.
 const MANY: usize = 20_000;
 
-/// One source tree shared by the tests of this file (built once; the tests run in parallel).
+/// One source tree shared by the tests of this file (built once; the tests run in parallel),
+/// removed when the test process exits, whether the tests passed or not.
 fn source() -> PathBuf {
-    static TREE: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static TREE: OnceLock<PathBuf> = OnceLock::new();
     TREE.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        build_tree(&dir.path().join("src"), MANY);
+        let dir = removed_at_exit(tempfile::tempdir().unwrap());
+        build_tree(&dir.join("src"), MANY);
         dir
     })
-    .path()
     .join("src")
 }
 

@@ -94,12 +94,25 @@ impl FileReader {
                 error: io::Error::new(io::ErrorKind::InvalidData, e.why),
             })?;
             match piece {
-                // The whole read inside one decoded unit: no copy.
-                Piece::Decoded { unit, from, len: n } if buf.is_empty() && n == len => {
-                    return Ok(Served::Shared(self.decode(image, unit)?, from..from + n));
-                }
                 Piece::Decoded { unit, from, len: n } => {
                     let block = self.decode(image, unit)?;
+                    if block.get(from..from + n).is_none() {
+                        return Err(ReadError {
+                            image_offset: unit.at,
+                            error: io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!(
+                                    "the plan wants bytes {from}..{} of a unit of {} bytes",
+                                    from + n,
+                                    block.len()
+                                ),
+                            ),
+                        });
+                    }
+                    // The whole read inside one decoded unit: no copy.
+                    if buf.is_empty() && n == len {
+                        return Ok(Served::Shared(block, from..from + n));
+                    }
                     buf.extend_from_slice(&block[from..from + n]);
                 }
                 Piece::Zeros(n) => buf.resize(buf.len() + n, 0),

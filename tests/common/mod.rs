@@ -276,6 +276,29 @@ pub fn assert_same_tree(src: &Path, mnt: &Path, exclude: &[&str]) {
     assert!(compared > 0, "nothing compared under {}", src.display());
 }
 
+/// Keeps `dir` for the rest of the test process and removes it when the process exits (normally,
+/// as the test harness does after failures too): for data shared by the tests of one file, which
+/// a static would otherwise leak, since statics are never dropped.
+pub fn removed_at_exit(dir: tempfile::TempDir) -> PathBuf {
+    static DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    extern "C" fn remove_all() {
+        if let Ok(dirs) = DIRS.lock() {
+            for dir in dirs.iter() {
+                let _ = fs::remove_dir_all(dir);
+            }
+        }
+    }
+    let path = dir.keep();
+    let mut dirs = DIRS.lock().unwrap();
+    if dirs.is_empty() {
+        // SAFETY: registers a plain function that only touches a static; libc calls it once at
+        // exit, after the tests.
+        assert_eq!(unsafe { libc::atexit(remove_all) }, 0);
+    }
+    dirs.push(path.clone());
+    path
+}
+
 pub fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
