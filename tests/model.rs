@@ -670,6 +670,7 @@ fn compare_under_faults(
 /// Scans `image`, builds the catalog, checks it; writes the index, reopens it, checks that too;
 /// then the faulty run over the reopened index.
 /// What a case varies besides the archive: the tier settings, the read ranges, the faults.
+#[derive(Clone, Debug)]
 struct Variation {
     pick: u8,
     ranges: Vec<(u16, u16)>,
@@ -723,20 +724,26 @@ fn runner(cases: u32) -> TestRunner {
     })
 }
 
-fn ranges() -> impl Strategy<Value = Vec<(u16, u16)>> {
-    prop::collection::vec((any::<u16>(), any::<u16>()), 1..4)
-}
-
-fn fault_picks() -> impl Strategy<Value = Vec<(u16, u8)>> {
-    prop::collection::vec((any::<u16>(), any::<u8>()), 1..5)
+/// Tier settings, read ranges and faults for one case.
+fn variation() -> impl Strategy<Value = Variation> {
+    (
+        any::<u8>(),
+        prop::collection::vec((any::<u16>(), any::<u16>()), 1..4),
+        prop::collection::vec((any::<u16>(), any::<u8>()), 1..5),
+    )
+        .prop_map(|(pick, ranges, faults)| Variation {
+            pick,
+            ranges,
+            faults,
+        })
 }
 
 #[test]
 fn tar_images_serve_what_extraction_makes() {
     let tally = Tally::default();
-    let strategy = (members(true, 24), any::<u8>(), ranges(), fault_picks());
+    let strategy = (members(true, 24), variation());
     runner(256)
-        .run(&strategy, |(members, pick, ranges, picks)| {
+        .run(&strategy, |(members, v)| {
             let work = tempfile::tempdir().unwrap();
             let image = work.path().join("model.tar");
             write_tar(&members, &image);
@@ -746,18 +753,7 @@ fn tar_images_serve_what_extraction_makes() {
                 perm_mask: 0o7777,
             };
             match model(&members) {
-                Some(tree) => check_image(
-                    &image,
-                    work.path(),
-                    &tree,
-                    shows,
-                    &Variation {
-                        pick,
-                        ranges,
-                        faults: picks,
-                    },
-                    &tally,
-                ),
+                Some(tree) => check_image(&image, work.path(), &tree, shows, &v, &tally),
                 None => {
                     // A file where a directory is needed: the build refuses, naming the path.
                     let scanned =
@@ -773,47 +769,54 @@ fn tar_images_serve_what_extraction_makes() {
     tally.report("tar");
 }
 
+/// Cases for the formats written from a tree: `write` makes the image from the tree and the
+/// case's `extra` choice (compression, options).
+fn tree_cases<X: Clone + std::fmt::Debug>(
+    what: &str,
+    cases: u32,
+    non_utf8: bool,
+    extra: impl Strategy<Value = X>,
+    shows: Shows,
+    write: impl Fn(&Tree, &Path, &X) -> std::path::PathBuf,
+) {
+    let tally = Tally::default();
+    runner(cases)
+        .run(
+            &(members(non_utf8, 16), extra, variation()),
+            |(members, x, v)| {
+                let tree = model(&without_clashes(members)).expect("no clashes");
+                let work = tempfile::tempdir().unwrap();
+                let image = write(&tree, work.path(), &x);
+                check_image(&image, work.path(), &tree, shows, &v, &tally)
+            },
+        )
+        .unwrap();
+    tally.report(what);
+}
+
 #[test]
 fn zip_images_serve_what_extraction_makes() {
-    let tally = Tally::default();
-    let strategy = (
-        members(false, 16),
+    let shows = Shows {
+        mtime: Some(ZIP_MTIME),
+        symlink_mtime: false,
+        perm_mask: 0o777,
+    };
+    tree_cases(
+        "zip",
+        192,
+        false,
         any::<bool>(),
-        any::<u8>(),
-        ranges(),
-        fault_picks(),
+        shows,
+        |tree, work, &deflate| {
+            let image = work.join("model.zip");
+            write_zip(tree, &image, deflate);
+            image
+        },
     );
-    runner(192)
-        .run(&strategy, |(members, deflate, pick, ranges, picks)| {
-            let tree = model(&without_clashes(members)).expect("no clashes");
-            let work = tempfile::tempdir().unwrap();
-            let image = work.path().join("model.zip");
-            write_zip(&tree, &image, deflate);
-            let shows = Shows {
-                mtime: Some(ZIP_MTIME),
-                symlink_mtime: false,
-                perm_mask: 0o777,
-            };
-            check_image(
-                &image,
-                work.path(),
-                &tree,
-                shows,
-                &Variation {
-                    pick,
-                    ranges,
-                    faults: picks,
-                },
-                &tally,
-            )
-        })
-        .unwrap();
-    tally.report("zip");
 }
 
 #[test]
 fn squashfs_images_serve_what_extraction_makes() {
-    let tally = Tally::default();
     let compressors = prop::sample::select(vec![
         vec!["-comp", "gzip", "-b", "4K"],
         vec!["-comp", "zstd", "-b", "4K", "-tailends"],
@@ -821,37 +824,21 @@ fn squashfs_images_serve_what_extraction_makes() {
         vec!["-comp", "xz", "-b", "8K", "-no-fragments"],
         vec!["-comp", "zstd", "-b", "4K", "-noI", "-noD", "-noF", "-noX"],
     ]);
-    let strategy = (
-        members(true, 16),
+    let shows = Shows {
+        mtime: None,
+        symlink_mtime: false,
+        perm_mask: 0o7777,
+    };
+    tree_cases(
+        "squashfs",
+        96,
+        true,
         compressors,
-        any::<u8>(),
-        ranges(),
-        fault_picks(),
+        shows,
+        |tree, work, options| {
+            let image = work.join("model.sqfs");
+            write_squashfs(tree, work, &image, options);
+            image
+        },
     );
-    runner(96)
-        .run(&strategy, |(members, options, pick, ranges, picks)| {
-            let tree = model(&without_clashes(members)).expect("no clashes");
-            let work = tempfile::tempdir().unwrap();
-            let image = work.path().join("model.sqfs");
-            write_squashfs(&tree, work.path(), &image, &options);
-            let shows = Shows {
-                mtime: None,
-                symlink_mtime: false,
-                perm_mask: 0o7777,
-            };
-            check_image(
-                &image,
-                work.path(),
-                &tree,
-                shows,
-                &Variation {
-                    pick,
-                    ranges,
-                    faults: picks,
-                },
-                &tally,
-            )
-        })
-        .unwrap();
-    tally.report("squashfs");
 }

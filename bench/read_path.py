@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The read path of two packfs builds side by side, on the same data, in one run: before and after
+a change that should not change speed.
+
+    sudo python3 bench/read_path.py --before /tmp/packfs-before [--after target/release/packfs]
+        [--files 6000] [--rounds 3] [--work /tmp/packfs-bench]
+
+Makes a dataset of incompressible sample files (lognormal sizes, median 60 KB) once, packed as 4
+tar shards, one zstd squashfs image (128 KiB blocks) and one deflated zip. For each round, each
+image kind and each build (the builds alternate, so drift hits both): mount, drop the page cache,
+read a fixed shuffled sample whole with 1 reader, drop again, read another with 8 readers (cold:
+the source, decoding and the tiers), then the 8-reader sample again (warm: served by the page
+cache, so what is left is the per-open cost of the FUSE round trips). Prints each build's median
+files/s over the rounds per cell (with the range), and the ratio of the medians after/before
+(above 1: after is faster). Single passes on a small VM vary by +-20%; the median of interleaved
+rounds is what to compare.
+"""
+import argparse, json, os, random, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run as harness  # noqa: E402
+
+
+def make_dataset(root, files):
+    tree = os.path.join(root, "tree")
+    if os.path.exists(os.path.join(root, "done")):
+        return tree
+    rng = random.Random(1)
+    for i in range(files):
+        d = os.path.join(tree, f"class_{i % 50:03d}")
+        os.makedirs(d, exist_ok=True)
+        size = int(min(400_000, max(4_000, rng.lognormvariate(11.0, 0.8))))
+        with open(os.path.join(d, f"sample_{i:06d}.jpg"), "wb") as f:
+            f.write(os.urandom(size))
+    classes = sorted(os.listdir(tree))
+    for k in range(4):
+        subprocess.run(["tar", "-cf", os.path.join(root, f"shard-{k}.tar"), "-C", tree]
+                       + classes[k::4], check=True)
+    subprocess.run(["mksquashfs", tree, os.path.join(root, "image.sqfs"), "-comp", "zstd",
+                    "-quiet", "-no-progress", "-noappend"], check=True)
+    subprocess.run(["zip", "-q", "-r", "-1", os.path.join(root, "image.zip"), "."], cwd=tree,
+                   check=True)
+    open(os.path.join(root, "done"), "w").close()
+    return tree
+
+
+def samples(tree, work, n):
+    rel = []
+    for d, _, names in os.walk(tree):
+        rel += [os.path.relpath(os.path.join(d, x), tree) for x in names]
+    rel.sort()
+    random.Random(7).shuffle(rel)
+    lists = []
+    for name, part in (("one", rel[:n // 3]), ("eight", rel[n // 3:])):
+        path = os.path.join(work, f"read-path-{name}.list")
+        with open(path, "w") as f:
+            f.write("".join(p + "\n" for p in part))
+        lists.append(path)
+    return lists
+
+
+def measure(binary, images, mnt, lists, deadline):
+    subprocess.run([binary, "mount", *images, mnt], check=True, capture_output=True)
+    while not harness.is_mounted(mnt):
+        time.sleep(0.005)
+    out = {}
+    harness.drop_caches()
+    out["cold-1"] = harness.run_workload("read", 1, mnt, lists[0], deadline)
+    harness.drop_caches()
+    out["cold-8"] = harness.run_workload("read", 8, mnt, lists[1], deadline)
+    out["warm-8"] = harness.run_workload("read", 8, mnt, lists[1], deadline)
+    subprocess.run([binary, "umount", mnt], check=True)
+    while harness.is_mounted(mnt):
+        time.sleep(0.01)
+    return {k: v.get("files_per_s") or 0 for k, v in out.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--after", default=harness.PACKFS)
+    ap.add_argument("--files", type=int, default=6000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deadline", type=float, default=60)
+    ap.add_argument("--work", default="/tmp/packfs-bench")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: cold passes drop the page cache")
+    root = os.path.join(args.work, "read-path")
+    tree = make_dataset(root, args.files)
+    lists = samples(tree, args.work, args.files)
+    mnt = os.path.join(args.work, "mnt", "read-path")
+    os.makedirs(mnt, exist_ok=True)
+    kinds = {
+        "tar": [os.path.join(root, f"shard-{k}.tar") for k in range(4)],
+        "squashfs-zstd": [os.path.join(root, "image.sqfs")],
+        "zip-deflate": [os.path.join(root, "image.zip")],
+    }
+    builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
+    rates = {}
+    for rnd in range(args.rounds):
+        for kind, images in kinds.items():
+            order = list(builds.items()) if rnd % 2 == 0 else list(builds.items())[::-1]
+            for name, binary in order:
+                got = measure(binary, images, mnt, lists, args.deadline)
+                for cell, rate in got.items():
+                    rates.setdefault(f"{kind} {cell} {name}", []).append(rate)
+                print(f"round {rnd + 1} {kind:14} {name:6} "
+                      + " ".join(f"{c} {r:7.0f}/s" for c, r in got.items()), flush=True)
+    print("\n| image | pass | before files/s, median (range) | after files/s, median (range) "
+          "| after/before |")
+    print("|---|---|---:|---:|---:|")
+    shown = lambda v: f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+    for kind in kinds:
+        for cell in ("cold-1", "cold-8", "warm-8"):
+            b, a = rates[f"{kind} {cell} before"], rates[f"{kind} {cell} after"]
+            ratio = statistics.median(a) / statistics.median(b) if statistics.median(b) else 0
+            print(f"| {kind} | {cell} | {shown(b)} | {shown(a)} | {ratio:.2f} |")
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.join(args.out, f"read-path-{time.strftime('%Y%m%dT%H%M%S')}.json")
+    with open(out, "w") as f:
+        json.dump({"files": args.files, "rounds": args.rounds, "rates": rates}, f, indent=1)
+    print(f"\nJSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
