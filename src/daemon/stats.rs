@@ -50,7 +50,8 @@ pub fn default_path(mountpoint: &Path) -> PathBuf {
 /// Every counter of a mount at one moment (docs/metrics.md says what each means).
 #[derive(Clone, Debug, Serialize)]
 pub struct Counters {
-    pub mountpoint: PathBuf,
+    /// As text (lossy for a non-UTF-8 path, which JSON cannot carry).
+    pub mountpoint: String,
     pub pid: u32,
     pub uptime_s: f64,
     /// Bytes delivered to readers by each tier.
@@ -65,7 +66,7 @@ impl Counters {
     pub fn of(files: &FileReader, mountpoint: &Path, started: Instant) -> Counters {
         let images = files.images();
         Counters {
-            mountpoint: mountpoint.to_path_buf(),
+            mountpoint: mountpoint.to_string_lossy().into_owned(),
             pid: std::process::id(),
             uptime_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
             served: images.stats(),
@@ -87,12 +88,7 @@ impl Counters {
         info!("bytes served by tier {}", fields(&self.served));
         info!("RAM cache {}", fields(&self.ram));
         if let Some(st) = &self.stage {
-            info!(
-                "staging in {}: {} {}",
-                st.dir.display(),
-                st.status,
-                fields(st)
-            );
+            info!("staging in {}: {} {}", st.dir, st.status, fields(st));
         }
     }
 }
@@ -166,5 +162,30 @@ impl Drop for StatsFile {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{DuplicatePolicy, build};
+    use crate::tiers::{Source, TierOptions, assemble};
+
+    #[test]
+    fn counters_of_a_mount_with_a_non_utf8_path_are_json() {
+        use std::os::unix::ffi::OsStrExt;
+        let catalog = build(&[], DuplicatePolicy::Error).unwrap();
+        let files = assemble(
+            Arc::new(Source::new(Vec::new())),
+            &catalog,
+            &TierOptions::direct(1 << 20),
+        )
+        .unwrap();
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/caf\xe9"));
+        let json = Counters::of(&files, odd, Instant::now()).to_json();
+        let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(parsed["mountpoint"], "/tmp/caf\u{fffd}");
+        assert_eq!(parsed["ram"]["budget"], 1 << 20);
+        assert_eq!(parsed["stage"], serde_json::Value::Null);
     }
 }

@@ -102,7 +102,8 @@ pub enum StageError {
 /// Staging figures, for the log and the stats file.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct StageStats {
-    pub dir: PathBuf,
+    /// As text (lossy for a non-UTF-8 path, which JSON cannot carry).
+    pub dir: String,
     pub mode: Option<StageMode>,
     pub images: u64,
     pub total_bytes: u64,
@@ -416,7 +417,7 @@ impl Stage {
 
     pub fn stats(&self) -> StageStats {
         StageStats {
-            dir: self.opts.dir.clone(),
+            dir: self.opts.dir.to_string_lossy().into_owned(),
             mode: Some(self.opts.mode),
             images: self.images.iter().flatten().count() as u64,
             total_bytes: self.total_bytes,
