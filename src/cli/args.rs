@@ -36,7 +36,7 @@ impl Merge {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Duplicates {
-    /// Refuse to mount, naming both images.
+    /// Refuse, naming both images.
     Error,
     /// The image given last wins.
     LastWins,
