@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use tar::{EntryType, Header, PaxExtensions};
+use tar::{EntryType, Header};
 use tracing::{debug, warn};
+
+mod fields;
 
 use super::name::sanitize;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
+use fields::{Field, apply_pax, number, signed, trim_nul, verify_checksum};
 
 const BLOCK: u64 = 512;
 /// While members are small, headers are read through windows this large, so a run of small
@@ -27,20 +30,25 @@ const NARROW_WINDOW: usize = 4 * 1024;
 const SMALL_GAP: u64 = 16 * 1024;
 /// GNU long names and PAX records larger than this are treated as corruption.
 const MAX_EXTENSION: u64 = 1 << 20;
-/// Hard links pointing at hard links are followed this many times at most.
-const MAX_LINK_HOPS: usize = 32;
 
 /// Extension records (GNU `L`/`K`, PAX `x`) that apply to the next real member.
 #[derive(Default)]
 struct Pending {
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
-    pax_path: Option<Vec<u8>>,
-    pax_link: Option<Vec<u8>>,
-    pax_size: Option<u64>,
-    pax_mtime: Option<(i64, u32)>,
-    pax_sparse: bool,
+    pax: fields::Pax,
     first_offset: Option<u64>,
+}
+
+/// A real member's header, with its numeric fields parsed.
+struct Raw<'h> {
+    header: &'h Header,
+    entry_type: EntryType,
+    mode: u32,
+    mtime: i64,
+    header_offset: u64,
+    data_offset: u64,
+    size: u64,
 }
 
 /// Positioned reads through a buffer whose size follows the gaps between headers.
@@ -134,17 +142,30 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         })?;
         let header = Header::from_byte_slice(&block);
         let entry_type = header.entry_type();
-        let header_size = header
-            .entry_size()
-            .map_err(|e| ArchiveError::malformed(path, pos, format!("bad size field: {e}")))?;
-        let data_offset = pos + BLOCK;
+        let bad_field = |f: Field| {
+            move |why| ArchiveError::malformed(path, pos, format!("bad {f:?} field: {why}"))
+        };
+        // Old tars wrote a hard link's target size in its header; the data is the target's, and
+        // GNU tar reads nothing after the header (a link carries no data).
+        let header_size = match entry_type {
+            EntryType::Link => 0,
+            _ => number(&block, Field::Size).map_err(bad_field(Field::Size))?,
+        };
+        // An old GNU sparse header may continue its map in extension blocks before the data.
+        let data_offset = if entry_type == EntryType::GNUSparse && block[482] != 0 {
+            sparse_extensions_end(&mut window, pos + BLOCK, len)
+                .map_err(|reason| ArchiveError::malformed(path, pos, reason))?
+        } else {
+            pos + BLOCK
+        };
         let is_extension = matches!(
             entry_type,
             EntryType::GNULongName | EntryType::GNULongLink | EntryType::XHeader
         );
-        // A PAX `size` overrides the header of the member it describes, never of an extension.
-        let size = match (is_extension, pending.pax_size) {
-            (false, Some(size)) => size,
+        // A PAX `size` overrides the header of the member it describes, never of an extension
+        // (nor of a hard link, which carries no data).
+        let size = match (is_extension, pending.pax.size) {
+            (false, Some(size)) if entry_type != EntryType::Link => size,
             _ => header_size,
         };
         if data_offset.checked_add(size).is_none_or(|end| end > len) {
@@ -171,13 +192,30 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             match entry_type {
                 EntryType::GNULongName => pending.long_name = Some(trim_nul(data).to_vec()),
                 EntryType::GNULongLink => pending.long_link = Some(trim_nul(data).to_vec()),
-                _ => apply_pax(&mut pending, data)
-                    .map_err(|reason| ArchiveError::malformed(path, pos, reason))?,
+                _ => {
+                    // Only the last of several consecutive PAX headers applies (GNU tar, Go).
+                    pending.pax = Default::default();
+                    apply_pax(&mut pending.pax, data)
+                        .map_err(|reason| ArchiveError::malformed(path, pos, reason))?
+                }
             }
         } else {
             let first = pending.first_offset.unwrap_or(pos);
             let ext = std::mem::take(&mut pending);
-            record_member(image, header, entry_type, ext, first, data_offset, size);
+            let mtime = signed(&block, Field::Mtime).map_err(bad_field(Field::Mtime))?;
+            // A mode that does not parse is damage in a field GNU tar would reject too; 0644 keeps
+            // the member readable (as before).
+            let mode = number(&block, Field::Mode).unwrap_or(0o644) as u32;
+            let member = Raw {
+                header,
+                entry_type,
+                mode,
+                mtime,
+                header_offset: first,
+                data_offset,
+                size,
+            };
+            record_member(image, member, ext);
         }
         let next = data_offset + size.div_ceil(BLOCK) * BLOCK;
         window.note_gap(next - pos);
@@ -195,18 +233,35 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     Ok(())
 }
 
+/// Where the data of an old GNU sparse member starts: after the chain of 512-byte extension
+/// blocks that begins at `at` (each says in byte 504 whether another follows).
+fn sparse_extensions_end(window: &mut Window, mut at: u64, len: u64) -> Result<u64, String> {
+    loop {
+        if at + BLOCK > len {
+            return Err("the sparse map's extension blocks run past the end of the file".into());
+        }
+        let ext = window.read(at, BLOCK as usize).map_err(|e| e.to_string())?;
+        let more = ext[504] != 0;
+        at += BLOCK;
+        if !more {
+            return Ok(at);
+        }
+    }
+}
+
 /// Adds a real member (after its extension records) or skips it with a warning.
-fn record_member(
-    image: &mut ScannedImage,
-    header: &Header,
-    entry_type: EntryType,
-    ext: Pending,
-    header_offset: u64,
-    data_offset: u64,
-    size: u64,
-) {
+fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
+    let Raw {
+        header,
+        entry_type,
+        mode,
+        mtime,
+        header_offset,
+        data_offset,
+        size,
+    } = raw;
     // Borrowed from the header in the common case: no allocation per member.
-    let raw_name: Cow<[u8]> = match ext.pax_path.or(ext.long_name) {
+    let raw_name: Cow<[u8]> = match ext.pax.path.or(ext.long_name) {
         Some(name) => Cow::Owned(name),
         None => header.path_bytes(),
     };
@@ -220,6 +275,8 @@ fn record_member(
         image.skipped += 1;
     };
     let kind = match entry_type {
+        // Old tars (V7 and early GNU) marked a directory only by the '/' that ends its name.
+        EntryType::Regular if raw_name.ends_with(b"/") => MemberKind::Dir,
         EntryType::Regular | EntryType::Continuous => MemberKind::File,
         EntryType::Directory => MemberKind::Dir,
         EntryType::Symlink => MemberKind::Symlink,
@@ -244,7 +301,7 @@ fn record_member(
             }
         }
     };
-    if ext.pax_sparse && kind == MemberKind::File {
+    if ext.pax.sparse && kind == MemberKind::File {
         return skip(image, "sparse members are not supported");
     }
     let path = match sanitize(&raw_name) {
@@ -252,7 +309,7 @@ fn record_member(
         Err(why) => return skip(image, &why.to_string()),
     };
     let link_raw: Cow<[u8]> = match kind {
-        MemberKind::HardLink | MemberKind::Symlink => match ext.pax_link.or(ext.long_link) {
+        MemberKind::HardLink | MemberKind::Symlink => match ext.pax.link.or(ext.long_link) {
             Some(link) => Cow::Owned(link),
             None => header.link_name_bytes().unwrap_or_default(),
         },
@@ -265,10 +322,8 @@ fn record_member(
         },
         _ => link_raw.clone(),
     };
-    let (mtime, mtime_nsec) = ext
-        .pax_mtime
-        .unwrap_or_else(|| (header.mtime().unwrap_or(0) as i64, 0));
-    let mode = header.mode().unwrap_or(0o644) & 0o7777;
+    let (mtime, mtime_nsec) = ext.pax.mtime.unwrap_or((mtime, 0));
+    let mode = mode & 0o7777;
     let path = image.push_string(&path);
     let link = image.push_string(&link);
     image.members.push(Member {
@@ -285,59 +340,52 @@ fn record_member(
     });
 }
 
-/// Gives each hard link the data extent and attributes of the file it names (tar stores the data
-/// once, with the first name). A link whose target is missing is skipped with a warning.
+/// Gives each hard link the data extent and attributes of the file it names: the last member of
+/// that path *before* the link, as extraction sees it (a later member of the same name replaces
+/// the file, not what the link already points to). A link whose target is not a regular file
+/// earlier in the shard is skipped with a warning, as GNU tar fails to extract it.
 fn resolve_hard_links(image: &mut ScannedImage) {
     if !image.members.iter().any(|m| m.kind == MemberKind::HardLink) {
         return;
     }
-    let mut by_path: HashMap<&[u8], usize> = HashMap::new();
-    for (i, m) in image.members.iter().enumerate() {
-        by_path.insert(image.path_of(m), i);
-    }
-    let mut resolved: Vec<(usize, Option<usize>)> = Vec::new();
-    for (i, m) in image.members.iter().enumerate() {
-        if m.kind != MemberKind::HardLink {
-            continue;
-        }
-        let mut target = by_path.get(image.link_of(m)).copied();
-        for _ in 0..MAX_LINK_HOPS {
-            match target {
-                Some(t) if image.members[t].kind == MemberKind::HardLink && t != i => {
-                    target = by_path.get(image.link_of(&image.members[t])).copied();
-                }
-                _ => break,
-            }
-        }
-        let target = target.filter(|&t| image.members[t].kind == MemberKind::File);
-        resolved.push((i, target));
-    }
+    // Paths are owned here: members change while the map is in use.
+    let mut by_path: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut dropped = Vec::new();
-    for (i, target) in resolved {
-        match target {
-            Some(t) => {
-                let src = image.members[t];
-                let m = &mut image.members[i];
-                m.kind = MemberKind::File;
-                m.size = src.size;
-                m.data_offset = src.data_offset;
-                m.mode = src.mode;
-                m.mtime = src.mtime;
-                m.mtime_nsec = src.mtime_nsec;
-                m.link = Span::default();
-            }
-            None => {
-                let m = image.members[i];
-                warn!(
-                    image = %image.path.display(),
-                    offset = m.header_offset,
-                    "skipping hard link {:?}: its target {:?} is not a regular file of this shard",
-                    String::from_utf8_lossy(image.path_of(&m)),
-                    String::from_utf8_lossy(image.link_of(&m)),
-                );
-                dropped.push(i);
+    for i in 0..image.members.len() {
+        let m = image.members[i];
+        if m.kind == MemberKind::HardLink {
+            let target = by_path
+                .get(image.link_of(&m))
+                .copied()
+                .filter(|&t| image.members[t].kind == MemberKind::File);
+            match target {
+                Some(t) => {
+                    let src = image.members[t];
+                    let link = &mut image.members[i];
+                    link.kind = MemberKind::File;
+                    link.size = src.size;
+                    link.data_offset = src.data_offset;
+                    link.mode = src.mode;
+                    link.mtime = src.mtime;
+                    link.mtime_nsec = src.mtime_nsec;
+                    link.encoding = src.encoding;
+                    link.link = Span::default();
+                }
+                None => {
+                    warn!(
+                        image = %image.path.display(),
+                        offset = m.header_offset,
+                        "skipping hard link {:?}: its target {:?} is not a regular file earlier in \
+                         this shard",
+                        String::from_utf8_lossy(image.path_of(&m)),
+                        String::from_utf8_lossy(image.link_of(&m)),
+                    );
+                    dropped.push(i);
+                    continue;
+                }
             }
         }
+        by_path.insert(image.path_of(&m).to_vec(), i);
     }
     if !dropped.is_empty() {
         image.skipped += dropped.len() as u64;
@@ -347,106 +395,5 @@ fn resolve_hard_links(image: &mut ScannedImage) {
             index += 1;
             keep
         });
-    }
-}
-
-/// Checks the header checksum (unsigned sum, or the signed sum some old tars wrote).
-fn verify_checksum(block: &[u8; BLOCK as usize]) -> Result<(), String> {
-    let field = &block[148..156];
-    let text = trim_nul(field);
-    let text = std::str::from_utf8(text).unwrap_or("").trim();
-    let stored = u32::from_str_radix(text, 8)
-        .map_err(|_| format!("header checksum field {:?} is not a number", text))?;
-    let (mut unsigned, mut signed) = (0u32, 0i32);
-    for (i, &b) in block.iter().enumerate() {
-        let b = if (148..156).contains(&i) { b' ' } else { b };
-        unsigned += b as u32;
-        signed += b as i8 as i32;
-    }
-    if stored == unsigned || stored as i32 == signed {
-        Ok(())
-    } else {
-        Err(format!(
-            "header checksum mismatch (stored {stored}, computed {unsigned})"
-        ))
-    }
-}
-
-fn trim_nul(data: &[u8]) -> &[u8] {
-    let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-    &data[..end]
-}
-
-/// Applies the records of a PAX extended header to the next member.
-fn apply_pax(pending: &mut Pending, data: &[u8]) -> Result<(), String> {
-    for ext in PaxExtensions::new(data) {
-        let ext = ext.map_err(|e| format!("malformed PAX record: {e}"))?;
-        let key = ext.key_bytes();
-        let value = ext.value_bytes();
-        match key {
-            b"path" => pending.pax_path = Some(value.to_vec()),
-            b"linkpath" => pending.pax_link = Some(value.to_vec()),
-            b"size" => {
-                let size = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| format!("bad PAX size {:?}", String::from_utf8_lossy(value)))?;
-                pending.pax_size = Some(size);
-            }
-            b"mtime" => pending.pax_mtime = parse_pax_time(value),
-            _ if key.starts_with(b"GNU.sparse.") => pending.pax_sparse = true,
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Parses a PAX time such as `1700000000.123456789` or `-12.5` into seconds and nanoseconds.
-fn parse_pax_time(value: &[u8]) -> Option<(i64, u32)> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
-    let secs: i64 = whole.parse().ok()?;
-    let mut digits: String = frac.chars().take(9).collect();
-    if !digits.chars().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    while digits.len() < 9 {
-        digits.push('0');
-    }
-    let nanos: u32 = digits.parse().ok()?;
-    if text.starts_with('-') && nanos > 0 {
-        // -1.5 s is 2 s before the epoch plus 0.5 s.
-        Some((secs - 1, 1_000_000_000 - nanos))
-    } else {
-        Some((secs, nanos))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pax_times() {
-        assert_eq!(parse_pax_time(b"1700000000"), Some((1700000000, 0)));
-        assert_eq!(
-            parse_pax_time(b"1700000000.123456789"),
-            Some((1700000000, 123456789))
-        );
-        assert_eq!(parse_pax_time(b"12.5"), Some((12, 500000000)));
-        assert_eq!(parse_pax_time(b"-1.5"), Some((-2, 500000000)));
-        assert_eq!(parse_pax_time(b"x"), None);
-    }
-
-    #[test]
-    fn checksum_detects_flips() {
-        let mut header = Header::new_gnu();
-        header.set_path("a/b.jpg").unwrap();
-        header.set_size(10);
-        header.set_cksum();
-        let mut block: [u8; 512] = *header.as_bytes();
-        assert!(verify_checksum(&block).is_ok());
-        block[3] ^= 0x40;
-        assert!(verify_checksum(&block).unwrap_err().contains("mismatch"));
     }
 }

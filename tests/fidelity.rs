@@ -1,0 +1,234 @@
+//! Archive fidelity: what the reference extractor (GNU tar) extracts, a mount serves, byte for
+//! byte, with the same names, types, modes and mtimes. Each test is one class of archive that
+//! packfs once served differently or refused.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// Extracts `archive` with GNU tar into a fresh directory under `work`.
+fn gnu_extract(archive: &Path, work: &Path) -> PathBuf {
+    let out = work.join("extracted");
+    fs::create_dir_all(&out).unwrap();
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&out));
+    out
+}
+
+/// The mount of `archive` holds what GNU tar extracts from it.
+fn serves_what_gnu_tar_extracts(archive: &Path, work: &Path) -> Mount {
+    let reference = gnu_extract(archive, work);
+    let mnt = Mount::new(&[archive], &work.join("mnt"), &[]);
+    assert_same_tree(&reference, &mnt.dir, &[]);
+    mnt
+}
+
+/// Writes `archive` with the Python script `script` (for header layouts no current tool writes).
+fn python_archive(script: &str, archive: &Path) {
+    run(Command::new("python3").arg("-c").arg(script).arg(archive));
+}
+
+/// Helpers for crafted ustar headers, prepended to the scripts below.
+const CRAFT: &str = r#"
+import io, sys, tarfile
+def header(name, typ, size, mtime=1700000000, mode=0o644, link=""):
+    ti = tarfile.TarInfo(name); ti.type = typ; ti.size = size; ti.mode = mode
+    ti.mtime = mtime; ti.linkname = link
+    return bytearray(ti.tobuf(format=tarfile.USTAR_FORMAT))
+def checksum(h):
+    h[148:156] = b"        "; h[148:156] = b"%06o\0 " % sum(h[:512])
+def pad(data):
+    return data + b"\0" * (-len(data) % 512)
+def pax(records):
+    body = b""
+    for key, value in records:
+        rec = b" " + key + b"=" + value + b"\n"
+        n = len(rec) + 1
+        while len(str(n)) + len(rec) != n:
+            n += 1
+        body += str(n).encode() + rec
+    return body
+"#;
+
+/// Several PAX headers in a row: only the last applies (GNU tar, Go); the first one's path must
+/// not rename the member.
+#[test]
+fn only_the_last_of_consecutive_pax_headers_applies() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("pax2.tar");
+    python_archive(
+        &format!(
+            "{CRAFT}
+out = b''
+for recs in ([(b'path', b'renamed.txt')], [(b'mtime', b'1600000000')]):
+    d = pax(recs)
+    out += bytes(header('PaxHeaders/x', tarfile.XHDTYPE, len(d))) + pad(d)
+out += bytes(header('b.txt', tarfile.REGTYPE, 3)) + pad(b'bbb')
+open(sys.argv[1], 'wb').write(out + b'\\0' * 1024)
+"
+        ),
+        &archive,
+    );
+    let mnt = serves_what_gnu_tar_extracts(&archive, work.path());
+    assert_eq!(fs::read(mnt.dir.join("b.txt")).unwrap(), b"bbb");
+}
+
+/// Numeric fields that are all NULs read as 0; one leading NUL is skipped, as GNU tar does.
+#[test]
+fn numeric_fields_with_nuls_read_as_gnu_tar_reads_them() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("nul.tar");
+    python_archive(
+        &format!(
+            "{CRAFT}
+h = header('empty.txt', tarfile.REGTYPE, 0)
+h[124:136] = b'\\0' * 12
+h[136:148] = b'\\0' + b'1' * 10 + b'\\0'
+checksum(h)
+out = bytes(h) + bytes(header('after.txt', tarfile.REGTYPE, 2)) + pad(b'ok')
+open(sys.argv[1], 'wb').write(out + b'\\0' * 1024)
+"
+        ),
+        &archive,
+    );
+    serves_what_gnu_tar_extracts(&archive, work.path());
+}
+
+/// A V7-style directory: a regular-file type whose name ends in '/'.
+#[test]
+fn old_style_directories_are_directories() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("old.tar");
+    python_archive(
+        &format!(
+            "{CRAFT}
+h = header('olddir/', tarfile.DIRTYPE, 0, mode=0o750)
+h[156] = ord('0')
+checksum(h)
+out = bytes(h) + bytes(header('olddir/a.txt', tarfile.REGTYPE, 2)) + pad(b'ab')
+open(sys.argv[1], 'wb').write(out + b'\\0' * 1024)
+"
+        ),
+        &archive,
+    );
+    let mnt = serves_what_gnu_tar_extracts(&archive, work.path());
+    assert!(fs::metadata(mnt.dir.join("olddir")).unwrap().is_dir());
+}
+
+/// Old tars wrote a hard link's target size in its header; no data follows it.
+#[test]
+fn hard_link_headers_with_a_size_carry_no_data() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("hl.tar");
+    python_archive(
+        &format!(
+            "{CRAFT}
+out = bytes(header('f', tarfile.REGTYPE, 10)) + pad(b'0123456789')
+h = header('link', tarfile.LNKTYPE, 0, link='f')
+h[124:136] = b'%011o\\0' % 10
+checksum(h)
+out += bytes(h) + bytes(header('after.txt', tarfile.REGTYPE, 5)) + pad(b'after')
+open(sys.argv[1], 'wb').write(out + b'\\0' * 1024)
+"
+        ),
+        &archive,
+    );
+    let mnt = serves_what_gnu_tar_extracts(&archive, work.path());
+    assert_eq!(fs::read(mnt.dir.join("link")).unwrap(), b"0123456789");
+}
+
+/// A hard link gets the version of its target that came before it in the archive, not one
+/// appended later under the same name.
+#[test]
+fn hard_links_take_the_target_before_them() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    write_file(&src.join("f"), b"version 1\n", 0o644);
+    fs::hard_link(src.join("f"), src.join("link")).unwrap();
+    let archive = work.path().join("appended.tar");
+    let tar = |mode: &str, members: &[&str]| {
+        run(Command::new("tar")
+            .arg(mode)
+            .arg(&archive)
+            .arg("-C")
+            .arg(&src)
+            .args(members));
+    };
+    tar("-cf", &["f", "link"]);
+    // A new file of the same name, appended: extraction replaces f, the link keeps version 1.
+    fs::remove_file(src.join("f")).unwrap();
+    write_file(&src.join("f"), b"version 2, longer\n", 0o644);
+    tar("-rf", &["f"]);
+    let mnt = serves_what_gnu_tar_extracts(&archive, work.path());
+    assert_eq!(fs::read(mnt.dir.join("link")).unwrap(), b"version 1\n");
+    assert_eq!(fs::read(mnt.dir.join("f")).unwrap(), b"version 2, longer\n");
+}
+
+/// PAX records are read by their length, so names and binary xattr values may hold newlines.
+#[test]
+fn newlines_in_pax_values() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    write_file(&src.join("dir/new\nline.txt"), b"one\n", 0o644);
+    write_file(&src.join("dir/plain.txt"), b"two\n", 0o644);
+    // A binary extended attribute whose value holds newlines, NULs and '=' (GNU tar stores it
+    // raw in a SCHILY.xattr record).
+    run(Command::new("python3")
+        .arg("-c")
+        .arg("import os, sys; os.setxattr(sys.argv[1], 'user.bin', b'\\x00\\n\\xff=\\n 12 x\\n')")
+        .arg(src.join("dir/plain.txt")));
+    let archive = work.path().join("posix.tar");
+    run(Command::new("tar")
+        .args([
+            "--xattrs",
+            "--xattrs-include=user.*",
+            "--format=posix",
+            "-cf",
+        ])
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src)
+        .arg("dir"));
+    let mnt = serves_what_gnu_tar_extracts(&archive, work.path());
+    assert_eq!(
+        fs::read(mnt.dir.join("dir/new\nline.txt")).unwrap(),
+        b"one\n"
+    );
+}
+
+/// An old GNU sparse member with more than 4 data segments continues its map in extension
+/// blocks; the members after it are still found.
+#[test]
+fn members_after_a_sparse_member_with_extension_blocks_are_served() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let sparse = fs::File::create(src.join("sparse.bin")).unwrap();
+    sparse.set_len(1 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    for k in 0..6u64 {
+        sparse
+            .write_all_at(&bytes(k, 4096), k * 160 * 1024 + 8192)
+            .unwrap();
+    }
+    write_file(&src.join("after.txt"), b"after the sparse one\n", 0o644);
+    let archive = work.path().join("sparse.tar");
+    run(Command::new("tar")
+        .args(["--format=gnu", "--sparse", "-cf"])
+        .arg(&archive)
+        .arg("-C")
+        .arg(&src)
+        .args(["sparse.bin", "after.txt"]));
+    let mnt = Mount::new(&[&archive], &work.path().join("mnt"), &[]);
+    assert_eq!(
+        fs::read(mnt.dir.join("after.txt")).unwrap(),
+        b"after the sparse one\n"
+    );
+}
