@@ -275,3 +275,78 @@ fn io_error_fails_only_that_read() {
         "{line}"
     );
 }
+
+/// Many members skipped for one reason make a few named warnings and one summary, not a line
+/// each.
+#[test]
+fn many_skipped_members_are_summarized() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("fifos.tar");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import io, sys, tarfile\n\
+             with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as t:\n\
+             \x20   for i in range(200):\n\
+             \x20       info = tarfile.TarInfo(f'pipes/p{i:03d}'); info.type = tarfile.FIFOTYPE\n\
+             \x20       t.addfile(info)\n\
+             \x20   info = tarfile.TarInfo('kept.txt'); info.size = 4\n\
+             \x20   t.addfile(info, io.BytesIO(b'kept'))\n",
+        )
+        .arg(&shard));
+    let out = packfs().arg("ls").arg(&shard).output().unwrap();
+    assert_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept.txt\n");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let named = log
+        .lines()
+        .filter(|l| l.contains("skipping member"))
+        .count();
+    assert_eq!(named, 5, "{log}");
+    let summary = log
+        .lines()
+        .find(|l| l.contains("skipped 200 members in all: FIFOs are not served"))
+        .unwrap_or_else(|| panic!("no summary:\n{log}"));
+    assert!(summary.contains("fifos.tar"), "{summary}");
+    assert!(log.lines().count() < 10, "{log}");
+}
+
+/// A name that holds a newline cannot forge a line: `ls -0` separates names with NULs, and on a
+/// terminal the name is quoted as GNU ls quotes it.
+#[test]
+fn names_with_control_characters_list_safely() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("names.tar");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import io, sys, tarfile\n\
+             with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as t:\n\
+             \x20   for name in ('ok.txt', 'line\\nforged.txt', 'esc\\x1b[2J'):\n\
+             \x20       info = tarfile.TarInfo(name); info.size = 1\n\
+             \x20       t.addfile(info, io.BytesIO(b'1'))\n",
+        )
+        .arg(&shard));
+    let out = packfs().arg("ls").arg("-0").arg(&shard).output().unwrap();
+    assert_ok(&out);
+    let names: Vec<&[u8]> = out.stdout.split(|&b| b == 0).collect();
+    assert_eq!(
+        names,
+        [&b"esc\x1b[2J"[..], b"line\nforged.txt", b"ok.txt", b""],
+        "{:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // On a terminal (script(1) gives the command one): quoted, one line per name.
+    let cmd = format!(
+        "{} ls {} 2>/dev/null",
+        env!("CARGO_BIN_EXE_packfs"),
+        shard.display()
+    );
+    let shown = run(Command::new("script").args(["-qec", &cmd, "/dev/null"]));
+    let lines: Vec<&str> = shown.lines().map(|l| l.trim_end_matches('\r')).collect();
+    assert_eq!(
+        lines,
+        ["'esc'$'\\033''[2J'", "'line'$'\\n''forged.txt'", "ok.txt"],
+        "{shown:?}"
+    );
+}

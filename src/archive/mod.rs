@@ -13,9 +13,12 @@ pub mod squashfs;
 pub mod tar;
 pub mod zip;
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+
+use tracing::warn;
 
 pub use fingerprint::Fingerprint;
 pub use layout::{Encoding, Layout};
@@ -72,9 +75,59 @@ pub struct ScannedImage {
     pub strings: Vec<u8>,
     /// Members left out with a warning.
     pub skipped: u64,
+    /// How many members were left out for each reason, for the summary after the scan.
+    skips: BTreeMap<String, u64>,
 }
 
+/// Warnings named one by one per image and reason; the rest are counted in one summary line, so
+/// 200 000 device nodes make a handful of lines, not 200 000.
+const NAMED_SKIPS: u64 = 5;
+
 impl ScannedImage {
+    /// An empty scan of the image at `path`, fingerprinted as `fingerprint`.
+    pub fn new(path: PathBuf, fingerprint: Fingerprint) -> ScannedImage {
+        ScannedImage {
+            path,
+            size: fingerprint.size,
+            fingerprint,
+            members: Vec::new(),
+            strings: Vec::new(),
+            skipped: 0,
+            skips: BTreeMap::new(),
+        }
+    }
+
+    /// Leaves out the member `name` whose header is at `offset`, with a warning (the first few
+    /// per reason) naming the image, the offset and why.
+    pub(crate) fn skip(&mut self, offset: u64, name: &[u8], why: &str) {
+        self.skipped += 1;
+        let count = match self.skips.get_mut(why) {
+            Some(n) => n,
+            None => self.skips.entry(why.to_string()).or_default(),
+        };
+        *count += 1;
+        if *count <= NAMED_SKIPS {
+            warn!(
+                image = %self.path.display(),
+                offset,
+                "skipping member {:?}: {why}",
+                String::from_utf8_lossy(name)
+            );
+        }
+    }
+
+    /// One line per reason that left out more members than were named.
+    fn summarize_skips(&self) {
+        for (why, &n) in &self.skips {
+            if n > NAMED_SKIPS {
+                warn!(
+                    image = %self.path.display(),
+                    "skipped {n} members in all: {why} (the first {NAMED_SKIPS} are named above)"
+                );
+            }
+        }
+    }
+
     pub fn bytes(&self, span: Span) -> &[u8] {
         &self.strings[span.start..span.start + span.len]
     }
@@ -174,19 +227,13 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
         return Err(ArchiveError::malformed(path, 0, "not a regular file"));
     }
     let fingerprint = Fingerprint::of(&file).map_err(|e| ArchiveError::io(path, e))?;
-    let mut image = ScannedImage {
-        path: path.to_path_buf(),
-        size: fingerprint.size,
-        fingerprint,
-        members: Vec::new(),
-        strings: Vec::new(),
-        skipped: 0,
-    };
+    let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
     match Format::detect(&file).map_err(|e| ArchiveError::io(path, e))? {
         Format::Zip => zip::scan(&file, &mut image)?,
         Format::Squashfs => squashfs::scan(&file, &mut image)?,
         Format::Tar => tar::scan(&file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
     }
+    image.summarize_skips();
     Ok(image)
 }

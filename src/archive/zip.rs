@@ -5,7 +5,6 @@
 use std::fs::File;
 use std::io::Read;
 
-use tracing::warn;
 use zip::CompressionMethod;
 use zip::extra_fields::ExtraField;
 
@@ -32,15 +31,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             .map_err(|e| ArchiveError::malformed(&path, 0, format!("member #{i}: {e}")))?;
         let header_offset = member.header_start();
         let raw_name = member.name_raw().to_vec();
-        let skip = |image: &mut ScannedImage, why: &str| {
-            warn!(
-                image = %image.path.display(),
-                offset = header_offset,
-                "skipping member {:?}: {why}",
-                String::from_utf8_lossy(&raw_name)
-            );
-            image.skipped += 1;
-        };
+        let skip = |image: &mut ScannedImage, why: &str| image.skip(header_offset, &raw_name, why);
         if member.encrypted() {
             skip(image, "encrypted members are not supported");
             continue;

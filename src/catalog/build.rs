@@ -311,14 +311,7 @@ mod tests {
     use crate::catalog::{CatalogError, Kind, ROOT};
 
     fn image(name: &str, members: &[(&str, MemberKind)]) -> ScannedImage {
-        let mut img = ScannedImage {
-            path: PathBuf::from(name),
-            size: 1 << 20,
-            fingerprint: Default::default(),
-            members: Vec::new(),
-            strings: Vec::new(),
-            skipped: 0,
-        };
+        let mut img = ScannedImage::new(PathBuf::from(name), Default::default());
         for (i, (path, kind)) in members.iter().enumerate() {
             let start = img.strings.len();
             img.strings.extend_from_slice(path.as_bytes());

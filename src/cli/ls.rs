@@ -1,6 +1,7 @@
 //! `packfs ls`
 
-use std::io::Write;
+use std::borrow::Cow;
+use std::io::{IsTerminal, Write};
 
 use packfs::catalog::{Kind, ROOT};
 
@@ -18,6 +19,10 @@ pub struct Args {
     /// and end offsets of its data blocks, and its tail's fragment block).
     #[arg(long)]
     extents: bool,
+    /// End each line with a NUL byte instead of a newline, names as stored (for `xargs -0` and
+    /// scripts; names may hold newlines).
+    #[arg(short = '0', long = "null")]
+    null: bool,
     #[command(flatten)]
     merge: Merge,
 }
@@ -27,10 +32,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let catalog =
         packfs::dataset::open(&args.images.images, args.merge.policy(), &|p| bar.update(p))?;
     drop(bar);
+    // On a terminal, names with control characters are quoted as GNU ls quotes them, so that a
+    // name cannot forge lines or send escape sequences to the terminal.
+    let quote = !args.null && std::io::stdout().is_terminal();
+    let shown = |name: &[u8]| -> Vec<u8> {
+        if quote {
+            shell_quoted(name).into_owned()
+        } else {
+            name.to_vec()
+        }
+    };
+    let end: &[u8] = if args.null { b"\0" } else { b"\n" };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in catalog.walk(ROOT) {
         let e = catalog.entry(id)?;
-        let path = catalog.path_of(id);
+        let path = shown(&catalog.path_of(id));
         if args.long {
             let kind = match e.kind() {
                 Kind::Dir => 'd',
@@ -48,14 +64,91 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         out.write_all(&path)?;
         if args.long && e.kind() == Kind::Symlink {
             out.write_all(b" -> ")?;
-            out.write_all(catalog.symlink_target(e)?)?;
+            out.write_all(&shown(catalog.symlink_target(e)?))?;
         }
         if args.extents && e.kind() == Kind::File {
             let image = catalog.images()[e.image as usize].path.display();
             write!(out, "\t{image} {}", catalog.layout(e)?)?;
         }
-        out.write_all(b"\n")?;
+        out.write_all(end)?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// `name` as GNU ls shows it on a terminal (its shell-escape style) when it holds control
+/// characters or bytes that are not UTF-8: printable runs in single quotes, the rest as `$'\n'`
+/// or `$'\377'`; unchanged otherwise.
+fn shell_quoted(name: &[u8]) -> Cow<'_, [u8]> {
+    let plain = std::str::from_utf8(name).is_ok_and(|s| !s.chars().any(char::is_control));
+    if plain {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::new();
+    let mut quoted = false;
+    let literal = |out: &mut String, quoted: &mut bool, c: char| {
+        if !*quoted {
+            out.push('\'');
+            *quoted = true;
+        }
+        if c == '\'' {
+            out.push_str("'\\''");
+        } else {
+            out.push(c);
+        }
+    };
+    let escaped = |out: &mut String, quoted: &mut bool, b: u8| {
+        if *quoted {
+            out.push('\'');
+            *quoted = false;
+        }
+        let e = match b {
+            b'\x07' => "\\a".to_string(),
+            b'\x08' => "\\b".to_string(),
+            b'\t' => "\\t".to_string(),
+            b'\n' => "\\n".to_string(),
+            b'\x0b' => "\\v".to_string(),
+            b'\x0c' => "\\f".to_string(),
+            b'\r' => "\\r".to_string(),
+            _ => format!("\\{b:03o}"),
+        };
+        out.push_str(&format!("$'{e}'"));
+    };
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() {
+                let mut buf = [0u8; 4];
+                for &b in c.encode_utf8(&mut buf).as_bytes() {
+                    escaped(&mut out, &mut quoted, b);
+                }
+            } else {
+                literal(&mut out, &mut quoted, c);
+            }
+        }
+        for &b in chunk.invalid() {
+            escaped(&mut out, &mut quoted, b);
+        }
+    }
+    if quoted {
+        out.push('\'');
+    }
+    Cow::Owned(out.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quoted;
+
+    fn q(name: &[u8]) -> String {
+        String::from_utf8(shell_quoted(name).into_owned()).unwrap()
+    }
+
+    #[test]
+    fn control_characters_are_quoted_as_gnu_ls_does() {
+        assert_eq!(q(b"train/a b.jpg"), "train/a b.jpg");
+        assert_eq!(q("é.txt".as_bytes()), "é.txt");
+        assert_eq!(q(b"x\n/etc/passwd"), "'x'$'\\n''/etc/passwd'");
+        assert_eq!(q(b"\x1b[31mred"), "$'\\033''[31mred'");
+        assert_eq!(q(b"caf\xe9's"), "'caf'$'\\351''\'\\'\'s'");
+    }
 }

@@ -13,6 +13,7 @@ impl ScanBar {
             ProgressStyle::with_template("scanning {bar:30} {pos}/{len} images, {msg}, eta {eta}")
                 .expect("valid template"),
         );
+        bar.set_message("0 members");
         ScanBar(bar)
     }
 

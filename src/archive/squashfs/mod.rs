@@ -12,7 +12,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 
 use backhand::{FilesystemReader, InnerNode, SquashfsFileReader};
-use tracing::warn;
 
 use super::codec::Codec;
 use super::name::sanitize;
@@ -58,15 +57,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             encoding: Encoding::Stored,
             header_offset: 0,
         };
-        let skip = |image: &mut ScannedImage, offset: u64, why: &str| {
-            warn!(
-                image = %image.path.display(),
-                offset,
-                "skipping {:?}: {why}",
-                String::from_utf8_lossy(raw)
-            );
-            image.skipped += 1;
-        };
+        let skip = |image: &mut ScannedImage, offset: u64, why: &str| image.skip(offset, raw, why);
         let Ok(clean) = sanitize(raw) else {
             skip(image, 0, "unsafe name ('..', empty component or NUL)");
             continue;

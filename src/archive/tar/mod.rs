@@ -11,7 +11,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use tar::{EntryType, Header};
-use tracing::{debug, warn};
+use tracing::debug;
 
 mod fields;
 
@@ -265,15 +265,7 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
         Some(name) => Cow::Owned(name),
         None => header.path_bytes(),
     };
-    let skip = |image: &mut ScannedImage, why: &str| {
-        let shown = String::from_utf8_lossy(&raw_name);
-        warn!(
-            image = %image.path.display(),
-            offset = header_offset,
-            "skipping member {shown:?}: {why}"
-        );
-        image.skipped += 1;
-    };
+    let skip = |image: &mut ScannedImage, why: &str| image.skip(header_offset, &raw_name, why);
     let kind = match entry_type {
         // Old tars (V7 and early GNU) marked a directory only by the '/' that ends its name.
         EntryType::Regular if raw_name.ends_with(b"/") => MemberKind::Dir,
@@ -372,14 +364,12 @@ fn resolve_hard_links(image: &mut ScannedImage) {
                     link.link = Span::default();
                 }
                 None => {
-                    warn!(
-                        image = %image.path.display(),
-                        offset = m.header_offset,
-                        "skipping hard link {:?}: its target {:?} is not a regular file earlier in \
-                         this shard",
-                        String::from_utf8_lossy(image.path_of(&m)),
-                        String::from_utf8_lossy(image.link_of(&m)),
+                    let why = format!(
+                        "hard link whose target {:?} is not a regular file earlier in this shard",
+                        String::from_utf8_lossy(image.link_of(&m))
                     );
+                    let name = image.path_of(&m).to_vec();
+                    image.skip(m.header_offset, &name, &why);
                     dropped.push(i);
                     continue;
                 }
@@ -388,7 +378,6 @@ fn resolve_hard_links(image: &mut ScannedImage) {
         by_path.insert(image.path_of(&m).to_vec(), i);
     }
     if !dropped.is_empty() {
-        image.skipped += dropped.len() as u64;
         let mut index = 0;
         image.members.retain(|_| {
             let keep = dropped.binary_search(&index).is_err();
