@@ -350,3 +350,33 @@ fn names_with_control_characters_list_safely() {
         "{shown:?}"
     );
 }
+
+/// A compressed tar is refused with the name of its compression and the command that unpacks it
+/// (not as "a bad tar header").
+#[test]
+fn compressed_tars_are_refused_with_the_command_that_unpacks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = make_tar(dir.path(), "s.tar", &[("a.txt", bytes(1, 1000))]);
+    for (tool, args, name) in [
+        ("gzip", &["-c"][..], "gzip"),
+        ("zstd", &["-q", "-c"][..], "zstd"),
+        ("xz", &["-c"][..], "xz"),
+        ("bzip2", &["-c"][..], "bzip2"),
+        ("lz4", &["-q", "-c"][..], "lz4"),
+    ] {
+        let packed = dir.path().join(format!("s.tar.{name}"));
+        let out = Command::new(tool).args(args).arg(&shard).output().unwrap();
+        assert_ok(&out);
+        fs::write(&packed, &out.stdout).unwrap();
+        let out = packfs().arg("ls").arg(&packed).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{}: at byte offset 0: a {name}-compressed file",
+                packed.display()
+            )) && err.contains("decompress it once"),
+            "{name}: {err}"
+        );
+    }
+}

@@ -189,3 +189,36 @@ with open(path, "wb") as f:
     f.write(struct.pack("<IIQI", 0x07064B50, 0, eocd64, 1))
     f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 2, 2, len(central), 0xFFFFFFFF, 0))
 "#;
+
+/// Self-extracting and padded zips (bytes before the first local header), as unzip reads them:
+/// offsets relative to the shifted start, and offsets adjusted with `zip -A`.
+#[test]
+fn zips_with_bytes_before_the_archive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_file(&src.join("d/a.txt"), b"hello\n", 0o644);
+    write_file(&src.join("d/b.bin"), &bytes(3, 30_000), 0o600);
+    let plain = tmp.path().join("plain.zip");
+    zip(&src, &plain, false, &["d"]);
+    let mut sfx = bytes(9, 10_000);
+    sfx.extend(fs::read(&plain).unwrap());
+    for adjusted in [false, true] {
+        let img = tmp.path().join(format!("sfx-{adjusted}.zip"));
+        fs::write(&img, &sfx).unwrap();
+        if adjusted {
+            run(Command::new("zip").arg("-q").arg("-A").arg(&img));
+        }
+        let reference = tmp.path().join(format!("unzipped-{adjusted}"));
+        // unzip warns about the leading bytes (exit 1) but extracts everything.
+        let out = Command::new("unzip")
+            .arg("-q")
+            .arg(&img)
+            .arg("-d")
+            .arg(&reference)
+            .output()
+            .unwrap();
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+        let mnt = Mount::new(&[&img], &tmp.path().join(format!("m-{adjusted}")), &[]);
+        assert_same_tree(&reference, &mnt.dir, &[]);
+    }
+}

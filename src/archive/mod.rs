@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod fingerprint;
+mod format;
 pub mod layout;
 pub mod name;
 pub mod squashfs;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use tracing::warn;
 
 pub use fingerprint::Fingerprint;
+pub use format::{Format, INDEX_MAGIC};
 pub use layout::{Encoding, Layout};
 
 /// What a member is, after format-specific types are folded away.
@@ -185,40 +187,6 @@ impl ArchiveError {
     }
 }
 
-/// Image formats, told apart by content (never by file name).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Tar,
-    Zip,
-    Squashfs,
-    /// Not an image: a packfs index (`catalog::index`), recognized here so that a scan reads each
-    /// file's first bytes once.
-    PackfsIndex,
-}
-
-/// The first bytes of a packfs index file.
-pub const INDEX_MAGIC: &[u8; 8] = b"PACKFSIX";
-
-impl Format {
-    /// Zip by its first local header or, for an empty archive, its end record; squashfs by its
-    /// superblock magic; anything else is scanned as tar (whose scanner names what is wrong).
-    pub fn detect(file: &File) -> io::Result<Format> {
-        use std::os::unix::fs::FileExt;
-        let mut head = [0u8; 8];
-        let n = file.read_at(&mut head, 0)?;
-        let head = &head[..n];
-        Ok(if head == INDEX_MAGIC {
-            Format::PackfsIndex
-        } else if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
-            Format::Zip
-        } else if head.starts_with(b"hsqs") {
-            Format::Squashfs
-        } else {
-            Format::Tar
-        })
-    }
-}
-
 /// Scans an image, detecting its format from its content.
 pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
     let file = File::open(path).map_err(|e| ArchiveError::io(path, e))?;
@@ -233,6 +201,19 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
         Format::Squashfs => squashfs::scan(&file, &mut image)?,
         Format::Tar => tar::scan(&file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
+        Format::Compressed(c) => {
+            return Err(ArchiveError::malformed(
+                path,
+                0,
+                format!(
+                    "a {}-compressed file; packfs reads uncompressed tar, zip and squashfs \
+                     images: decompress it once (`{} {}`) and give the .tar",
+                    c.name,
+                    c.command,
+                    path.display()
+                ),
+            ));
+        }
     }
     image.summarize_skips();
     Ok(image)

@@ -1,0 +1,144 @@
+//! Telling image formats apart by content, never by file name.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// The first bytes of a packfs index file.
+pub const INDEX_MAGIC: &[u8; 8] = b"PACKFSIX";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Tar,
+    Zip,
+    Squashfs,
+    /// Not an image: a packfs index (`catalog::index`), recognized here so that a scan reads each
+    /// file's first bytes once.
+    PackfsIndex,
+    /// A compressed stream (a .tar.gz, .tar.zst, ...), refused with the command that unpacks it.
+    Compressed(Compression),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compression {
+    pub name: &'static str,
+    /// The command that decompresses the file in place, keeping the original.
+    pub command: &'static str,
+}
+
+/// Stream magics and what undoes them.
+const COMPRESSIONS: [(&[u8], Compression); 6] = [
+    (
+        b"\x1f\x8b",
+        Compression {
+            name: "gzip",
+            command: "gzip -dk",
+        },
+    ),
+    (
+        b"\x28\xb5\x2f\xfd",
+        Compression {
+            name: "zstd",
+            command: "zstd -d",
+        },
+    ),
+    (
+        b"\xfd7zXZ\x00",
+        Compression {
+            name: "xz",
+            command: "xz -dk",
+        },
+    ),
+    (
+        b"BZh",
+        Compression {
+            name: "bzip2",
+            command: "bzip2 -dk",
+        },
+    ),
+    (
+        b"\x04\x22\x4d\x18",
+        Compression {
+            name: "lz4",
+            command: "lz4 -d",
+        },
+    ),
+    (
+        b"LZIP",
+        Compression {
+            name: "lzip",
+            command: "lzip -dk",
+        },
+    ),
+];
+
+/// How far from its end a zip's end record can be: its 22 bytes and a comment of up to 64 KiB.
+const EOCD_REACH: u64 = 22 + 65_535;
+
+impl Format {
+    /// Zip by its first local header, or by its end record when something precedes the archive
+    /// (self-extracting zips, padded ones) and the start is no tar header; squashfs by its
+    /// superblock magic; compressed streams by their magic; anything else is scanned as tar
+    /// (whose scanner names what is wrong).
+    pub fn detect(file: &File) -> io::Result<Format> {
+        let mut head = [0u8; 512];
+        let n = file.read_at(&mut head, 0)?;
+        let head = &head[..n];
+        if head.starts_with(INDEX_MAGIC) {
+            return Ok(Format::PackfsIndex);
+        }
+        if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+            return Ok(Format::Zip);
+        }
+        if head.starts_with(b"hsqs") {
+            return Ok(Format::Squashfs);
+        }
+        if let Some((_, c)) = COMPRESSIONS
+            .iter()
+            .find(|(magic, _)| head.starts_with(magic))
+        {
+            return Ok(Format::Compressed(*c));
+        }
+        if n == 512 && looks_like_tar(head) || head.iter().all(|&b| b == 0) {
+            return Ok(Format::Tar);
+        }
+        Ok(if has_zip_end(file)? {
+            Format::Zip
+        } else {
+            Format::Tar
+        })
+    }
+}
+
+/// A header block whose checksum field matches its bytes.
+fn looks_like_tar(block: &[u8]) -> bool {
+    let text: String = block[148..156]
+        .iter()
+        .take_while(|&&b| b != 0)
+        .map(|&b| b as char)
+        .collect();
+    let Ok(stored) = u32::from_str_radix(text.trim(), 8) else {
+        return false;
+    };
+    let sum: u32 = block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                b as u32
+            }
+        })
+        .sum();
+    stored == sum
+}
+
+/// Whether a zip end-of-central-directory record lies within reach of the end of the file.
+fn has_zip_end(file: &File) -> io::Result<bool> {
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(EOCD_REACH);
+    let mut tail = vec![0u8; (len - start) as usize];
+    file.read_exact_at(&mut tail, start)?;
+    Ok(tail.windows(4).any(|w| w == b"PK\x05\x06"))
+}
