@@ -469,8 +469,8 @@ struct Shows {
     mtime: Option<i64>,
     /// Symlinks keep their mtime (tar); directories their explicit mode (all formats here).
     symlink_mtime: bool,
-    /// Permission bits served: zip members lose setuid, setgid and sticky today (a known
-    /// fidelity gap, tracked with the other archive-fidelity fixes).
+    /// Permission bits the archive holds: the zip crate's writer keeps only the low nine (packfs
+    /// serves setuid, setgid and sticky from zips that have them: tests/zip.rs).
     perm_mask: u32,
 }
 

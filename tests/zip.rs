@@ -222,3 +222,48 @@ fn zips_with_bytes_before_the_archive() {
         assert_same_tree(&reference, &mnt.dir, &[]);
     }
 }
+
+/// Modes as `unzip -K` restores them: Unix modes with setuid, setgid and sticky bits; members
+/// made on MS-DOS/Windows get 0644 (0444 read-only), directories 0755; a FIFO is skipped with a
+/// warning, as in tar images.
+#[test]
+fn modes_as_unzip_restores_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("modes.zip");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import stat, sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+             \x20   def add(name, data, system, attr):\n\
+             \x20       zi = zipfile.ZipInfo(name, (2024, 2, 29, 13, 14, 16))\n\
+             \x20       zi.create_system = system; zi.external_attr = attr\n\
+             \x20       z.writestr(zi, data)\n\
+             \x20   add('dos.txt', b'dos', 0, 0x20)\n\
+             \x20   add('dosro.txt', b'ro', 0, 0x21)\n\
+             \x20   add('dosdir', b'', 0, 0x10)\n\
+             \x20   add('dosdir2/', b'', 0, 0x10)\n\
+             \x20   add('unix.txt', b'u', 3, (stat.S_IFREG | 0o640) << 16)\n\
+             \x20   add('suid.sh', b'#!/bin/sh\\n', 3, (stat.S_IFREG | 0o4755) << 16)\n\
+             \x20   add('sticky/', b'', 3, (stat.S_IFDIR | 0o1777) << 16 | 0x10)\n\
+             \x20   add('fifo', b'', 3, (stat.S_IFIFO | 0o644) << 16)\n",
+        )
+        .arg(&img));
+    let reference = tmp.path().join("unzipped");
+    run(Command::new("unzip")
+        .args(["-q", "-K"])
+        .arg(&img)
+        .arg("-d")
+        .arg(&reference));
+    // unzip makes the FIFO an empty regular file; packfs leaves it out, as for tar.
+    fs::remove_file(reference.join("fifo")).unwrap();
+    let mnt = Mount::new(&[&img], &tmp.path().join("m"), &[]);
+    assert_same_tree(&reference, &mnt.dir, &[]);
+    assert!(!mnt.dir.join("fifo").exists());
+    assert!(
+        mnt.stderr
+            .contains("skipping member \"fifo\": FIFOs are not served"),
+        "{}",
+        mnt.stderr
+    );
+}

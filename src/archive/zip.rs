@@ -20,6 +20,38 @@ const MAX_LINK: u64 = 64 * 1024;
 
 const S_IFMT: u32 = 0o170000;
 const S_IFLNK: u32 = 0o120000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFIFO: u32 = 0o010000;
+const S_IFSOCK: u32 = 0o140000;
+
+/// Hosts ("version made by") whose external attributes carry a Unix mode in their high 16 bits,
+/// as Info-ZIP reads them: Unix, Atari, BeOS, OS X, AtheOS.
+const UNIX_HOSTS: [u8; 5] = [3, 5, 16, 19, 30];
+
+/// MS-DOS attribute bits in the low byte of the external attributes.
+const DOS_READ_ONLY: u32 = 0x01;
+const DOS_DIRECTORY: u32 = 0x10;
+
+/// A member's mode as unzip restores it with `-K`: the stored Unix mode, setuid, setgid and
+/// sticky bits and type included; for members made elsewhere (MS-DOS, Windows), 0644, 0444 when
+/// read-only, 0755 for directories, and for a DOS directory attribute without a trailing '/'
+/// (which unzip extracts as a file).
+fn mode_of(member: &zip::read::ZipFile<'_, &File>) -> u32 {
+    let attrs = member.external_attributes();
+    if UNIX_HOSTS.contains(&(member.system() as u8)) {
+        match attrs >> 16 {
+            0 => member.unix_mode().unwrap_or(0o100644),
+            mode => mode,
+        }
+    } else if member.is_dir() || attrs & DOS_DIRECTORY != 0 {
+        0o755
+    } else if attrs & DOS_READ_ONLY != 0 {
+        0o444
+    } else {
+        0o644
+    }
+}
 
 pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
@@ -73,21 +105,26 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 ),
             ));
         }
-        let unix = member.unix_mode();
-        let is_symlink = unix.is_some_and(|m| m & S_IFMT == S_IFLNK);
-        let kind = if member.is_dir() {
-            MemberKind::Dir
-        } else if is_symlink {
-            MemberKind::Symlink
-        } else {
-            MemberKind::File
+        let full_mode = mode_of(&member);
+        let kind = match full_mode & S_IFMT {
+            _ if member.is_dir() => MemberKind::Dir,
+            S_IFDIR => MemberKind::Dir,
+            S_IFLNK => MemberKind::Symlink,
+            0 | S_IFREG => MemberKind::File,
+            S_IFIFO => {
+                skip(image, "FIFOs are not served");
+                continue;
+            }
+            S_IFSOCK => {
+                skip(image, "sockets are not served");
+                continue;
+            }
+            _ => {
+                skip(image, "device nodes are not served");
+                continue;
+            }
         };
-        let default_mode = if kind == MemberKind::Dir {
-            0o755
-        } else {
-            0o644
-        };
-        let mode = unix.map_or(default_mode, |m| m & 0o7777);
+        let mode = full_mode & 0o7777;
         let mtime = member
             .extra_data_fields()
             .find_map(|f| match f {
