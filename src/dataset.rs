@@ -121,14 +121,14 @@ fn load_paths(
     on_scan: OnScan,
 ) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
-    let scanned = scan_all(paths, on_scan)?;
+    let mut scanned = scan_all(paths, on_scan)?;
     let scan_secs = started.elapsed().as_secs_f64();
+    let catalog = build_settling_clashes(&mut scanned, policy)?;
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
     let skipped: u64 = scanned.iter().map(|s| s.skipped).sum();
     if skipped > 0 {
         warn!("{skipped} member(s) skipped; see the warnings above");
     }
-    let catalog = catalog::build(&scanned, policy)?;
     info!(
         images = paths.len(),
         members,
@@ -139,6 +139,24 @@ fn load_paths(
         started.elapsed().as_secs_f64() - scan_secs
     );
     Ok(catalog)
+}
+
+/// Builds the catalog; an image in which a name is both a file and a directory is settled as
+/// extraction settles it (`ScannedImage::drop_clashes`) and the build runs again.
+pub fn build_settling_clashes(
+    scanned: &mut [ScannedImage],
+    policy: DuplicatePolicy,
+) -> Result<Catalog, BuildError> {
+    let mut settled = vec![false; scanned.len()];
+    loop {
+        match catalog::build(scanned, policy) {
+            Err(BuildError::ClashInImage { image, .. }) if !settled[image] => {
+                scanned[image].drop_clashes();
+                settled[image] = true;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Scans images in parallel; results keep the order of `paths`, and the first failing image (in

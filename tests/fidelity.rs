@@ -232,3 +232,106 @@ fn members_after_a_sparse_member_with_extension_blocks_are_served() {
         b"after the sparse one\n"
     );
 }
+
+/// A name that is a file in one member and a directory in another of the same shard: members
+/// are taken in archive order, and what GNU tar cannot extract ("Not a directory", "File
+/// exists") is left out with a warning; the rest of the shard is served. A directory named twice
+/// keeps the last one's mode.
+#[test]
+fn file_and_directory_clashes_inside_one_shard_skip_only_those_members() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("clash.tar");
+    python_archive(
+        &format!(
+            "{CRAFT}
+out = b''
+def add(name, typ, mode, data=b''):
+    global out
+    out += bytes(header(name, typ, len(data), mode=mode)) + pad(data)
+add('d', tarfile.DIRTYPE, 0o700)
+add('d/f', tarfile.REGTYPE, 0o644, b'x')
+add('d', tarfile.DIRTYPE, 0o750)
+add('x', tarfile.REGTYPE, 0o644, b'file')
+add('x/1', tarfile.REGTYPE, 0o644, b'1')
+add('y/1', tarfile.REGTYPE, 0o644, b'1')
+add('y', tarfile.REGTYPE, 0o644, b'yfile')
+add('y/2', tarfile.REGTYPE, 0o644, b'2')
+add('z', tarfile.REGTYPE, 0o644, b'z1')
+add('z/1', tarfile.REGTYPE, 0o644, b'blocked')
+add('z', tarfile.DIRTYPE, 0o755)
+open(sys.argv[1], 'wb').write(out + b'\\0' * 1024)
+"
+        ),
+        &archive,
+    );
+    let reference = gnu_extract_allowing_errors(&archive, work.path());
+    let mnt = Mount::new(&[&archive], &work.path().join("mnt"), &[]);
+    let listing = |root: &Path| {
+        run(Command::new("find")
+            .arg(".")
+            .arg("-printf")
+            .arg("%p %y %m %s\n")
+            .current_dir(root))
+        .lines()
+        .map(str::to_string)
+        .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(listing(&mnt.dir), listing(&reference));
+    assert_eq!(fs::read(mnt.dir.join("x")).unwrap(), b"file");
+    for (name, why) in [
+        ("x/1", "\"x\", earlier in this image, is a file"),
+        (
+            "y",
+            "a directory of that name, earlier in this image, holds members",
+        ),
+        ("z/1", "\"z\", earlier in this image, is a file"),
+    ] {
+        let line = format!("skipping member \"{name}\": {why}");
+        assert!(
+            mnt.stderr.contains(&line),
+            "no {line:?} in:\n{}",
+            mnt.stderr
+        );
+    }
+}
+
+/// A name component longer than NAME_MAX (255 bytes) cannot be extracted (GNU tar: "File name
+/// too long") nor looked up; that member is skipped, the rest is served.
+#[test]
+fn members_with_overlong_names_are_skipped_alone() {
+    let work = tempfile::tempdir().unwrap();
+    let archive = work.path().join("long.tar");
+    python_archive(
+        "import io, sys, tarfile\n\
+         with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as t:\n\
+         \x20   for name in ('d/' + 'n' * 300 + '/f.txt', 'd/' + 'm' * 70000, 'd/ok.txt'):\n\
+         \x20       info = tarfile.TarInfo(name); info.size = 2\n\
+         \x20       t.addfile(info, io.BytesIO(b'ok'))\n",
+        &archive,
+    );
+    let out = packfs().arg("ls").arg(&archive).output().unwrap();
+    assert_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "d\nd/ok.txt\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("a name component is longer than 255 bytes")
+            .count(),
+        2,
+        "{err}"
+    );
+}
+
+/// GNU tar's extraction, which exits 2 when it could not extract some members.
+fn gnu_extract_allowing_errors(archive: &Path, work: &Path) -> PathBuf {
+    let out = work.join("extracted");
+    fs::create_dir_all(&out).unwrap();
+    let done = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(matches!(done.status.code(), Some(0 | 2)), "{done:?}");
+    out
+}

@@ -5,6 +5,7 @@
 //! image and the byte offset; a member that cannot be served (device node, sparse file, unsafe name)
 //! is skipped with a warning so that one odd member never takes a whole dataset down.
 
+mod clashes;
 pub mod codec;
 pub mod fingerprint;
 mod format;
@@ -79,6 +80,9 @@ pub struct ScannedImage {
     pub skipped: u64,
     /// How many members were left out for each reason, for the summary after the scan.
     skips: BTreeMap<String, u64>,
+    /// Set once `drop_clashes` has put the members in extraction order's terms: the catalog
+    /// build then trusts that no name is both a file and a directory.
+    pub clashes_settled: bool,
 }
 
 /// Warnings named one by one per image and reason; the rest are counted in one summary line, so
@@ -96,6 +100,7 @@ impl ScannedImage {
             strings: Vec::new(),
             skipped: 0,
             skips: BTreeMap::new(),
+            clashes_settled: false,
         }
     }
 

@@ -8,7 +8,12 @@ pub enum BadName {
     Nul,
     DotDot,
     EmptyComponent,
+    TooLong,
 }
+
+/// The longest name component Linux accepts (NAME_MAX); GNU tar cannot extract longer ones
+/// either ("File name too long"), and the kernel would never look one up.
+pub const NAME_MAX: usize = 255;
 
 impl std::fmt::Display for BadName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -16,6 +21,7 @@ impl std::fmt::Display for BadName {
             BadName::Nul => "name contains a NUL byte",
             BadName::DotDot => "name has a '..' component",
             BadName::EmptyComponent => "name has an empty component",
+            BadName::TooLong => "a name component is longer than 255 bytes (NAME_MAX)",
         })
     }
 }
@@ -24,7 +30,8 @@ impl std::fmt::Display for BadName {
 ///
 /// Leading `/` and `.` components are dropped (as GNU tar does when extracting), one trailing `/`
 /// (directory members) is accepted. `..`, empty inner components (`a//b`) and NUL bytes are refused:
-/// such a member would escape or alias the tree. The empty result is the root directory.
+/// such a member would escape or alias the tree; so are components longer than `NAME_MAX`. The
+/// empty result is the root directory.
 pub fn sanitize(raw: &[u8]) -> Result<Cow<'_, [u8]>, BadName> {
     if raw.contains(&0) {
         return Err(BadName::Nul);
@@ -45,6 +52,7 @@ pub fn sanitize(raw: &[u8]) -> Result<Cow<'_, [u8]>, BadName> {
             b"" => return Err(BadName::EmptyComponent),
             b".." => return Err(BadName::DotDot),
             b"." => clean = false,
+            _ if comp.len() > NAME_MAX => return Err(BadName::TooLong),
             _ => {}
         }
     }
@@ -87,5 +95,8 @@ mod tests {
         assert_eq!(sanitize(b"a/../../evil"), Err(BadName::DotDot));
         assert_eq!(sanitize(b"a//b"), Err(BadName::EmptyComponent));
         assert_eq!(sanitize(b"a\0b"), Err(BadName::Nul));
+        assert!(sanitize(&[b'x'; 255]).is_ok());
+        let long = [&b"dir/"[..], &[b'y'; 256]].concat();
+        assert_eq!(sanitize(&long), Err(BadName::TooLong));
     }
 }

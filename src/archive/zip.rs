@@ -134,9 +134,12 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             .map(i64::from)
             .or_else(|| member.last_modified().map(dos_to_unix))
             .unwrap_or(0);
-        let Ok(path_bytes) = sanitize(&raw_name) else {
-            skip(image, "unsafe name ('..', empty component or NUL)");
-            continue;
+        let path_bytes = match sanitize(&raw_name) {
+            Ok(path) => path,
+            Err(why) => {
+                skip(image, &why.to_string());
+                continue;
+            }
         };
         let path_bytes = path_bytes.into_owned();
         let link = if kind == MemberKind::Symlink {

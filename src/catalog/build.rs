@@ -47,6 +47,14 @@ pub enum BuildError {
     },
     #[error("the catalog is too large: {0}")]
     TooLarge(&'static str),
+    /// A file and a directory of one image share a name; `ScannedImage::drop_clashes` settles it
+    /// as extraction does, and the build is run again.
+    #[error("{path:?} is a file and a directory in {}", image_path.display())]
+    ClashInImage {
+        image: usize,
+        path: String,
+        image_path: PathBuf,
+    },
 }
 
 /// A member as referenced during the build: (image index, member index).
@@ -135,11 +143,30 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
     for group in refs.chunk_by(|a, b| a.0 == b.0) {
         let last = group.last().expect("non-empty group").1;
         let first = group[0].1;
+        // A name that is a file in one member and a directory in another of the same image may
+        // have blocked members in between: extraction order decides (`drop_clashes`).
+        let unsettled_mix = group.iter().find(|&&(_, a)| {
+            !images[a.image as usize].clashes_settled
+                && group.iter().any(|&(_, b)| {
+                    b.image == a.image
+                        && (member(a).kind == MemberKind::Dir)
+                            != (member(b).kind == MemberKind::Dir)
+                })
+        });
+        if let Some(&(_, a)) = unsettled_mix {
+            return Err(BuildError::ClashInImage {
+                image: a.image as usize,
+                path: shown(path(a)),
+                image_path: image_path(a),
+            });
+        }
+        // A directory named twice keeps the attributes of the last (GNU tar sets them after
+        // extracting), like any other member.
         let all_dirs = group
             .iter()
             .all(|&(_, r)| member(r).kind == MemberKind::Dir);
         if all_dirs {
-            winners.push(first);
+            winners.push(last);
             continue;
         }
         if first.image != last.image && policy == DuplicatePolicy::Error {
@@ -178,6 +205,13 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         {
             if !open[depth].1 {
                 let file_src = nodes[open[depth].0 as usize].src.unwrap_or(r);
+                if file_src.image == r.image && !images[r.image as usize].clashes_settled {
+                    return Err(BuildError::ClashInImage {
+                        image: r.image as usize,
+                        path: shown(&comps[..=depth].join(&b'/')),
+                        image_path: image_path(r),
+                    });
+                }
                 return Err(BuildError::FileIsDir {
                     path: shown(&comps[..=depth].join(&b'/')),
                     file_image: image_path(file_src),

@@ -58,9 +58,12 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             header_offset: 0,
         };
         let skip = |image: &mut ScannedImage, offset: u64, why: &str| image.skip(offset, raw, why);
-        let Ok(clean) = sanitize(raw) else {
-            skip(image, 0, "unsafe name ('..', empty component or NUL)");
-            continue;
+        let clean = match sanitize(raw) {
+            Ok(clean) => clean,
+            Err(why) => {
+                skip(image, 0, &why.to_string());
+                continue;
+            }
         };
         match &node.inner {
             InnerNode::Dir(_) => {}
