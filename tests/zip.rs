@@ -267,3 +267,42 @@ fn modes_as_unzip_restores_them() {
         mnt.stderr
     );
 }
+
+/// A central directory entry that points past the end of the file skips only that member, as
+/// unzip does ("bad zipfile offset"), with a warning naming the central directory's offset.
+#[test]
+fn a_bad_central_directory_entry_skips_only_its_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("bad-entry.zip");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import struct, sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+             \x20   for n in 'abc':\n\
+             \x20       z.writestr(f'{n}.txt', n * 3)\n\
+             b = bytearray(open(sys.argv[1], 'rb').read())\n\
+             i = b.find(b'PK\\x01\\x02'); i = b.find(b'PK\\x01\\x02', i + 4)\n\
+             struct.pack_into('<I', b, i + 42, 0x7fffff00)\n\
+             open(sys.argv[1], 'wb').write(b)\n",
+        )
+        .arg(&img));
+    let reference = tmp.path().join("unzipped");
+    let out = Command::new("unzip")
+        .arg("-q")
+        .arg(&img)
+        .arg("-d")
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "unzip accepted the bad entry");
+    let mnt = Mount::new(&[&img], &tmp.path().join("m"), &[]);
+    assert_same_tree(&reference, &mnt.dir, &[]);
+    assert!(!mnt.dir.join("b.txt").exists());
+    assert!(
+        mnt.stderr
+            .contains("skipping member \"b.txt\": entry 2 of the central directory"),
+        "{}",
+        mnt.stderr
+    );
+}

@@ -57,10 +57,32 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
     let malformed = |e: zip::result::ZipError| ArchiveError::malformed(&path, 0, e.to_string());
     let mut archive = zip::ZipArchive::new(file).map_err(malformed)?;
+    let directory = archive.central_directory_start();
     for i in 0..archive.len() {
-        let member = archive
+        let mut unreadable = None;
+        let Some(member) = archive
             .by_index_raw(i)
-            .map_err(|e| ArchiveError::malformed(&path, 0, format!("member #{i}: {e}")))?;
+            .map_err(|e| unreadable = Some(e.to_string()))
+            .ok()
+        else {
+            {
+                let e = unreadable.unwrap_or_default();
+                // A central directory entry whose local header is missing or unreadable (an offset
+                // past the end): unzip skips that member too.
+                let name = archive
+                    .name_for_index(i)
+                    .and_then(Result::ok)
+                    .map(|n| n.into_owned())
+                    .unwrap_or_else(|| format!("#{}", i + 1));
+                let why = format!(
+                    "entry {} of the central directory (which starts at offset {directory}) \
+                     points to no readable local header: {e}",
+                    i + 1
+                );
+                image.skip(directory, name.as_bytes(), &why);
+                continue;
+            }
+        };
         let header_offset = member.header_start();
         let raw_name = member.name_raw().to_vec();
         let skip = |image: &mut ScannedImage, why: &str| image.skip(header_offset, &raw_name, why);
@@ -80,11 +102,8 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             }
         };
         let Some(data_offset) = member.data_start() else {
-            return Err(ArchiveError::malformed(
-                &path,
-                header_offset,
-                "member has no data offset (local header unreadable)",
-            ));
+            skip(image, "its local header is unreadable");
+            continue;
         };
         let size = member.size();
         if encoding == Encoding::Deflate && size > MAX_DEFLATED && !member.is_dir() {
@@ -97,13 +116,13 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         if encoding == Encoding::Stored
             && data_offset.checked_add(size).is_none_or(|e| e > image.size)
         {
-            return Err(ArchiveError::malformed(
-                &path,
-                header_offset,
-                format!(
-                    "member runs past the end of the file: {size} bytes at offset {data_offset}"
+            skip(
+                image,
+                &format!(
+                    "its data runs past the end of the file: {size} bytes at offset {data_offset}"
                 ),
-            ));
+            );
+            continue;
         }
         let full_mode = mode_of(&member);
         let kind = match full_mode & S_IFMT {
