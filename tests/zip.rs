@@ -306,3 +306,77 @@ fn a_bad_central_directory_entry_skips_only_its_member() {
         mnt.stderr
     );
 }
+
+/// A member whose bytes do not match its CRC-32 (`unzip -t`: "bad CRC") fails with EIO: a
+/// deflated member on every read, a stored one when a read covers the whole member (samples are
+/// read whole). The log names the image and the CRC.
+#[test]
+fn members_with_a_bad_crc_fail_with_eio() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_file(&src.join("s/good.bin"), &bytes(1, 5000), 0o644);
+    write_file(&src.join("s/bad.bin"), &bytes(2, 5000), 0o644);
+    let stored = tmp.path().join("stored.zip");
+    zip(&src, &stored, true, &["s"]);
+    let deflated = tmp.path().join("deflated.zip");
+    zip(&src, &deflated, false, &["s"]);
+    // Stored: flip a data byte of bad.bin, found by its content.
+    let raw = fs::read(&stored).unwrap();
+    let at = raw
+        .windows(64)
+        .position(|w| w == &bytes(2, 5000)[..64])
+        .unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&stored)
+        .unwrap()
+        .write_all_at(&[raw[at + 100] ^ 0xff], (at + 100) as u64)
+        .unwrap();
+    // Deflated: a wrong CRC in bad.bin's local and central headers (the stream stays valid).
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import struct, sys\n\
+             b = bytearray(open(sys.argv[1], 'rb').read())\n\
+             for sig, crc_at in ((b'PK\\x03\\x04', 14), (b'PK\\x01\\x02', 16)):\n\
+             \x20   i = 0\n\
+             \x20   while (i := b.find(sig, i)) >= 0:\n\
+             \x20       name_at = 30 if sig == b'PK\\x03\\x04' else 46\n\
+             \x20       if b[i + name_at:i + name_at + 9] == b's/bad.bin':\n\
+             \x20           struct.pack_into('<I', b, i + crc_at, 0x12345678)\n\
+             \x20       i += 4\n\
+             open(sys.argv[1], 'wb').write(b)\n",
+        )
+        .arg(&deflated));
+    for img in [&stored, &deflated] {
+        let test = Command::new("unzip").arg("-t").arg(img).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&test.stdout).contains("bad CRC"),
+            "{test:?}"
+        );
+        let name = img.file_stem().unwrap().to_str().unwrap();
+        let log = tmp.path().join(format!("{name}.log"));
+        let mnt = Mount::new(
+            &[img],
+            &tmp.path().join(format!("m-{name}")),
+            &["--log-file", log.to_str().unwrap()],
+        );
+        assert_eq!(
+            fs::read(mnt.dir.join("s/good.bin")).unwrap(),
+            bytes(1, 5000)
+        );
+        let err = fs::read(mnt.dir.join("s/bad.bin")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+        drop(mnt);
+        let log = fs::read_to_string(&log).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("bad CRC-32"))
+            .unwrap_or_else(|| panic!("{name}: no CRC error logged:\n{log}"));
+        assert!(
+            line.contains(&format!("{name}.zip")) && line.contains("s/bad.bin"),
+            "{line}"
+        );
+    }
+}

@@ -25,13 +25,47 @@ pub enum Encoding {
     Deflate,
     /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
     Squashfs,
+    /// A zip member stored as it is, with its CRC-32: a `ZIP_RECORD` in the catalog's arena.
+    ZipStored,
+    /// A zip member deflated, with its CRC-32: a `ZIP_RECORD` in the catalog's arena.
+    ZipDeflated,
+}
+
+/// Bytes of a zip member's layout record: its data offset (u64) and CRC-32 (u32), little-endian.
+pub const ZIP_RECORD: usize = 12;
+
+/// A zip member's layout record.
+pub fn zip_record(data_offset: u64, crc: u32) -> [u8; ZIP_RECORD] {
+    let mut r = [0u8; ZIP_RECORD];
+    r[..8].copy_from_slice(&data_offset.to_le_bytes());
+    r[8..].copy_from_slice(&crc.to_le_bytes());
+    r
+}
+
+impl Encoding {
+    /// Whether the catalog keeps a record for this encoding in its arena (the entry's offset
+    /// then points to the record).
+    pub fn has_record(self) -> bool {
+        matches!(
+            self,
+            Encoding::Squashfs | Encoding::ZipStored | Encoding::ZipDeflated
+        )
+    }
 }
 
 /// A file's layout as the catalog holds it.
 #[derive(Clone, Copy, Debug)]
 pub enum Layout<'a> {
-    Stored { at: u64 },
-    Deflate { at: u64 },
+    /// Bytes as they are at `at`; `crc` is the CRC-32 of the whole file, when the format keeps one.
+    Stored {
+        at: u64,
+        crc: Option<u32>,
+    },
+    /// A raw deflate stream at `at`; `crc` as for `Stored`.
+    Deflate {
+        at: u64,
+        crc: Option<u32>,
+    },
     Squashfs(BlockMap<'a>),
 }
 
@@ -39,9 +73,12 @@ pub enum Layout<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Piece {
     Zeros(usize),
+    /// `len` image bytes at `at`; `crc` is the whole file's checksum when the format keeps one
+    /// (the executor checks the whole file once before serving any part of it).
     Stored {
         at: u64,
         len: usize,
+        crc: Option<WholeCrc>,
     },
     /// `len` bytes from `from` of what `unit` decodes to.
     Decoded {
@@ -61,6 +98,14 @@ impl Piece {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The extent of a whole stored file and the CRC-32 its bytes must have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WholeCrc {
+    pub at: u64,
+    pub len: u64,
+    pub crc: u32,
 }
 
 /// A run of image bytes that decodes as one. Decoded units are what the RAM cache keeps, keyed by
@@ -83,8 +128,8 @@ enum UnitKind {
         limit: usize,
         what: &'static str,
     },
-    /// A raw deflate stream that inflates to exactly `size` bytes.
-    DeflateStream { size: u64 },
+    /// A raw deflate stream that inflates to exactly `size` bytes, with that CRC-32 if known.
+    DeflateStream { size: u64, crc: Option<u32> },
 }
 
 impl Unit {
@@ -116,10 +161,10 @@ impl Unit {
         }
     }
 
-    pub fn deflate_stream(at: u64, size: u64) -> Unit {
+    pub fn deflate_stream(at: u64, size: u64, crc: Option<u32>) -> Unit {
         Unit {
             at,
-            kind: UnitKind::DeflateStream { size },
+            kind: UnitKind::DeflateStream { size, crc },
         }
     }
 
@@ -133,7 +178,11 @@ impl Unit {
     pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
         match self.kind {
-            UnitKind::DeflateStream { size } => codec::inflate_stream(image, self.at, size),
+            UnitKind::DeflateStream { size, crc } => {
+                let out = codec::inflate_stream(image, self.at, size)?;
+                check_crc(&out, crc).map_err(invalid)?;
+                Ok(out)
+            }
             UnitKind::Block {
                 codec,
                 len,
@@ -165,6 +214,24 @@ impl Unit {
     }
 }
 
+/// Checks `bytes` against the CRC-32 the archive recorded for them, if any.
+pub fn check_crc(bytes: &[u8], crc: Option<u32>) -> Result<(), String> {
+    match crc {
+        Some(want) => {
+            let got = crc32fast::hash(bytes);
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "bad CRC-32: the archive records {want:08x}, the bytes have {got:08x} (the \
+                     member is damaged)"
+                ))
+            }
+        }
+        None => Ok(()),
+    }
+}
+
 thread_local! {
     /// Encoded bytes of the block being decoded on this thread.
     static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -191,9 +258,29 @@ impl<'a> Layout<'a> {
         offset: u64,
         record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
     ) -> Result<Layout<'a>, E> {
+        let zip = |offset| -> Result<(u64, Option<u32>), E> {
+            let r = record(offset, ZIP_RECORD)?;
+            let at = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let crc = u32::from_le_bytes(r[8..12].try_into().expect("4 bytes"));
+            Ok((at, Some(crc)))
+        };
         Ok(match encoding {
-            Encoding::Stored => Layout::Stored { at: offset },
-            Encoding::Deflate => Layout::Deflate { at: offset },
+            Encoding::Stored => Layout::Stored {
+                at: offset,
+                crc: None,
+            },
+            Encoding::Deflate => Layout::Deflate {
+                at: offset,
+                crc: None,
+            },
+            Encoding::ZipStored => {
+                let (at, crc) = zip(offset)?;
+                Layout::Stored { at, crc }
+            }
+            Encoding::ZipDeflated => {
+                let (at, crc) = zip(offset)?;
+                Layout::Deflate { at, crc }
+            }
             Encoding::Squashfs => {
                 let head = record(offset, block_map::HEAD)?;
                 let len = BlockMap::encoded_len(head.try_into().expect("HEAD bytes"));
@@ -219,17 +306,18 @@ impl<'a> Layout<'a> {
 
     /// The piece that starts at `pos`, at most `want` bytes long.
     fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
-        match self {
-            Layout::Stored { at } => Ok(Piece::Stored {
+        match *self {
+            Layout::Stored { at, crc } => Ok(Piece::Stored {
                 at: at + pos,
                 len: want,
+                crc: crc.map(|crc| WholeCrc { at, len: size, crc }),
             }),
-            Layout::Deflate { at } => Ok(Piece::Decoded {
-                unit: Unit::deflate_stream(*at, size),
+            Layout::Deflate { at, crc } => Ok(Piece::Decoded {
+                unit: Unit::deflate_stream(at, size, crc),
                 from: pos as usize,
                 len: want,
             }),
-            Layout::Squashfs(map) => map.piece(size, pos, want),
+            Layout::Squashfs(ref map) => map.piece(size, pos, want),
         }
     }
 }
@@ -238,8 +326,8 @@ impl fmt::Display for Layout<'_> {
     /// Where the bytes lie, for `packfs ls --extents`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Layout::Stored { at } => write!(f, "stored at {at}"),
-            Layout::Deflate { at } => write!(f, "deflate at {at}"),
+            Layout::Stored { at, .. } => write!(f, "stored at {at}"),
+            Layout::Deflate { at, .. } => write!(f, "deflate at {at}"),
             Layout::Squashfs(map) => {
                 f.write_str(map.codec.name())?;
                 if map.count > 0 {
@@ -295,13 +383,31 @@ mod tests {
 
     #[test]
     fn stored_and_deflate_are_one_piece() {
-        let pieces: Vec<_> = Layout::Stored { at: 512 }.plan(100, 10, 20).collect();
-        assert_eq!(pieces, [Ok(Piece::Stored { at: 522, len: 20 })]);
-        let pieces: Vec<_> = Layout::Deflate { at: 40 }.plan(100, 10, 20).collect();
+        let stored = Layout::Stored {
+            at: 512,
+            crc: Some(7),
+        };
+        // Any piece carries the whole file's extent and CRC, for the executor's check.
+        let pieces: Vec<_> = stored.plan(100, 10, 20).collect();
+        let crc = Some(WholeCrc {
+            at: 512,
+            len: 100,
+            crc: 7,
+        });
+        assert_eq!(
+            pieces,
+            [Ok(Piece::Stored {
+                at: 522,
+                len: 20,
+                crc
+            })]
+        );
+        let deflate = Layout::Deflate { at: 40, crc: None };
+        let pieces: Vec<_> = deflate.plan(100, 10, 20).collect();
         assert_eq!(
             pieces,
             [Ok(Piece::Decoded {
-                unit: Unit::deflate_stream(40, 100),
+                unit: Unit::deflate_stream(40, 100, None),
                 from: 10,
                 len: 20
             })]
@@ -344,7 +450,8 @@ mod tests {
                 Piece::Zeros(4096),
                 Piece::Stored {
                     at: 1900,
-                    len: 4096
+                    len: 4096,
+                    crc: None
                 },
                 Piece::Decoded {
                     unit: Unit::fragment_block(Codec::Zstd, 90_000, 700, 150, 4096),

@@ -8,6 +8,7 @@ use std::io::Read;
 use zip::CompressionMethod;
 use zip::extra_fields::ExtraField;
 
+use super::layout::zip_record;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
 
@@ -106,6 +107,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             continue;
         };
         let size = member.size();
+        let crc = member.crc32();
         if encoding == Encoding::Deflate && size > MAX_DEFLATED && !member.is_dir() {
             skip(
                 image,
@@ -181,8 +183,15 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 ));
             }
             target
+        } else if kind == MemberKind::File {
+            // The file's layout record: where its data is and the CRC-32 to check it against.
+            zip_record(data_offset, crc).to_vec()
         } else {
             Vec::new()
+        };
+        let encoding = match encoding {
+            Encoding::Deflate => Encoding::ZipDeflated,
+            _ => Encoding::ZipStored,
         };
         let path_span = image.push_string(&path_bytes);
         let link_span = image.push_string(&link);

@@ -13,7 +13,7 @@ use tracing::debug;
 use super::entry::{Entry, S_IFDIR, S_IFLNK, S_IFREG};
 use super::store::Store;
 use super::{Catalog, ImageInfo};
-use crate::archive::{Encoding, Member, MemberKind, ScannedImage};
+use crate::archive::{Member, MemberKind, ScannedImage};
 
 /// What to do when two images hold the same path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -305,7 +305,7 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
                 e.mode = S_IFREG | m.mode | Entry::encoding_bits(m.encoding);
                 e.size = m.size;
                 e.offset = m.data_offset;
-                if m.encoding == Encoding::Squashfs {
+                if m.encoding.has_record() {
                     e.offset = names.len() as u64;
                     names.extend_from_slice(images[r.image as usize].link_of(m));
                 }

@@ -80,6 +80,8 @@ impl Entry {
         match self.mode >> ENCODING_SHIFT {
             1 => Encoding::Deflate,
             2 => Encoding::Squashfs,
+            3 => Encoding::ZipStored,
+            4 => Encoding::ZipDeflated,
             _ => Encoding::Stored,
         }
     }
@@ -90,6 +92,8 @@ impl Entry {
             Encoding::Stored => 0,
             Encoding::Deflate => 1 << ENCODING_SHIFT,
             Encoding::Squashfs => 2 << ENCODING_SHIFT,
+            Encoding::ZipStored => 3 << ENCODING_SHIFT,
+            Encoding::ZipDeflated => 4 << ENCODING_SHIFT,
         }
     }
 

@@ -3,13 +3,14 @@
 //! caller's buffer; decoded units are decoded once into the RAM tier and copied out of it, or
 //! shared without a copy when one unit covers the whole read.
 
+use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use super::images::{Fetch, Images};
 use super::ram_cache::Decoded;
-use crate::archive::layout::{Layout, Piece, Unit};
+use crate::archive::layout::{Layout, Piece, Unit, WholeCrc, check_crc};
 use crate::read_at::ReadAt;
 
 /// A failed read: the image offset it failed at (for the log) and why.
@@ -49,6 +50,27 @@ impl Served<'_> {
 
 pub struct FileReader {
     images: Arc<Images>,
+    /// Stored files checked against their CRC-32 so far: (image, data offset) -> passed. One
+    /// bit of state per checked file (a few MB for millions of zip members).
+    crc_outcomes: RwLock<HashMap<(u32, u64), bool>>,
+}
+
+/// Stored files up to this size are checked whole before their first partial read; larger ones
+/// only when one read covers them (checking would read the whole file for a part of it).
+const CHECK_LIMIT: u64 = 256 << 20;
+
+/// Bytes read at a time while checking a stored file.
+const CHECK_PIECE: u64 = 1 << 20;
+
+thread_local! {
+    static CHECK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn bad_crc(at: u64, why: &str) -> ReadError {
+    ReadError {
+        image_offset: at,
+        error: io::Error::new(io::ErrorKind::InvalidData, why.to_string()),
+    }
 }
 
 /// One image seen through the tiers, exactly as asked: what a unit decodes from.
@@ -69,7 +91,10 @@ impl ReadAt for ImageBytes<'_> {
 
 impl FileReader {
     pub fn new(images: Arc<Images>) -> FileReader {
-        FileReader { images }
+        FileReader {
+            images,
+            crc_outcomes: RwLock::new(HashMap::new()),
+        }
     }
 
     pub fn images(&self) -> &Images {
@@ -116,16 +141,88 @@ impl FileReader {
                     buf.extend_from_slice(&block[from..from + n]);
                 }
                 Piece::Zeros(n) => buf.resize(buf.len() + n, 0),
-                Piece::Stored { at, len: n } => {
+                Piece::Stored { at, len: n, crc } => {
                     let filled = buf.len();
                     buf.resize(filled + n, 0);
+                    let whole = crc.filter(|c| c.at == at && c.len == n as u64);
+                    if let Some(member) = crc.filter(|_| whole.is_none()) {
+                        self.check_whole(image, member)?;
+                    }
                     self.images
                         .read_exact_at(image, at, &mut buf[filled..], Fetch::Chunks)
                         .map_err(failed(at))?;
+                    if let Some(member) = whole {
+                        self.settle(image, member, check_crc(&buf[filled..], Some(member.crc)))?;
+                    }
                 }
             }
         }
         Ok(Served::Buffer(&buf[..]))
+    }
+
+    /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon
+    /// lifetime, reading it in bounded pieces (no more memory than one piece). Files larger than
+    /// `CHECK_LIMIT` are checked only when a read covers them whole.
+    fn check_whole(&self, image: u32, member: WholeCrc) -> Result<(), ReadError> {
+        if member.len > CHECK_LIMIT {
+            return Ok(());
+        }
+        if let Some(outcome) = self.checked(image, member) {
+            return outcome;
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        CHECK_BUF.with_borrow_mut(|piece| -> Result<(), ReadError> {
+            let mut done = 0;
+            while done < member.len {
+                let n = (member.len - done).min(CHECK_PIECE) as usize;
+                piece.resize(n, 0);
+                let at = member.at + done;
+                self.images
+                    .read_exact_at(image, at, piece, Fetch::Exact)
+                    .map_err(failed(at))?;
+                hasher.update(piece);
+                done += n as u64;
+            }
+            Ok(())
+        })?;
+        let got = hasher.finalize();
+        let outcome = if got == member.crc {
+            Ok(())
+        } else {
+            Err(format!(
+                "bad CRC-32: the archive records {:08x}, the bytes have {got:08x} (the member is \
+                 damaged)",
+                member.crc
+            ))
+        };
+        self.settle(image, member, outcome)
+    }
+
+    /// What an earlier check of `member` found, if one ran.
+    fn checked(&self, image: u32, member: WholeCrc) -> Option<Result<(), ReadError>> {
+        let outcomes = self.crc_outcomes.read().expect("not poisoned");
+        outcomes.get(&(image, member.at)).map(|&good| {
+            if good {
+                Ok(())
+            } else {
+                Err(bad_crc(
+                    member.at,
+                    "bad CRC-32 (found earlier): the member is damaged",
+                ))
+            }
+        })
+    }
+
+    /// Remembers the outcome of a check, and turns a failed one into this read's error.
+    fn settle(
+        &self,
+        image: u32,
+        member: WholeCrc,
+        outcome: Result<(), String>,
+    ) -> Result<(), ReadError> {
+        let mut outcomes = self.crc_outcomes.write().expect("not poisoned");
+        outcomes.insert((image, member.at), outcome.is_ok());
+        outcome.map_err(|why| bad_crc(member.at, &why))
     }
 
     /// A unit's decoded bytes, decoded once per cache lifetime.

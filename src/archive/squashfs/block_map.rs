@@ -212,6 +212,7 @@ impl<'a> BlockMap<'a> {
                 return Ok(Piece::Stored {
                     at: extent.start + within,
                     len,
+                    crc: None,
                 });
             }
             let unit = Unit::block(
@@ -239,6 +240,7 @@ impl<'a> BlockMap<'a> {
             return Ok(Piece::Stored {
                 at: tail.block.start + from,
                 len,
+                crc: None,
             });
         }
         let need = (tail.offset as u64 + tail_len) as usize;

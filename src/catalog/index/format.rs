@@ -1,11 +1,13 @@
-//! The index file layout, version 3. Versions 1 and 2 are read too: version 2 is version 3
-//! without squashfs entries, version 1 is version 2 without deflated (zip) entries. All integers
-//! are little-endian.
+//! The index file layout, version 4. Versions 1 to 3 are read too: version 3 is version 4 without
+//! zip entries that carry their CRC-32, version 2 is version 3 without squashfs entries, version 1
+//! is version 2 without deflated (zip) entries. All integers are little-endian. (A packfs that
+//! reads only up to version 3 refuses a version 4 index: it would take the new encodings for
+//! stored bytes.)
 //!
 //! ```text
 //! header    128 bytes (below)
 //! entries   entry_count records of 48 bytes (catalog::Entry as it is in memory)
-//! names     names_len bytes: entry names, symlink targets and squashfs block maps
+//! names     names_len bytes: entry names, symlink targets, squashfs block maps and zip records
 //! (zero padding to a multiple of 8)
 //! chunks    chunk_count xxh3-64 checksums of the 64 KiB chunks of [entries, chunks)
 //! images    image_count variable-size records (ImageRecord)
@@ -20,7 +22,7 @@ use std::path::{Path, PathBuf};
 use crate::archive::Fingerprint;
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
@@ -298,11 +300,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 4;
+        other[8] = 5;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 4")
+                .contains("version 5")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;
