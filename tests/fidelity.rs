@@ -203,34 +203,51 @@ fn newlines_in_pax_values() {
     );
 }
 
-/// An old GNU sparse member with more than 4 data segments continues its map in extension
-/// blocks; the members after it are still found.
+/// Sparse files (1, 4, 5 and 300 data segments, and one all hole) in every sparse format GNU tar
+/// writes: old GNU (with extension blocks past 4 segments) and PAX 0.0, 0.1 and 1.0. They are
+/// served as GNU tar extracts them, holes as zeros, and the members after them are found.
 #[test]
-fn members_after_a_sparse_member_with_extension_blocks_are_served() {
+fn sparse_members_in_every_gnu_format_are_served() {
+    use std::os::unix::fs::FileExt;
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     fs::create_dir_all(&src).unwrap();
-    let sparse = fs::File::create(src.join("sparse.bin")).unwrap();
-    sparse.set_len(1 << 20).unwrap();
-    use std::os::unix::fs::FileExt;
-    for k in 0..6u64 {
-        sparse
-            .write_all_at(&bytes(k, 4096), k * 160 * 1024 + 8192)
-            .unwrap();
+    for segments in [0u64, 1, 4, 5, 300] {
+        let f = fs::File::create(src.join(format!("sparse-{segments}.bin"))).unwrap();
+        f.set_len(segments.max(1) * 16384 + 8192).unwrap();
+        for k in 0..segments {
+            f.write_all_at(&bytes(k, 4096), k * 16384 + 8192).unwrap();
+        }
     }
-    write_file(&src.join("after.txt"), b"after the sparse one\n", 0o644);
-    let archive = work.path().join("sparse.tar");
-    run(Command::new("tar")
-        .args(["--format=gnu", "--sparse", "-cf"])
-        .arg(&archive)
-        .arg("-C")
-        .arg(&src)
-        .args(["sparse.bin", "after.txt"]));
-    let mnt = Mount::new(&[&archive], &work.path().join("mnt"), &[]);
-    assert_eq!(
-        fs::read(mnt.dir.join("after.txt")).unwrap(),
-        b"after the sparse one\n"
-    );
+    write_file(&src.join("after.txt"), b"after the sparse ones\n", 0o644);
+    for (format, version) in [
+        ("gnu", None),
+        ("posix", Some("0.0")),
+        ("posix", Some("0.1")),
+        ("posix", Some("1.0")),
+    ] {
+        let name = format!("{format}-{}", version.unwrap_or("old"));
+        let dir = work.path().join(&name);
+        fs::create_dir(&dir).unwrap();
+        let archive = dir.join("sparse.tar");
+        let mut tar = Command::new("tar");
+        tar.arg(format!("--format={format}")).arg("--sparse");
+        if let Some(v) = version {
+            tar.arg(format!("--sparse-version={v}"));
+        }
+        run(tar.arg("-cf").arg(&archive).arg("-C").arg(&src).arg("."));
+        let mnt = serves_what_gnu_tar_extracts(&archive, &dir);
+        assert_eq!(
+            fs::read(mnt.dir.join("after.txt")).unwrap(),
+            b"after the sparse ones\n",
+            "{name}"
+        );
+        let listed = run(packfs().arg("ls").arg("--extents").arg(&archive));
+        assert!(
+            listed.contains("sparse, 300 data segments"),
+            "{name}:\n{listed}"
+        );
+    }
 }
 
 /// A name that is a file in one member and a directory in another of the same shard: members

@@ -11,6 +11,7 @@ use std::fmt;
 use std::io;
 
 use super::codec::{self, Codec};
+use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
 use crate::read_at::ReadAt;
 
@@ -29,6 +30,8 @@ pub enum Encoding {
     ZipStored,
     /// A zip member deflated, with its CRC-32: a `ZIP_RECORD` in the catalog's arena.
     ZipDeflated,
+    /// A sparse file: data segments and holes, a `sparse_map` record in the catalog's arena.
+    Sparse,
 }
 
 /// Bytes of a zip member's layout record: its data offset (u64) and CRC-32 (u32), little-endian.
@@ -48,7 +51,7 @@ impl Encoding {
     pub fn has_record(self) -> bool {
         matches!(
             self,
-            Encoding::Squashfs | Encoding::ZipStored | Encoding::ZipDeflated
+            Encoding::Squashfs | Encoding::ZipStored | Encoding::ZipDeflated | Encoding::Sparse
         )
     }
 }
@@ -67,6 +70,7 @@ pub enum Layout<'a> {
         crc: Option<u32>,
     },
     Squashfs(BlockMap<'a>),
+    Sparse(SparseMap<'a>),
 }
 
 /// A piece of a read, in file order.
@@ -281,6 +285,15 @@ impl<'a> Layout<'a> {
                 let (at, crc) = zip(offset)?;
                 Layout::Deflate { at, crc }
             }
+            Encoding::Sparse => {
+                let head = record(offset, sparse_map::RECORD_HEAD)?;
+                let len = sparse_map::encoded_len(head);
+                let invalid = |why| PlanError {
+                    at: 0,
+                    why: format!("the catalog's sparse map is invalid: {why}"),
+                };
+                Layout::Sparse(SparseMap::decode(record(offset, len)?).map_err(invalid)?)
+            }
             Encoding::Squashfs => {
                 let head = record(offset, block_map::HEAD)?;
                 let len = BlockMap::encoded_len(head.try_into().expect("HEAD bytes"));
@@ -318,6 +331,7 @@ impl<'a> Layout<'a> {
                 len: want,
             }),
             Layout::Squashfs(ref map) => map.piece(size, pos, want),
+            Layout::Sparse(ref map) => map.piece(size, pos, want),
         }
     }
 }
@@ -328,6 +342,13 @@ impl fmt::Display for Layout<'_> {
         match self {
             Layout::Stored { at, .. } => write!(f, "stored at {at}"),
             Layout::Deflate { at, .. } => write!(f, "deflate at {at}"),
+            Layout::Sparse(map) => {
+                write!(f, "sparse, {} data segments", map.count())?;
+                if map.count() > 0 {
+                    write!(f, " from {}", map.segment(0).2)?;
+                }
+                Ok(())
+            }
             Layout::Squashfs(map) => {
                 f.write_str(map.codec.name())?;
                 if map.count > 0 {

@@ -11,6 +11,7 @@ pub mod fingerprint;
 mod format;
 pub mod layout;
 pub mod name;
+pub mod sparse_map;
 pub mod squashfs;
 pub mod tar;
 pub mod zip;

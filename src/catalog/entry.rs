@@ -82,6 +82,7 @@ impl Entry {
             2 => Encoding::Squashfs,
             3 => Encoding::ZipStored,
             4 => Encoding::ZipDeflated,
+            5 => Encoding::Sparse,
             _ => Encoding::Stored,
         }
     }
@@ -94,6 +95,7 @@ impl Entry {
             Encoding::Squashfs => 2 << ENCODING_SHIFT,
             Encoding::ZipStored => 3 << ENCODING_SHIFT,
             Encoding::ZipDeflated => 4 << ENCODING_SHIFT,
+            Encoding::Sparse => 5 << ENCODING_SHIFT,
         }
     }
 

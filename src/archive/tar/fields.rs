@@ -30,7 +30,16 @@ pub fn number(block: &[u8; 512], field: Field) -> Result<u64, String> {
 
 /// The value of a numeric field; the error says what is wrong with it.
 pub fn signed(block: &[u8; 512], field: Field) -> Result<i64, String> {
-    let raw = &block[field.range()];
+    signed_at(&block[field.range()])
+}
+
+/// A numeric field that cannot be negative, anywhere in a header (sparse maps have their own).
+pub fn unsigned_at(raw: &[u8]) -> Result<u64, String> {
+    let value = signed_at(raw)?;
+    u64::try_from(value).map_err(|_| format!("negative ({value})"))
+}
+
+fn signed_at(raw: &[u8]) -> Result<i64, String> {
     if raw[0] & 0x80 != 0 {
         // Base-256 (GNU): two's complement, big-endian, after the marker bit; 0xff starts a
         // negative number (an mtime before 1970).
@@ -116,7 +125,16 @@ pub struct Pax {
     pub link: Option<Vec<u8>>,
     pub size: Option<u64>,
     pub mtime: Option<(i64, u32)>,
+    /// Any GNU.sparse.* record: the member is sparse.
     pub sparse: bool,
+    /// GNU sparse 0.0 (`offset`/`numbytes` records) and 0.1 (`map`): offsets and lengths in turn.
+    pub sparse_map: Vec<u64>,
+    /// The file's real size (`GNU.sparse.size`, or `realsize` in 1.0).
+    pub sparse_size: Option<u64>,
+    /// The file's real name (0.1 and 1.0 put a made-up one in `path`).
+    pub sparse_name: Option<Vec<u8>>,
+    /// 1 for format 1.0, whose map is at the start of the member's data.
+    pub sparse_major: Option<u64>,
 }
 
 /// Applies the records of a PAX extended header: `LEN KEY=VALUE\n`, where LEN counts the whole
@@ -156,7 +174,37 @@ pub fn apply_pax(pax: &mut Pax, mut data: &[u8]) -> Result<(), String> {
                 pax.size = Some(size);
             }
             b"mtime" => pax.mtime = parse_pax_time(value),
-            _ if key.starts_with(b"GNU.sparse.") => pax.sparse = true,
+            _ if key.starts_with(b"GNU.sparse.") => {
+                pax.sparse = true;
+                let number = || {
+                    std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .ok_or_else(|| {
+                            format!(
+                                "bad PAX record {}={:?}",
+                                String::from_utf8_lossy(key),
+                                String::from_utf8_lossy(value)
+                            )
+                        })
+                };
+                match &key[b"GNU.sparse.".len()..] {
+                    b"size" | b"realsize" => pax.sparse_size = Some(number()?),
+                    b"name" => pax.sparse_name = Some(value.to_vec()),
+                    b"major" => pax.sparse_major = Some(number()?),
+                    b"offset" | b"numbytes" => pax.sparse_map.push(number()?),
+                    b"map" => {
+                        for n in value.split(|&b| b == b',').filter(|n| !n.is_empty()) {
+                            let n = std::str::from_utf8(n)
+                                .ok()
+                                .and_then(|n| n.parse().ok())
+                                .ok_or("bad GNU.sparse.map")?;
+                            pax.sparse_map.push(n);
+                        }
+                    }
+                    _ => {}
+                }
+            }
             _ => {}
         }
         data = &data[len..];

@@ -14,8 +14,10 @@ use tar::{EntryType, Header};
 use tracing::debug;
 
 mod fields;
+mod sparse;
 
 use super::name::sanitize;
+use super::sparse_map;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
 use fields::{Field, apply_pax, number, signed, trim_nul, verify_checksum};
 
@@ -49,6 +51,8 @@ struct Raw<'h> {
     header_offset: u64,
     data_offset: u64,
     size: u64,
+    /// For a sparse member: its map, or why it cannot be read.
+    sparse: Option<Result<sparse::Map, String>>,
 }
 
 /// Positioned reads through a buffer whose size follows the gaps between headers.
@@ -152,9 +156,14 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             _ => number(&block, Field::Size).map_err(bad_field(Field::Size))?,
         };
         // An old GNU sparse header may continue its map in extension blocks before the data.
-        let data_offset = if entry_type == EntryType::GNUSparse && block[482] != 0 {
-            sparse_extensions_end(&mut window, pos + BLOCK, len)
-                .map_err(|reason| ArchiveError::malformed(path, pos, reason))?
+        let mut old_sparse = None;
+        let data_offset = if entry_type == EntryType::GNUSparse {
+            let (map, data_at) = sparse::old_gnu(&block, pos + BLOCK, len, |at| {
+                window.read(at, BLOCK as usize).map(|b| b.to_vec())
+            })
+            .map_err(|reason| ArchiveError::malformed(path, pos, reason))?;
+            old_sparse = Some(map);
+            data_at
         } else {
             pos + BLOCK
         };
@@ -206,6 +215,15 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             // A mode that does not parse is damage in a field GNU tar would reject too; 0644 keeps
             // the member readable (as before).
             let mode = number(&block, Field::Mode).unwrap_or(0o644) as u32;
+            let sparse = match old_sparse {
+                Some(map) => Some(Ok(map)),
+                None if ext.pax.sparse => {
+                    Some(sparse::from_pax(&ext.pax, data_offset, size, |n| {
+                        window.read(data_offset, n).map(|b| b.to_vec())
+                    }))
+                }
+                None => None,
+            };
             let member = Raw {
                 header,
                 entry_type,
@@ -214,6 +232,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 header_offset: first,
                 data_offset,
                 size,
+                sparse,
             };
             record_member(image, member, ext);
         }
@@ -233,22 +252,6 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     Ok(())
 }
 
-/// Where the data of an old GNU sparse member starts: after the chain of 512-byte extension
-/// blocks that begins at `at` (each says in byte 504 whether another follows).
-fn sparse_extensions_end(window: &mut Window, mut at: u64, len: u64) -> Result<u64, String> {
-    loop {
-        if at + BLOCK > len {
-            return Err("the sparse map's extension blocks run past the end of the file".into());
-        }
-        let ext = window.read(at, BLOCK as usize).map_err(|e| e.to_string())?;
-        let more = ext[504] != 0;
-        at += BLOCK;
-        if !more {
-            return Ok(at);
-        }
-    }
-}
-
 /// Adds a real member (after its extension records) or skips it with a warning.
 fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
     let Raw {
@@ -259,9 +262,11 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
         header_offset,
         data_offset,
         size,
+        sparse,
     } = raw;
-    // Borrowed from the header in the common case: no allocation per member.
-    let raw_name: Cow<[u8]> = match ext.pax.path.or(ext.long_name) {
+    // Borrowed from the header in the common case: no allocation per member. A PAX sparse file
+    // carries its real name apart (its `path` is made up).
+    let raw_name: Cow<[u8]> = match ext.pax.sparse_name.or(ext.pax.path).or(ext.long_name) {
         Some(name) => Cow::Owned(name),
         None => header.path_bytes(),
     };
@@ -273,7 +278,7 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
         EntryType::Directory => MemberKind::Dir,
         EntryType::Symlink => MemberKind::Symlink,
         EntryType::Link => MemberKind::HardLink,
-        EntryType::GNUSparse => return skip(image, "sparse members are not supported"),
+        EntryType::GNUSparse => MemberKind::File,
         EntryType::Char | EntryType::Block => return skip(image, "device nodes are not served"),
         EntryType::Fifo => return skip(image, "FIFOs are not served"),
         EntryType::XGlobalHeader => {
@@ -293,9 +298,27 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
             }
         }
     };
-    if ext.pax.sparse && kind == MemberKind::File {
-        return skip(image, "sparse members are not supported");
-    }
+    // A sparse file: its real size, and where its data segments lie.
+    let (size, encoding, record) = match sparse {
+        Some(Ok(map)) if kind == MemberKind::File => {
+            let mut record = Vec::new();
+            let encoded = sparse_map::encode(
+                &map.segments,
+                map.size,
+                map.data_at,
+                map.stored,
+                &mut record,
+            );
+            if let Err(why) = encoded {
+                return skip(image, &format!("bad sparse map: {why}"));
+            }
+            (map.size, super::Encoding::Sparse, record)
+        }
+        Some(Err(why)) if kind == MemberKind::File => {
+            return skip(image, &format!("bad sparse map: {why}"));
+        }
+        _ => (size, super::Encoding::Stored, Vec::new()),
+    };
     let path = match sanitize(&raw_name) {
         Ok(path) => path,
         Err(why) => return skip(image, &why.to_string()),
@@ -317,7 +340,8 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
     let (mtime, mtime_nsec) = ext.pax.mtime.unwrap_or((mtime, 0));
     let mode = mode & 0o7777;
     let path = image.push_string(&path);
-    let link = image.push_string(&link);
+    // A sparse file's record rides where a link target would (files have none).
+    let link = image.push_string(if record.is_empty() { &link } else { &record });
     image.members.push(Member {
         path,
         link,
@@ -328,7 +352,7 @@ fn record_member(image: &mut ScannedImage, raw: Raw, ext: Pending) {
         size: if kind == MemberKind::File { size } else { 0 },
         data_offset,
         header_offset,
-        encoding: super::Encoding::Stored,
+        encoding,
     });
 }
 

@@ -1,5 +1,5 @@
 //! The index file layout, version 4. Versions 1 to 3 are read too: version 3 is version 4 without
-//! zip entries that carry their CRC-32, version 2 is version 3 without squashfs entries, version 1
+//! zip entries that carry their CRC-32 and sparse files, version 2 is version 3 without squashfs entries, version 1
 //! is version 2 without deflated (zip) entries. All integers are little-endian. (A packfs that
 //! reads only up to version 3 refuses a version 4 index: it would take the new encodings for
 //! stored bytes.)
