@@ -18,3 +18,4 @@ pub mod fs;
 pub mod logging;
 pub mod read_at;
 pub mod tiers;
+pub mod verify;

@@ -37,7 +37,7 @@ enum Command {
     Mount(mount::Args),
     /// Scan images once and write an index file, so that mounts start at once.
     Index(index::Args),
-    /// Check every byte of an index file and the fingerprints of its images.
+    /// Check an index (every byte) and its images' fingerprints; with --data, every file too.
     Verify(verify::Args),
     /// Copy images to a node-local stage directory (what `mount --stage` does in the background).
     Stage(stage::Args),

@@ -32,14 +32,20 @@ impl Drop for ScanBar {
 
 /// A bar over bytes staged.
 pub fn staging_bar(total: u64, done: u64) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "staging {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec}, eta {eta}",
-        )
-        .expect("valid template"),
-    );
+    let bar = bytes_bar("staging", total);
     bar.set_position(done);
     bar.reset_eta();
+    bar
+}
+
+/// A bar over `total` bytes of some work (`what`: "staging", "reading").
+pub fn bytes_bar(what: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:30}} {{bytes}}/{{total_bytes}} {{binary_bytes_per_sec}}, eta {{eta}}"
+        ))
+        .expect("valid template"),
+    );
     bar
 }
