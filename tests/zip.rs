@@ -434,3 +434,34 @@ fn verify_data_finds_damaged_members() {
     );
     assert!(!err.contains("good.bin"), "{err}");
 }
+
+/// A Deflate64 member (7-Zip's `-mm=Deflate64`) is refused by name, with the command that
+/// re-packs it; the other members are served.
+#[test]
+fn deflate64_members_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("deflate64.zip");
+    // Method 9 in both headers of one member: what 7-Zip writes for Deflate64.
+    python_zip(
+        "import struct, sys, zipfile\n\
+         with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z:\n\
+         \x20   z.writestr('d64.bin', b'x' * 1000)\n\
+         \x20   z.writestr('ok.txt', b'ok')\n\
+         b = bytearray(open(sys.argv[1], 'rb').read())\n\
+         for sig, at, name_at in ((b'PK\\x03\\x04', 8, 30), (b'PK\\x01\\x02', 10, 46)):\n\
+         \x20   i = b.find(sig)\n\
+         \x20   assert b[i + name_at:i + name_at + 7] == b'd64.bin'\n\
+         \x20   struct.pack_into('<H', b, i + at, 9)\n\
+         open(sys.argv[1], 'wb').write(b)\n",
+        &img,
+    );
+    let out = packfs().arg("ls").arg(&img).output().unwrap();
+    assert_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok.txt\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("skipping member \"d64.bin\": compression method Deflate64 is not supported")
+            && err.contains("-mm=Deflate"),
+        "{err}"
+    );
+}

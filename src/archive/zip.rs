@@ -95,9 +95,19 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             CompressionMethod::Stored => Encoding::Stored,
             CompressionMethod::Deflated => Encoding::Deflate,
             other => {
+                // Stored and deflated cover what zip, Python and Java write by default; 7-Zip
+                // writes Deflate64 when asked (-mm=Deflate64), which unzip cannot read either.
+                let name = if other == CompressionMethod::DEFLATE64 {
+                    "Deflate64".to_string()
+                } else {
+                    format!("{other:?}")
+                };
                 skip(
                     image,
-                    &format!("compression method {other:?} is not supported"),
+                    &format!(
+                        "compression method {name} is not supported (packfs serves stored and \
+                         deflated members): re-pack with `zip -r` or `7z a -tzip -mm=Deflate`"
+                    ),
                 );
                 continue;
             }
