@@ -145,14 +145,17 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         let first = group[0].1;
         // A name that is a file in one member and a directory in another of the same image may
         // have blocked members in between: extraction order decides (`drop_clashes`).
-        let unsettled_mix = group.iter().find(|&&(_, a)| {
-            !images[a.image as usize].clashes_settled
-                && group.iter().any(|&(_, b)| {
-                    b.image == a.image
-                        && (member(a).kind == MemberKind::Dir)
-                            != (member(b).kind == MemberKind::Dir)
-                })
-        });
+        // The group is sorted by image, so each image's members are one run: linear, however
+        // many times a hostile archive names one path.
+        let is_dir = |r: Ref| member(r).kind == MemberKind::Dir;
+        let unsettled_mix = group
+            .chunk_by(|x, y| x.1.image == y.1.image)
+            .find(|run| {
+                let first = run[0].1;
+                !images[first.image as usize].clashes_settled
+                    && run.iter().any(|&(_, r)| is_dir(r) != is_dir(first))
+            })
+            .map(|run| &run[0]);
         if let Some(&(_, a)) = unsettled_mix {
             return Err(BuildError::ClashInImage {
                 image: a.image as usize,
