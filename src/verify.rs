@@ -64,7 +64,7 @@ pub fn read_everything(
                 let len = (e.size - offset).min(PIECE as u64) as usize;
                 let read = BUF.with_borrow_mut(|buf| {
                     files
-                        .read(e.image, layout, e.size, offset, len, buf)
+                        .read(id, e.image, layout, e.size, offset, len, buf)
                         .map(|_| ())
                 });
                 if let Err(err) = read {

@@ -209,7 +209,7 @@ impl Core {
         let len = (e.size - offset).min(size as u64) as usize;
         let layout = self.catalog.layout(e)?;
         self.files
-            .read(e.image, layout, e.size, offset, len, buf)
+            .read(id, e.image, layout, e.size, offset, len, buf)
             .map_err(|err| Error::Io {
                 image: self
                     .files

@@ -3,10 +3,10 @@
 //! caller's buffer; decoded units are decoded once into the RAM tier and copied out of it, or
 //! shared without a copy when one unit covers the whole read.
 
-use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::images::{Fetch, Images};
 use super::ram_cache::Decoded;
@@ -50,9 +50,34 @@ impl Served<'_> {
 
 pub struct FileReader {
     images: Arc<Images>,
-    /// Stored files checked against their CRC-32 so far: (image, data offset) -> passed. One
-    /// bit of state per checked file (a few MB for millions of zip members).
-    crc_outcomes: RwLock<HashMap<(u32, u64), bool>>,
+    /// Stored files checked against their CRC-32 so far, and those that failed: a bit per
+    /// catalog entry each (250 KB for a million files).
+    checked: Bits,
+    failed: Bits,
+}
+
+/// A fixed set of bits, set without locks.
+struct Bits(Box<[AtomicU64]>);
+
+impl Bits {
+    fn new(n: usize) -> Bits {
+        Bits((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    fn get(&self, i: u32) -> bool {
+        let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
+        self.0
+            .get(word)
+            .is_some_and(|w| w.load(Ordering::Acquire) & bit != 0)
+    }
+
+    fn set(&self, i: u32) {
+        let (word, bit) = (i as usize / 64, 1u64 << (i % 64));
+        if let Some(w) = self.0.get(word) {
+            // Release: whoever sees `checked` set also sees `failed` set before it.
+            w.fetch_or(bit, Ordering::Release);
+        }
+    }
 }
 
 /// Stored files up to this size are checked whole before their first partial read; larger ones
@@ -90,10 +115,12 @@ impl ReadAt for ImageBytes<'_> {
 }
 
 impl FileReader {
-    pub fn new(images: Arc<Images>) -> FileReader {
+    /// A reader for the files of a catalog of `entries` entries.
+    pub fn new(images: Arc<Images>, entries: usize) -> FileReader {
         FileReader {
             images,
-            crc_outcomes: RwLock::new(HashMap::new()),
+            checked: Bits::new(entries),
+            failed: Bits::new(entries),
         }
     }
 
@@ -101,10 +128,12 @@ impl FileReader {
         &self.images
     }
 
-    /// Reads `len` bytes at `offset` of a file of `size` bytes laid out as `layout` in `image`
-    /// (the range lies inside the file).
+    /// Reads `len` bytes at `offset` of the file `file` (its catalog entry), of `size` bytes laid
+    /// out as `layout` in `image` (the range lies inside the file).
+    #[allow(clippy::too_many_arguments)]
     pub fn read<'b>(
         &self,
+        file: u32,
         image: u32,
         layout: Layout,
         size: u64,
@@ -146,13 +175,14 @@ impl FileReader {
                     buf.resize(filled + n, 0);
                     let whole = crc.filter(|c| c.at == at && c.len == n as u64);
                     if let Some(member) = crc.filter(|_| whole.is_none()) {
-                        self.check_whole(image, member)?;
+                        self.check_whole(file, image, member)?;
                     }
                     self.images
                         .read_exact_at(image, at, &mut buf[filled..], Fetch::Chunks)
                         .map_err(failed(at))?;
                     if let Some(member) = whole {
-                        self.settle(image, member, check_crc(&buf[filled..], Some(member.crc)))?;
+                        let outcome = check_crc(&buf[filled..], Some(member.crc));
+                        self.settle(file, member, outcome)?;
                     }
                 }
             }
@@ -163,12 +193,18 @@ impl FileReader {
     /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon
     /// lifetime, reading it in bounded pieces (no more memory than one piece). Files larger than
     /// `CHECK_LIMIT` are checked only when a read covers them whole.
-    fn check_whole(&self, image: u32, member: WholeCrc) -> Result<(), ReadError> {
+    fn check_whole(&self, file: u32, image: u32, member: WholeCrc) -> Result<(), ReadError> {
         if member.len > CHECK_LIMIT {
             return Ok(());
         }
-        if let Some(outcome) = self.checked(image, member) {
-            return outcome;
+        if self.checked.get(file) {
+            return match self.failed.get(file) {
+                false => Ok(()),
+                true => Err(bad_crc(
+                    member.at,
+                    "bad CRC-32 (found earlier): the member is damaged",
+                )),
+            };
         }
         let mut hasher = crc32fast::Hasher::new();
         CHECK_BUF.with_borrow_mut(|piece| -> Result<(), ReadError> {
@@ -195,33 +231,20 @@ impl FileReader {
                 member.crc
             ))
         };
-        self.settle(image, member, outcome)
-    }
-
-    /// What an earlier check of `member` found, if one ran.
-    fn checked(&self, image: u32, member: WholeCrc) -> Option<Result<(), ReadError>> {
-        let outcomes = self.crc_outcomes.read().expect("not poisoned");
-        outcomes.get(&(image, member.at)).map(|&good| {
-            if good {
-                Ok(())
-            } else {
-                Err(bad_crc(
-                    member.at,
-                    "bad CRC-32 (found earlier): the member is damaged",
-                ))
-            }
-        })
+        self.settle(file, member, outcome)
     }
 
     /// Remembers the outcome of a check, and turns a failed one into this read's error.
     fn settle(
         &self,
-        image: u32,
+        file: u32,
         member: WholeCrc,
         outcome: Result<(), String>,
     ) -> Result<(), ReadError> {
-        let mut outcomes = self.crc_outcomes.write().expect("not poisoned");
-        outcomes.insert((image, member.at), outcome.is_ok());
+        if outcome.is_err() {
+            self.failed.set(file);
+        }
+        self.checked.set(file);
         outcome.map_err(|why| bad_crc(member.at, &why))
     }
 

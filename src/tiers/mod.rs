@@ -95,11 +95,12 @@ pub fn assemble(
         )?)),
         None => None,
     };
-    Ok(FileReader::new(Arc::new(Images::new(
+    let images = Images::new(
         source,
         opts.cache_size,
         opts.chunk_size,
         opts.ram_chunks,
         stage,
-    ))))
+    );
+    Ok(FileReader::new(Arc::new(images), catalog.len()))
 }
