@@ -96,7 +96,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             CompressionMethod::Deflated => Encoding::Deflate,
             other => {
                 // Stored and deflated cover what zip, Python and Java write by default; 7-Zip
-                // writes Deflate64 when asked (-mm=Deflate64), which unzip cannot read either.
+                // writes Deflate64 when asked (-mm=Deflate64), which packfs cannot inflate yet.
                 let name = if other == CompressionMethod::DEFLATE64 {
                     "Deflate64".to_string()
                 } else {
