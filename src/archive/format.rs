@@ -99,7 +99,7 @@ impl Format {
         {
             return Ok(Format::Compressed(*c));
         }
-        if n == 512 && looks_like_tar(head) || head.iter().all(|&b| b == 0) {
+        if n == 512 && super::tar::is_header(head) || head.iter().all(|&b| b == 0) {
             return Ok(Format::Tar);
         }
         Ok(if has_zip_end(file)? {
@@ -108,30 +108,6 @@ impl Format {
             Format::Tar
         })
     }
-}
-
-/// A header block whose checksum field matches its bytes.
-fn looks_like_tar(block: &[u8]) -> bool {
-    let text: String = block[148..156]
-        .iter()
-        .take_while(|&&b| b != 0)
-        .map(|&b| b as char)
-        .collect();
-    let Ok(stored) = u32::from_str_radix(text.trim(), 8) else {
-        return false;
-    };
-    let sum: u32 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                b as u32
-            }
-        })
-        .sum();
-    stored == sum
 }
 
 /// Whether a zip end-of-central-directory record lies within reach of the end of the file.

@@ -101,6 +101,14 @@ impl<'a> Window<'a> {
     }
 }
 
+/// Whether `block` is a tar header (its checksum matches, as the scanner checks it): format
+/// detection asks before it looks for other formats further in the file.
+pub fn is_header(block: &[u8]) -> bool {
+    block
+        .try_into()
+        .is_ok_and(|b: &[u8; BLOCK as usize]| verify_checksum(b).is_ok())
+}
+
 /// Scans a tar image into `image` (whose path and size are set). Fails on anything that makes the
 /// member table untrustworthy; skips (with a warning naming image and offset) members that cannot
 /// be served.
