@@ -33,6 +33,21 @@ pub trait ReadAt: Send + Sync {
         Ok(())
     }
 
+    /// Reads as many bytes as the image has at `offset`, up to `buf.len()`: short only at its end
+    /// (retrying short and interrupted reads). For streams whose compressed length is not known.
+    fn read_up_to(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+
     /// Hints that `len` bytes at `offset` will be read soon; the default does nothing.
     fn will_need(&self, _offset: u64, _len: u64) {}
 }

@@ -287,11 +287,11 @@ fn damaged_indexes_are_rejected() {
 
     // Another version.
     let mut other = good.clone();
-    other[8] = 5;
+    other[8] = 6;
     fs::write(&bad, &other).unwrap();
     let err = assert_clean_failure(&verify(&bad), "version");
     assert!(
-        err.contains("version 5, this packfs reads versions 1 to 4"),
+        err.contains("version 6, this packfs reads versions 1 to 5"),
         "{err}"
     );
 

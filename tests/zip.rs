@@ -386,7 +386,6 @@ fn members_with_a_bad_crc_fail_with_eio() {
 /// their checks; without `--data` only the index and the fingerprints are checked.
 #[test]
 fn verify_data_finds_damaged_members() {
-    use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     write_file(&src.join("s/good.bin"), &bytes(1, 5000), 0o644);
@@ -415,10 +414,7 @@ fn verify_data_finds_damaged_members() {
         .position(|w| w == &bytes(2, 1_000_000)[..64])
         .unwrap()
         + 500_000;
-    let f = fs::File::options().write(true).open(&img).unwrap();
-    let mtime = fs::metadata(&img).unwrap().modified().unwrap();
-    f.write_all_at(&[raw[at] ^ 1], at as u64).unwrap();
-    f.set_modified(mtime).unwrap();
+    damage_in_place(&img, at as u64, 1);
     run(packfs().arg("verify").arg(&index));
     let out = packfs()
         .arg("verify")

@@ -11,6 +11,7 @@ use std::fmt;
 use std::io;
 
 use super::codec::{self, Codec};
+use super::inflate::{self, Checkpoints, Restart};
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
 use crate::read_at::ReadAt;
@@ -32,6 +33,9 @@ pub enum Encoding {
     ZipDeflated,
     /// A sparse file: data segments and holes, a `sparse_map` record in the catalog's arena.
     Sparse,
+    /// A deflate stream served through restart checkpoints (a zip member larger than
+    /// `inflate::SPACING`): an `inflate::table` record in the catalog's arena.
+    Checkpointed,
 }
 
 /// Bytes of a zip member's layout record: its data offset (u64) and CRC-32 (u32), little-endian.
@@ -51,7 +55,11 @@ impl Encoding {
     pub fn has_record(self) -> bool {
         matches!(
             self,
-            Encoding::Squashfs | Encoding::ZipStored | Encoding::ZipDeflated | Encoding::Sparse
+            Encoding::Squashfs
+                | Encoding::ZipStored
+                | Encoding::ZipDeflated
+                | Encoding::Sparse
+                | Encoding::Checkpointed
         )
     }
 }
@@ -71,11 +79,40 @@ pub enum Layout<'a> {
     },
     Squashfs(BlockMap<'a>),
     Sparse(SparseMap<'a>),
+    /// Bytes at `at` of a deflate stream read through its checkpoints: a big zip member (`at` 0)
+    /// or a member of a `.tar.gz` (`at` in the decoded tar).
+    Inflated {
+        at: u64,
+        table: Checkpoints<'a>,
+    },
+    /// A sparse member of a `.tar.gz`: its data segments lie in the decoded tar.
+    SparseInflated {
+        map: SparseMap<'a>,
+        table: Checkpoints<'a>,
+    },
+}
+
+/// Reads an `inflate::table` record at `offset` of the catalog's arena.
+pub fn read_checkpoints<'a, E: From<PlanError>>(
+    offset: u64,
+    record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
+) -> Result<Checkpoints<'a>, E> {
+    let invalid = |why: String| PlanError {
+        at: 0,
+        why: format!("the catalog's checkpoint table is invalid: {why}"),
+    };
+    let head = record(offset, inflate::table::HEAD)?;
+    let entries = inflate::table::entries_len(head)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| invalid("bad head".into()))?;
+    let len = Checkpoints::record_len(record(offset, entries)?).map_err(invalid)?;
+    let len = usize::try_from(len).map_err(|_| invalid("too long".into()))?;
+    Ok(Checkpoints::decode(record(offset, len)?).map_err(invalid)?)
 }
 
 /// A piece of a read, in file order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub enum Piece<'a> {
     Zeros(usize),
     /// `len` image bytes at `at`; `crc` is the whole file's checksum when the format keeps one
     /// (the executor checks the whole file once before serving any part of it).
@@ -86,13 +123,13 @@ pub enum Piece {
     },
     /// `len` bytes from `from` of what `unit` decodes to.
     Decoded {
-        unit: Unit,
+        unit: Unit<'a>,
         from: usize,
         len: usize,
     },
 }
 
-impl Piece {
+impl Piece<'_> {
     pub fn len(&self) -> usize {
         match self {
             Piece::Zeros(len) | Piece::Stored { len, .. } | Piece::Decoded { len, .. } => *len,
@@ -115,14 +152,14 @@ pub struct WholeCrc {
 /// A run of image bytes that decodes as one. Decoded units are what the RAM cache keeps, keyed by
 /// (image, `key()`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unit {
+pub struct Unit<'a> {
     /// Image offset of the encoded bytes.
     pub at: u64,
-    kind: UnitKind,
+    kind: UnitKind<'a>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum UnitKind {
+enum UnitKind<'a> {
     /// `len` encoded bytes that decode to at least `need` and at most `limit` bytes; `what` names
     /// it in errors.
     Block {
@@ -134,11 +171,13 @@ enum UnitKind {
     },
     /// A raw deflate stream that inflates to exactly `size` bytes, with that CRC-32 if known.
     DeflateStream { size: u64, crc: Option<u32> },
+    /// One interval of a deflate stream, inflated from its checkpoint (`inflate::table`).
+    Restart(Restart<'a>),
 }
 
-impl Unit {
+impl<'a> Unit<'a> {
     /// A block of `len` encoded bytes at `at` that must decode to exactly `size` bytes.
-    pub fn block(codec: Codec, at: u64, len: u32, size: usize) -> Unit {
+    pub fn block(codec: Codec, at: u64, len: u32, size: usize) -> Unit<'a> {
         Unit {
             at,
             kind: UnitKind::Block {
@@ -152,7 +191,7 @@ impl Unit {
     }
 
     /// A squashfs fragment block: at most `limit` bytes, of which the first `need` are used.
-    pub fn fragment_block(codec: Codec, at: u64, len: u32, need: usize, limit: usize) -> Unit {
+    pub fn fragment_block(codec: Codec, at: u64, len: u32, need: usize, limit: usize) -> Unit<'a> {
         Unit {
             at,
             kind: UnitKind::Block {
@@ -165,7 +204,24 @@ impl Unit {
         }
     }
 
-    pub fn deflate_stream(at: u64, size: u64, crc: Option<u32>) -> Unit {
+    /// An interval of a deflate stream, restarted at image offset `at` (see `inflate::table`).
+    pub fn restart(at: u64, restart: Restart<'a>) -> Unit<'a> {
+        Unit {
+            at,
+            kind: UnitKind::Restart(restart),
+        }
+    }
+
+    /// How many bytes the unit decodes to, when its kind fixes it (0 otherwise).
+    pub fn decoded_len(&self) -> usize {
+        match self.kind {
+            UnitKind::Restart(r) => r.len,
+            UnitKind::Block { need, .. } => need,
+            UnitKind::DeflateStream { size, .. } => size as usize,
+        }
+    }
+
+    pub fn deflate_stream(at: u64, size: u64, crc: Option<u32>) -> Unit<'a> {
         Unit {
             at,
             kind: UnitKind::DeflateStream { size, crc },
@@ -182,6 +238,7 @@ impl Unit {
     pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
         match self.kind {
+            UnitKind::Restart(ref r) => inflate::inflate_interval(image, self.at, r),
             UnitKind::DeflateStream { size, crc } => {
                 let out = codec::inflate_stream(image, self.at, size)?;
                 check_crc(&out, crc).map_err(invalid)?;
@@ -294,6 +351,10 @@ impl<'a> Layout<'a> {
                 };
                 Layout::Sparse(SparseMap::decode(record(offset, len)?).map_err(invalid)?)
             }
+            Encoding::Checkpointed => Layout::Inflated {
+                at: 0,
+                table: read_checkpoints(offset, record)?,
+            },
             Encoding::Squashfs => {
                 let head = record(offset, block_map::HEAD)?;
                 let len = BlockMap::encoded_len(head.try_into().expect("HEAD bytes"));
@@ -304,6 +365,19 @@ impl<'a> Layout<'a> {
                 Layout::Squashfs(BlockMap::decode(record(offset, len)?).map_err(invalid)?)
             }
         })
+    }
+
+    /// The layout of a member of a compressed image (a `.tar.gz`) whose offsets are in the
+    /// decoded stream that `table` describes.
+    pub fn in_stream(self, table: Checkpoints<'a>) -> Result<Layout<'a>, PlanError> {
+        match self {
+            Layout::Stored { at, crc: None } => Ok(Layout::Inflated { at, table }),
+            Layout::Sparse(map) => Ok(Layout::SparseInflated { map, table }),
+            other => Err(PlanError {
+                at: 0,
+                why: format!("the catalog places a {other} member in a compressed image"),
+            }),
+        }
     }
 
     /// The pieces of bytes `offset..offset + len` of a file of `size` bytes (the range lies
@@ -318,7 +392,7 @@ impl<'a> Layout<'a> {
     }
 
     /// The piece that starts at `pos`, at most `want` bytes long.
-    fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
+    fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece<'a>, PlanError> {
         match *self {
             Layout::Stored { at, crc } => Ok(Piece::Stored {
                 at: at + pos,
@@ -332,6 +406,11 @@ impl<'a> Layout<'a> {
             }),
             Layout::Squashfs(ref map) => map.piece(size, pos, want),
             Layout::Sparse(ref map) => map.piece(size, pos, want),
+            Layout::Inflated { at, ref table } => table.piece(at + pos, want),
+            Layout::SparseInflated { ref map, ref table } => match map.piece(size, pos, want)? {
+                Piece::Stored { at, len, .. } => table.piece(at, len),
+                other => Ok(other),
+            },
         }
     }
 }
@@ -342,6 +421,19 @@ impl fmt::Display for Layout<'_> {
         match self {
             Layout::Stored { at, .. } => write!(f, "stored at {at}"),
             Layout::Deflate { at, .. } => write!(f, "deflate at {at}"),
+            Layout::Inflated { at, table } => write!(
+                f,
+                "inflated from offset {at} of a stream of {} bytes, {} checkpoints from {}",
+                table.total(),
+                table.count(),
+                table.in_at(0)
+            ),
+            Layout::SparseInflated { map, table } => write!(
+                f,
+                "sparse, {} data segments, inflated through {} checkpoints",
+                map.count(),
+                table.count()
+            ),
             Layout::Sparse(map) => {
                 write!(f, "sparse, {} data segments", map.count())?;
                 if map.count() > 0 {
@@ -372,8 +464,8 @@ pub struct Plan<'a> {
     end: u64,
 }
 
-impl Iterator for Plan<'_> {
-    type Item = Result<Piece, PlanError>;
+impl<'a> Iterator for Plan<'a> {
+    type Item = Result<Piece<'a>, PlanError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.pos >= self.end {

@@ -9,6 +9,7 @@ mod clashes;
 pub mod codec;
 pub mod fingerprint;
 mod format;
+pub mod inflate;
 pub mod layout;
 pub mod name;
 pub mod sparse_map;
@@ -84,6 +85,9 @@ pub struct ScannedImage {
     /// Set once `drop_clashes` has put the members in extraction order's terms: the catalog
     /// build then trusts that no name is both a file and a directory.
     pub clashes_settled: bool,
+    /// For a compressed image (a `.tar.gz`): the checkpoint table of its decoded stream
+    /// (`inflate::table`), in which the members' offsets lie.
+    pub stream: Option<Vec<u8>>,
 }
 
 /// Warnings named one by one per image and reason; the rest are counted in one summary line, so
@@ -102,6 +106,7 @@ impl ScannedImage {
             skipped: 0,
             skips: BTreeMap::new(),
             clashes_settled: false,
+            stream: None,
         }
     }
 
@@ -207,13 +212,14 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
         Format::Squashfs => squashfs::scan(&file, &mut image)?,
         Format::Tar => tar::scan(&file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
+        Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(&file, &mut image)?,
         Format::Compressed(c) => {
             return Err(ArchiveError::malformed(
                 path,
                 0,
                 format!(
-                    "a {}-compressed file; packfs reads uncompressed tar, zip and squashfs \
-                     images: decompress it once (`{} {}`) and give the .tar",
+                    "a {}-compressed file; packfs reads tar (plain or gzip-compressed), zip and \
+                     squashfs images: decompress it once (`{} {}`) and give the .tar",
                     c.name,
                     c.command,
                     path.display()

@@ -97,7 +97,7 @@ impl<'a> SparseMap<'a> {
 
     /// The piece of a file of `size` bytes at `pos`, at most `want` bytes: data of the segment
     /// holding `pos`, or zeros up to the next segment.
-    pub fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
+    pub fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece<'static>, PlanError> {
         // The first segment that ends after `pos`.
         let (mut lo, mut hi) = (0, self.count());
         while lo < hi {

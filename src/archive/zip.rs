@@ -8,13 +8,15 @@ use std::io::Read;
 use zip::CompressionMethod;
 use zip::extra_fields::ExtraField;
 
+use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::layout::zip_record;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
 
-/// Deflated members are inflated whole (one `layout::Unit`) into the RAM cache; larger ones are
-/// skipped for now (a streaming reader with restart points would lift this).
-pub const MAX_DEFLATED: u64 = 16 << 20;
+/// Deflated members up to this size are inflated whole (one `layout::Unit`) into the RAM cache;
+/// larger ones are inflated once at scan time to place restart checkpoints (`inflate`), and read
+/// an interval at a time.
+pub const MAX_WHOLE: u64 = inflate::SPACING;
 
 /// A symlink's target is stored as the member's data; longer ones are treated as corruption.
 const MAX_LINK: u64 = 64 * 1024;
@@ -118,13 +120,19 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         };
         let size = member.size();
         let crc = member.crc32();
-        if encoding == Encoding::Deflate && size > MAX_DEFLATED && !member.is_dir() {
-            skip(
-                image,
-                "deflated members over 16 MiB are not supported yet (store them instead)",
-            );
-            continue;
-        }
+        let checkpoints = if encoding == Encoding::Deflate && size > MAX_WHOLE && !member.is_dir() {
+            let end = data_offset.saturating_add(member.compressed_size());
+            match checkpoint(file, data_offset, end.min(image.size), size, crc) {
+                Ok(table) => Some(table),
+                Err(InflateError::Io(e)) => return Err(ArchiveError::io(&path, e)),
+                Err(InflateError::Bad { at, why }) => {
+                    image.skip(at, &raw_name, &why);
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
         if encoding == Encoding::Stored
             && data_offset.checked_add(size).is_none_or(|e| e > image.size)
         {
@@ -193,6 +201,8 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 ));
             }
             target
+        } else if let Some(table) = checkpoints.filter(|_| kind == MemberKind::File) {
+            table
         } else if kind == MemberKind::File {
             // The file's layout record: where its data is and the CRC-32 to check it against.
             zip_record(data_offset, crc).to_vec()
@@ -200,6 +210,9 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             Vec::new()
         };
         let encoding = match encoding {
+            _ if kind == MemberKind::File && size > MAX_WHOLE && encoding == Encoding::Deflate => {
+                Encoding::Checkpointed
+            }
             Encoding::Deflate => Encoding::ZipDeflated,
             _ => Encoding::ZipStored,
         };
@@ -219,6 +232,33 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         });
     }
     Ok(())
+}
+
+/// Inflates a deflated member once (its compressed bytes lie in `start..end`) and returns its
+/// checkpoint table, after checking its length and CRC-32 against the central directory's.
+fn checkpoint(
+    file: &File,
+    start: u64,
+    end: u64,
+    size: u64,
+    crc: u32,
+) -> Result<Vec<u8>, InflateError> {
+    let done = Indexer::new(file, end, start, Wrapper::Raw, inflate::SPACING)?.finish()?;
+    let bad = |why: String| InflateError::Bad { at: start, why };
+    if done.total != size {
+        return Err(bad(format!(
+            "its deflate data inflates to {} bytes, the central directory says {size}",
+            done.total
+        )));
+    }
+    if done.crc != crc {
+        return Err(bad(format!(
+            "bad CRC-32: the archive records {crc:08x}, the bytes have {:08x} (the member is \
+             damaged; unzip -t reports it too)",
+            done.crc
+        )));
+    }
+    Ok(done.table)
 }
 
 /// A DOS timestamp (no time zone; taken as UTC) as seconds since the epoch.

@@ -325,17 +325,25 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         }
         entries.push(e);
     }
+    // The checkpoint tables of compressed images, after the entries' names and records.
+    let mut infos = Vec::with_capacity(images.len());
+    for i in images {
+        let stream = i.stream.as_ref().map(|table| {
+            let at = names.len() as u64;
+            names.extend_from_slice(table);
+            at
+        });
+        infos.push(ImageInfo {
+            path: i.path.clone(),
+            fingerprint: i.fingerprint,
+            stream,
+        });
+    }
     names.shrink_to_fit();
 
     Ok(Catalog {
         store: Store::Owned { entries, names },
-        images: images
-            .iter()
-            .map(|i| ImageInfo {
-                path: i.path.clone(),
-                fingerprint: i.fingerprint,
-            })
-            .collect(),
+        images: infos,
         file_count,
         file_bytes,
     })

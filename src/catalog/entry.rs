@@ -83,6 +83,7 @@ impl Entry {
             3 => Encoding::ZipStored,
             4 => Encoding::ZipDeflated,
             5 => Encoding::Sparse,
+            6 => Encoding::Checkpointed,
             _ => Encoding::Stored,
         }
     }
@@ -96,6 +97,7 @@ impl Entry {
             Encoding::ZipStored => 3 << ENCODING_SHIFT,
             Encoding::ZipDeflated => 4 << ENCODING_SHIFT,
             Encoding::Sparse => 5 << ENCODING_SHIFT,
+            Encoding::Checkpointed => 6 << ENCODING_SHIFT,
         }
     }
 

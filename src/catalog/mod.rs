@@ -18,7 +18,7 @@ pub use store::CatalogError;
 use store::Store;
 
 use crate::archive::Fingerprint;
-use crate::archive::layout::Layout;
+use crate::archive::layout::{Layout, read_checkpoints};
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +26,9 @@ pub struct ImageInfo {
     pub path: PathBuf,
     /// As recorded when the image was scanned; checked again when the image is opened.
     pub fingerprint: Fingerprint,
+    /// For a compressed image (a `.tar.gz`), where the checkpoint table of its decoded stream
+    /// starts in the names arena: member offsets are in that stream.
+    pub stream: Option<u64>,
 }
 
 /// Index of an entry in the catalog; the root is 0.
@@ -98,9 +101,13 @@ impl Catalog {
     /// Where a file's bytes are (`archive::layout`), as recorded: the format reads its own record.
     pub fn layout(&self, entry: &Entry) -> Result<Layout<'_>, CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::File);
-        Layout::read(entry.encoding(), entry.offset, |offset, len| {
-            self.store.names(offset, len)
-        })
+        let record = |offset, len| self.store.names(offset, len);
+        let layout = Layout::read(entry.encoding(), entry.offset, record)?;
+        let stream = self.images.get(entry.image as usize).and_then(|i| i.stream);
+        match stream {
+            None => Ok(layout),
+            Some(table) => Ok(layout.in_stream(read_checkpoints(table, record)?)?),
+        }
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).

@@ -83,6 +83,7 @@ impl Source {
             let info = ImageInfo {
                 path: path.clone(),
                 fingerprint,
+                stream: None,
             };
             Ok((image(path.clone(), file, fingerprint.size), info))
         })?;

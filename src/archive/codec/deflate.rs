@@ -37,7 +37,7 @@ pub fn inflate_stream(image: &dyn ReadAt, offset: u64, size: u64) -> io::Result<
     let mut chunk = vec![0u8; READ_CHUNK];
     let mut pos = offset;
     loop {
-        let n = read_some(image, &mut chunk, pos)?;
+        let n = image.read_up_to(&mut chunk, pos)?;
         if n == 0 {
             return Err(bad(format!(
                 "deflate stream at offset {offset} runs past the end"
@@ -73,18 +73,4 @@ pub fn inflate_stream(image: &dyn ReadAt, offset: u64, size: u64) -> io::Result<
         }
         pos += n as u64;
     }
-}
-
-/// As many bytes as the image has at `pos`, up to `buf.len()`; short only at its end.
-fn read_some(image: &dyn ReadAt, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match image.read_at(&mut buf[got..], pos + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }

@@ -188,7 +188,12 @@ impl<'a> BlockMap<'a> {
 
     /// The piece of a file of `file_size` bytes that starts at `pos`: the rest of the block (or
     /// tail) holding `pos`, at most `want` bytes.
-    pub fn piece(&self, file_size: u64, pos: u64, want: usize) -> Result<Piece, PlanError> {
+    pub fn piece(
+        &self,
+        file_size: u64,
+        pos: u64,
+        want: usize,
+    ) -> Result<Piece<'static>, PlanError> {
         let bs = self.block_size();
         let i = (pos / bs) as usize;
         let within = pos % bs;

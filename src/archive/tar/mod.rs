@@ -1,5 +1,7 @@
-//! Tar scanner: walks the headers of an uncompressed tar (ustar, GNU, PAX) with positioned reads,
-//! seeking over member data, and records each member's data extent.
+//! Tar scanner: walks the headers of a tar (ustar, GNU, PAX) with positioned reads, seeking over
+//! member data, and records each member's data extent. A gzip-compressed tar is walked through
+//! its decoded stream, inflated once (`inflate::Indexer`), and its members' extents lie in that
+//! stream.
 //!
 //! The `tar` crate parses the header fields; this module owns the walk because it must name the byte
 //! offset of every problem, detect members that run past the end of a truncated shard, and read only
@@ -8,14 +10,16 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 
 use tar::{EntryType, Header};
-use tracing::debug;
+use tracing::{debug, warn};
 
 mod fields;
 mod sparse;
 
+use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::name::sanitize;
 use super::sparse_map;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
@@ -55,6 +59,23 @@ struct Raw<'h> {
     sparse: Option<Result<sparse::Map, String>>,
 }
 
+/// The bytes the scanner walks: an uncompressed tar file, or the decoded stream of a `.tar.gz`.
+trait Stream {
+    /// `len` bytes at `offset`; the caller has checked with `len_upto` that they exist.
+    fn read(&mut self, offset: u64, len: usize) -> io::Result<&[u8]>;
+    /// The stream's length if it is less than `limit`, else `limit` (a compressed stream is
+    /// decoded that far).
+    fn len_upto(&mut self, limit: u64) -> io::Result<u64>;
+    /// Bytes before `offset` will not be read again.
+    fn forget_before(&mut self, _offset: u64) {}
+    /// Records the distance from one header to the next.
+    fn note_gap(&mut self, _gap: u64) {}
+    /// What the offsets count, for messages.
+    fn what(&self) -> &'static str {
+        "the file"
+    }
+}
+
 /// Positioned reads through a buffer whose size follows the gaps between headers.
 struct Window<'a> {
     file: &'a File,
@@ -75,14 +96,18 @@ impl<'a> Window<'a> {
             mean_gap: 0,
         }
     }
+}
 
-    /// Records the distance from one header to the next.
+impl Stream for Window<'_> {
     fn note_gap(&mut self, gap: u64) {
         self.mean_gap = (self.mean_gap * 7 + gap) / 8;
     }
 
-    /// Returns `len` bytes at `offset`; the caller has checked that they lie inside the image.
-    fn read(&mut self, offset: u64, len: usize) -> std::io::Result<&[u8]> {
+    fn len_upto(&mut self, limit: u64) -> io::Result<u64> {
+        Ok(self.len.min(limit))
+    }
+
+    fn read(&mut self, offset: u64, len: usize) -> io::Result<&[u8]> {
         let end = offset + len as u64;
         let cached_end = self.start + self.buf.len() as u64;
         if offset < self.start || end > cached_end {
@@ -113,30 +138,179 @@ pub fn is_header(block: &[u8]) -> bool {
 /// member table untrustworthy; skips (with a warning naming image and offset) members that cannot
 /// be served.
 pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let mut window = Window::new(file, image.size);
+    walk(&mut window, image)
+}
+
+/// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and
+/// the checkpoint table that serves the members' bytes later is kept in `image.stream`.
+pub fn scan_gzip(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let failed = |e: InflateError| match e {
+        InflateError::Io(e) => ArchiveError::io(&path, e),
+        InflateError::Bad { at, why } => ArchiveError::malformed(
+            &path,
+            at,
+            format!("{why} (this is a gzip-compressed file; `gzip -t` checks it)"),
+        ),
+    };
+    let indexer = Indexer::new(file, image.size, 0, Wrapper::Gzip, inflate::SPACING);
+    let mut stream = Decoded {
+        indexer: indexer.map_err(failed)?,
+        buf: Vec::new(),
+        start: 0,
+        mark: 0,
+        ended: false,
+        failed: None,
+    };
+    let walked = walk(&mut stream, image);
+    if let Some(e) = stream.failed.take() {
+        return Err(failed(e));
+    }
+    if let Err(ArchiveError::Malformed {
+        offset: 0, reason, ..
+    }) = &walked
+    {
+        return Err(ArchiveError::malformed(
+            &path,
+            0,
+            format!(
+                "a gzip-compressed file whose content is not a tar archive ({reason}): packfs \
+                 serves .tar.gz; decompress anything else once (`gzip -dk`)"
+            ),
+        ));
+    }
+    walked?;
+    // The rest of the stream (after the end-of-archive blocks) is checked too, as `gzip -d`
+    // would: a damaged trailer means a damaged file.
+    let done = stream.indexer.finish().map_err(failed)?;
+    if let Some(t) = done.trailing {
+        let what = if t.all_zero {
+            "zero bytes"
+        } else {
+            "bytes that are not gzip data"
+        };
+        warn!(
+            image = %path.display(),
+            offset = t.at,
+            "{what} follow the last gzip member; ignored, as gzip does"
+        );
+    }
+    debug!(
+        image = %path.display(),
+        decoded = done.total,
+        checkpoints = done.checkpoints,
+        table_bytes = done.table.len(),
+        "indexed the gzip stream"
+    );
+    image.stream = Some(done.table);
+    Ok(())
+}
+
+/// The decoded stream of a `.tar.gz`, inflated forward as the walk asks; bytes behind the
+/// walk's mark are dropped, so a scan holds about one member's headers, never the tar.
+struct Decoded<'r> {
+    indexer: Indexer<'r>,
+    /// Decoded bytes `start..start + buf.len()`; the end is always what has been decoded.
+    buf: Vec<u8>,
+    start: u64,
+    mark: u64,
+    ended: bool,
+    /// The stream's own failure (the walk sees it as an I/O error and stops).
+    failed: Option<InflateError>,
+}
+
+impl Decoded<'_> {
+    fn end(&self) -> u64 {
+        self.start + self.buf.len() as u64
+    }
+
+    fn ensure(&mut self, limit: u64) -> io::Result<()> {
+        while self.end() < limit && !self.ended {
+            let behind = (self.mark.saturating_sub(self.start) as usize).min(self.buf.len());
+            if behind > 0 {
+                self.buf.drain(..behind);
+                self.start += behind as u64;
+            }
+            let end = self.end();
+            let chunk = match self.indexer.next_chunk() {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    let error = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+                    self.failed = Some(e);
+                    return Err(error);
+                }
+            };
+            if chunk.is_empty() {
+                self.ended = true;
+            } else if self.mark <= end {
+                self.buf.extend_from_slice(chunk);
+            } else {
+                // All of the buffer is behind the mark, and maybe some of the chunk.
+                let skip = ((self.mark - end) as usize).min(chunk.len());
+                self.buf.clear();
+                self.buf.extend_from_slice(&chunk[skip..]);
+                self.start = end + skip as u64;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Stream for Decoded<'_> {
+    fn read(&mut self, offset: u64, len: usize) -> io::Result<&[u8]> {
+        let end = offset + len as u64;
+        self.ensure(end)?;
+        if offset < self.start || end > self.end() {
+            return Err(io::Error::other(format!(
+                "decoded bytes {offset}..{end} are no longer (or not) held"
+            )));
+        }
+        let at = (offset - self.start) as usize;
+        Ok(&self.buf[at..at + len])
+    }
+
+    fn len_upto(&mut self, limit: u64) -> io::Result<u64> {
+        self.ensure(limit)?;
+        Ok(self.end().min(limit))
+    }
+
+    fn forget_before(&mut self, offset: u64) {
+        self.mark = self.mark.max(offset);
+    }
+
+    fn what(&self) -> &'static str {
+        "the decompressed tar"
+    }
+}
+
+/// Walks the headers of `stream` into `image`.
+fn walk(stream: &mut dyn Stream, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
     let path = path.as_path();
-    let len = image.size;
-    let mut window = Window::new(file, len);
     let mut pending = Pending::default();
     let mut pos = 0u64;
     let io_err = |e| ArchiveError::io(path, e);
 
     loop {
-        if pos == len {
+        stream.forget_before(pos);
+        if stream.len_upto(pos + 1).map_err(io_err)? == pos {
             // No end-of-archive blocks; tolerated (as GNU tar does) unless an extension dangles.
             break;
         }
-        if pos + BLOCK > len {
+        let have = stream.len_upto(pos + BLOCK).map_err(io_err)?;
+        if have < pos + BLOCK {
             return Err(ArchiveError::malformed(
                 path,
                 pos,
                 format!(
-                    "truncated tar header: only {} bytes left in the file",
-                    len - pos
+                    "truncated tar header: only {} bytes left in {}",
+                    have - pos,
+                    stream.what()
                 ),
             ));
         }
-        let block: [u8; BLOCK as usize] = window
+        let block: [u8; BLOCK as usize] = stream
             .read(pos, BLOCK as usize)
             .map_err(io_err)?
             .try_into()
@@ -166,8 +340,11 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         // An old GNU sparse header may continue its map in extension blocks before the data.
         let mut old_sparse = None;
         let data_offset = if entry_type == EntryType::GNUSparse {
-            let (map, data_at) = sparse::old_gnu(&block, pos + BLOCK, len, |at| {
-                window.read(at, BLOCK as usize).map(|b| b.to_vec())
+            let (map, data_at) = sparse::old_gnu(&block, pos + BLOCK, |at| {
+                if stream.len_upto(at + BLOCK)? < at + BLOCK {
+                    return Ok(None);
+                }
+                stream.read(at, BLOCK as usize).map(|b| Some(b.to_vec()))
             })
             .map_err(|reason| ArchiveError::malformed(path, pos, reason))?;
             old_sparse = Some(map);
@@ -185,16 +362,29 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             (false, Some(size)) if entry_type != EntryType::Link => size,
             _ => header_size,
         };
-        if data_offset.checked_add(size).is_none_or(|end| end > len) {
-            return Err(ArchiveError::malformed(
+        let data_end = data_offset.checked_add(size).ok_or_else(|| {
+            ArchiveError::malformed(
                 path,
                 pos,
-                format!(
-                    "member runs past the end of the file: {size} bytes of data announced at \
-                     offset {data_offset}, the file has {len} bytes (truncated shard?)"
-                ),
-            ));
-        }
+                format!("a member size of {size} bytes overflows"),
+            )
+        })?;
+        // Whether the member's data lies inside the stream (decoding a compressed one that far).
+        let check_end = |stream: &mut dyn Stream| -> Result<(), ArchiveError> {
+            let have = stream.len_upto(data_end).map_err(io_err)?;
+            if have < data_end {
+                return Err(ArchiveError::malformed(
+                    path,
+                    pos,
+                    format!(
+                        "member runs past the end of {what}: {size} bytes of data announced at \
+                         offset {data_offset}, {what} has {have} bytes (truncated shard?)",
+                        what = stream.what()
+                    ),
+                ));
+            }
+            Ok(())
+        };
 
         if is_extension {
             if size > MAX_EXTENSION {
@@ -204,7 +394,8 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                     format!("extension record of {size} bytes is implausibly large"),
                 ));
             }
-            let data = window.read(data_offset, size as usize).map_err(io_err)?;
+            check_end(stream)?;
+            let data = stream.read(data_offset, size as usize).map_err(io_err)?;
             pending.first_offset.get_or_insert(pos);
             match entry_type {
                 EntryType::GNULongName => pending.long_name = Some(trim_nul(data).to_vec()),
@@ -227,11 +418,20 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 Some(map) => Some(Ok(map)),
                 None if ext.pax.sparse => {
                     Some(sparse::from_pax(&ext.pax, data_offset, size, |n| {
-                        window.read(data_offset, n).map(|b| b.to_vec())
+                        let end = data_offset + n as u64;
+                        if stream.len_upto(end)? < end {
+                            return Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "the sparse map is cut short",
+                            ));
+                        }
+                        stream.read(data_offset, n).map(|b| b.to_vec())
                     }))
                 }
                 None => None,
             };
+            stream.forget_before(data_end);
+            check_end(stream)?;
             let member = Raw {
                 header,
                 entry_type,
@@ -245,9 +445,9 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             record_member(image, member, ext);
         }
         let next = data_offset + size.div_ceil(BLOCK) * BLOCK;
-        window.note_gap(next - pos);
+        stream.note_gap(next - pos);
         // Data padding may be cut off at the very end of a file; the data itself was checked.
-        pos = next.min(len);
+        pos = stream.len_upto(next).map_err(io_err)?;
     }
     if pending.first_offset.is_some() {
         return Err(ArchiveError::malformed(
@@ -393,7 +593,11 @@ fn resolve_hard_links(image: &mut ScannedImage) {
                     link.mtime = src.mtime;
                     link.mtime_nsec = src.mtime_nsec;
                     link.encoding = src.encoding;
-                    link.link = Span::default();
+                    // A sparse target's map rides in its link span: the link shares it.
+                    link.link = match src.encoding.has_record() {
+                        true => src.link,
+                        false => Span::default(),
+                    };
                 }
                 None => {
                     let why = format!(

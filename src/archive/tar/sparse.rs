@@ -29,12 +29,11 @@ fn pairs(area: &[u8], into: &mut Vec<(u64, u64)>) -> Result<(), String> {
 }
 
 /// The map of an old GNU 'S' member whose header is `header` and whose extension blocks (if any)
-/// start at `at`; `read(at)` gives the 512 bytes there. Returns the map and where the data starts.
+/// start at `at`; `read(at)` gives the 512 bytes there (`None` past the end). Returns the map and where the data starts.
 pub fn old_gnu(
     header: &[u8; 512],
     mut at: u64,
-    len: u64,
-    mut read: impl FnMut(u64) -> std::io::Result<Vec<u8>>,
+    mut read: impl FnMut(u64) -> std::io::Result<Option<Vec<u8>>>,
 ) -> Result<(Map, u64), String> {
     let mut segments = Vec::new();
     pairs(&header[386..482], &mut segments)?;
@@ -42,10 +41,9 @@ pub fn old_gnu(
     let stored = unsigned_at(&header[124..136])?;
     let mut extended = header[482] != 0;
     while extended {
-        if at + BLOCK > len {
-            return Err("the sparse map's extension blocks run past the end of the file".into());
-        }
-        let ext = read(at).map_err(|e| e.to_string())?;
+        let ext = read(at)
+            .map_err(|e| e.to_string())?
+            .ok_or("the sparse map's extension blocks run past the end of the file")?;
         pairs(&ext[..504], &mut segments)?;
         extended = ext[504] != 0;
         at += BLOCK;

@@ -1,5 +1,6 @@
-//! The index file layout, version 4. Versions 1 to 3 are read too: version 3 is version 4 without
-//! zip entries that carry their CRC-32 and sparse files, version 2 is version 3 without squashfs entries, version 1
+//! The index file layout, version 5. Versions 1 to 4 are read too: version 4 is version 5 without
+//! compressed images (`.tar.gz`, whose image records carry a checkpoint table) and checkpointed zip
+//! members; version 3 is version 4 without zip entries that carry their CRC-32 and sparse files, version 2 is version 3 without squashfs entries, version 1
 //! is version 2 without deflated (zip) entries. All integers are little-endian. (A packfs that
 //! reads only up to version 3 refuses a version 4 index: it would take the new encodings for
 //! stored bytes.)
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::archive::Fingerprint;
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
@@ -191,11 +192,15 @@ pub struct ImageRecord {
     /// Absolute path at index time, tried when the relative one does not exist.
     pub absolute: PathBuf,
     pub fingerprint: Fingerprint,
+    /// Arena offset of a compressed image's checkpoint table (`ImageInfo::stream`).
+    pub stream: Option<u64>,
 }
 
-/// Record tag. Images of every format have the same record (the format is found from the
-/// image's bytes), so it has kept its first value, which once meant tar.
+/// Record tags. Images of every format have the same record (the format is found from the
+/// image's bytes), so it has kept its first value, which once meant tar; a compressed image's
+/// record (version 5) carries the offset of its checkpoint table after the paths' lengths.
 const FORMAT_TAR: u32 = 1;
+const COMPRESSED: u32 = 2;
 
 impl ImageRecord {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -208,11 +213,18 @@ impl ImageRecord {
         out.extend_from_slice(&fp.size.to_le_bytes());
         out.extend_from_slice(&fp.mtime.to_le_bytes());
         out.extend_from_slice(&fp.mtime_nsec.to_le_bytes());
-        out.extend_from_slice(&FORMAT_TAR.to_le_bytes());
+        let tag = match self.stream {
+            None => FORMAT_TAR,
+            Some(_) => COMPRESSED,
+        };
+        out.extend_from_slice(&tag.to_le_bytes());
         out.extend_from_slice(&fp.head.to_le_bytes());
         out.extend_from_slice(&fp.tail.to_le_bytes());
         out.extend_from_slice(&(rel.len() as u32).to_le_bytes());
         out.extend_from_slice(&(abs.len() as u32).to_le_bytes());
+        if let Some(table) = self.stream {
+            out.extend_from_slice(&table.to_le_bytes());
+        }
         out.extend_from_slice(rel);
         out.extend_from_slice(abs);
         out.resize(out.len().next_multiple_of(8), 0);
@@ -224,11 +236,16 @@ impl ImageRecord {
         const FIXED: usize = 48;
         let mut out = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            if b.len() < FIXED || get32(b, 20) != FORMAT_TAR {
+            if b.len() < FIXED {
                 return None;
             }
+            let (fixed, stream) = match get32(b, 20) {
+                FORMAT_TAR => (FIXED, None),
+                COMPRESSED if b.len() >= FIXED + 8 => (FIXED + 8, Some(get64(b, FIXED))),
+                _ => return None,
+            };
             let (rel_len, abs_len) = (get32(b, 40) as usize, get32(b, 44) as usize);
-            let len = (FIXED + rel_len + abs_len).next_multiple_of(8);
+            let len = (fixed + rel_len).checked_add(abs_len)?.next_multiple_of(8);
             if b.len() < len {
                 return None;
             }
@@ -243,8 +260,9 @@ impl ImageRecord {
                     head: get64(b, 24),
                     tail: get64(b, 32),
                 },
-                relative: path(FIXED, rel_len),
-                absolute: path(FIXED + rel_len, abs_len),
+                relative: path(fixed, rel_len),
+                absolute: path(fixed + rel_len, abs_len),
+                stream,
             });
             b = &b[len..];
         }
@@ -300,11 +318,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 5;
+        other[8] = 6;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 5")
+                .contains("version 6")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;
@@ -332,12 +350,15 @@ mod tests {
                 head: 1,
                 tail: 2,
             },
+            stream: None,
         };
-        let recs = vec![rec("a.tar", "/d/a.tar"), rec("../x/b.tar", "/x/b.tar")];
+        let mut gz = rec("c.tar.gz", "/d/c.tar.gz");
+        gz.stream = Some(12345);
+        let recs = vec![rec("a.tar", "/d/a.tar"), rec("../x/b.tar", "/x/b.tar"), gz];
         let mut buf = Vec::new();
         recs.iter().for_each(|r| r.encode(&mut buf));
-        assert_eq!(ImageRecord::decode_all(&buf, 2), Some(recs));
-        assert_eq!(ImageRecord::decode_all(&buf[..buf.len() - 8], 2), None);
+        assert_eq!(ImageRecord::decode_all(&buf, 3), Some(recs));
+        assert_eq!(ImageRecord::decode_all(&buf[..buf.len() - 8], 3), None);
         assert_eq!(ImageRecord::decode_all(&buf, 1), None);
     }
 

@@ -100,6 +100,7 @@ pub fn write(catalog: &Catalog, dest: &Path) -> Result<Written, IndexError> {
             relative: format::relative_to(&image.path, dir),
             absolute: image.path.clone(),
             fingerprint: image.fingerprint,
+            stream: image.stream,
         }
         .encode(&mut images);
     }
@@ -224,6 +225,7 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
             Ok(ImageInfo {
                 path: locate(&path, &r)?,
                 fingerprint: r.fingerprint,
+                stream: r.stream,
             })
         })
         .collect::<Result<Vec<_>, IndexError>>()?;
