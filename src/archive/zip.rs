@@ -243,7 +243,7 @@ fn checkpoint(
     size: u64,
     crc: u32,
 ) -> Result<Vec<u8>, InflateError> {
-    let done = Indexer::new(file, end, start, Wrapper::Raw, inflate::SPACING)?.finish()?;
+    let done = Indexer::new(file, end, start, Wrapper::Raw, inflate::spacing())?.finish()?;
     let bad = |why: String| InflateError::Bad { at: start, why };
     if done.total != size {
         return Err(bad(format!(

@@ -43,6 +43,17 @@ pub struct MountRequest {
     pub stats_file: Option<PathBuf>,
 }
 
+/// Has glibc map buffers of 1 MiB or more and unmap them when freed. Its default threshold rises
+/// to the size of the largest buffer freed, after which decoded intervals (4 MiB) were carved from
+/// per-thread arenas that kept them resident: 686 MB peak RSS under a 256 MiB cache with 8
+/// readers of a .tar.gz. Decoded units are few and large, so mapping them costs little.
+fn return_large_buffers() {
+    // SAFETY: mallopt only changes allocator tuning; called before the FUSE threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 /// Serves a mount in this process until it is unmounted or a signal arrives. `on_scan` hears of
 /// a scan's progress; `on_ready` runs once the mount answers a stat of its root.
 pub fn serve(
@@ -53,6 +64,7 @@ pub fn serve(
     let mountpoint = check_mountpoint(&req.mountpoint)?;
     check_fuse_available()?;
     raise_open_file_limit();
+    return_large_buffers();
     let catalog = Arc::new(crate::dataset::open(&req.images, req.duplicates, on_scan)?);
     if let Some(dest) = &req.save_index {
         let written = crate::catalog::index::write(&catalog, dest)?;

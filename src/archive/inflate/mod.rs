@@ -23,15 +23,45 @@ pub use indexer::{Indexer, InflateError, Wrapper};
 pub use restart::{Restart, inflate_interval};
 pub use table::Checkpoints;
 
-/// Decoded bytes between checkpoints. A read that misses the cache inflates one interval: 4 MiB
-/// take ~10 ms on one core; the index keeps a 32 KiB window per interval (0.8 % of the decoded
-/// size). Chosen by measurement: see docs/benchmarks.md, "Seekable inflate".
-pub const SPACING: u64 = 4 << 20;
+/// Decoded bytes between checkpoints, unless `PACKFS_CHECKPOINT_SPACING` says otherwise when an
+/// image is scanned. A read that misses the cache inflates one interval; the index keeps a 32 KiB
+/// window per interval. Measured on a 2.6 GB .tar.gz of 110 KB JPEGs (docs/benchmarks.md,
+/// "Seekable inflate"), cold random reads by 1 reader ran at 14.0, 6.9 and 3.8 MB/s with 1, 2 and
+/// 4 MiB for an index of 3.1, 1.6 and 0.8 % of the decoded size; 2 MiB is the middle.
+pub const SPACING: u64 = 2 << 20;
+
+/// The spacing scans use: `SPACING`, or `PACKFS_CHECKPOINT_SPACING` (bytes, or with a K or M
+/// suffix) between 64 KiB and 32 MiB.
+pub fn spacing() -> u64 {
+    static SPACING_SET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SPACING_SET.get_or_init(|| {
+        let Ok(value) = std::env::var("PACKFS_CHECKPOINT_SPACING") else {
+            return SPACING;
+        };
+        let v = value.trim();
+        let (digits, unit) = match v.chars().last() {
+            Some('K' | 'k') => (&v[..v.len() - 1], 1 << 10),
+            Some('M' | 'm') => (&v[..v.len() - 1], 1 << 20),
+            _ => (v, 1),
+        };
+        match digits.parse::<u64>().ok().map(|n| n.saturating_mul(unit)) {
+            Some(n) if (64 << 10..=32 << 20).contains(&n) => n,
+            _ => {
+                tracing::warn!(
+                    "PACKFS_CHECKPOINT_SPACING={value:?} is not a size from 64K to 32M; using \
+                     {} MiB",
+                    SPACING >> 20
+                );
+                SPACING
+            }
+        }
+    })
+}
 
 /// The history a deflate restart needs.
 pub const WINDOW: usize = 32 * 1024;
 
 /// The longest interval a table may describe, and so the most one read can make the daemon
-/// inflate and hold: `SPACING` plus the longest block a sane encoder writes (zlib's are at most
-/// 16 K symbols of 258 bytes, 4 MiB). A stream with a longer block is refused at scan time.
+/// inflate and hold: the largest spacing plus the longest block a sane encoder writes (zlib's are
+/// at most 16 K symbols of 258 bytes, 4 MiB). A stream with a longer block is refused at scan time.
 pub const MAX_INTERVAL: usize = 64 << 20;

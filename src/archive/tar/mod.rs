@@ -154,7 +154,7 @@ pub fn scan_gzip(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveErr
             format!("{why} (this is a gzip-compressed file; `gzip -t` checks it)"),
         ),
     };
-    let indexer = Indexer::new(file, image.size, 0, Wrapper::Gzip, inflate::SPACING);
+    let indexer = Indexer::new(file, image.size, 0, Wrapper::Gzip, inflate::spacing());
     let mut stream = Decoded {
         indexer: indexer.map_err(failed)?,
         buf: Vec::new(),
