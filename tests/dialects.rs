@@ -195,3 +195,148 @@ fn busybox_tar() {
     let (write, extract) = (["busybox", "tar", "-cf"], ["busybox", "tar", "-xf"]);
     other_writer("busybox-tar", &write, &extract, &[]);
 }
+
+/// Go's archive/tar (PAX) and archive/zip (deflate), written by a program the test compiles: the
+/// tar compared with GNU tar's extraction of it, the zip with Info-ZIP unzip's.
+#[test]
+fn go_archive_tar_and_zip() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("main.go"), GO_WRITER).unwrap();
+    let (tar, zip) = (d.join("go.tar"), d.join("go.zip"));
+    run(Command::new("go")
+        .arg("run")
+        .arg("main.go")
+        .arg(source())
+        .arg(&tar)
+        .arg(&zip)
+        .current_dir(d)
+        .env("GOCACHE", d.join("gocache"))
+        .env("GOPATH", d.join("gopath"))
+        .env("GO111MODULE", "off"));
+    for (archive, extract) in [
+        (&tar, vec!["tar", "-xf"]),
+        (&zip, vec!["unzip", "-q", "-K"]),
+    ] {
+        let name = archive.file_name().unwrap().to_str().unwrap();
+        let reference = d.join(format!("x-{name}"));
+        std::fs::create_dir(&reference).unwrap();
+        let mut cmd = Command::new(extract[0]);
+        cmd.args(&extract[1..]).arg(archive);
+        match name.ends_with(".zip") {
+            true => cmd.arg("-d").arg(&reference),
+            false => cmd.arg("-C").arg(&reference),
+        };
+        run(&mut cmd);
+        let mnt = Mount::new(&[archive], &d.join(format!("m-{name}")), &[]);
+        assert_same_tree(&reference, &mnt.dir, &[]);
+        let many = std::fs::read_dir(mnt.dir.join("many")).unwrap().count();
+        assert_eq!(many, MANY, "{name}");
+    }
+}
+
+/// Walks a tree into a PAX tar and a deflated zip: regular files, directories and symlinks with
+/// their modes and mtimes, as a Go program would.
+const GO_WRITER: &str = r#"package main
+
+import (
+	"archive/tar"
+	"archive/zip"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+func check(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+func main() {
+	root := os.Args[1]
+	tf, err := os.Create(os.Args[2])
+	check(err)
+	zf, err := os.Create(os.Args[3])
+	check(err)
+	tw := tar.NewWriter(tf)
+	zw := zip.NewWriter(zf)
+	check(filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
+		check(err)
+		rel, err := filepath.Rel(root, path)
+		check(err)
+		if rel == "." {
+			return nil
+		}
+		link := ""
+		if info.Mode()&os.ModeSymlink != 0 {
+			link, err = os.Readlink(path)
+			check(err)
+		}
+		th, err := tar.FileInfoHeader(info, link)
+		check(err)
+		th.Name = filepath.ToSlash(rel)
+		th.Format = tar.FormatPAX
+		zh, err := zip.FileInfoHeader(info)
+		check(err)
+		zh.Name = filepath.ToSlash(rel)
+		if info.IsDir() {
+			th.Name += "/"
+			zh.Name += "/"
+		} else if link == "" {
+			zh.Method = zip.Deflate
+		}
+		check(tw.WriteHeader(th))
+		zw2, err := zw.CreateHeader(zh)
+		check(err)
+		if link != "" {
+			_, err = io.WriteString(zw2, link)
+			check(err)
+		} else if info.Mode().IsRegular() {
+			f, err := os.Open(path)
+			check(err)
+			_, err = io.Copy(io.MultiWriter(tw, zw2), f)
+			check(err)
+			f.Close()
+		}
+		return nil
+	}))
+	check(tw.Close())
+	check(zw.Close())
+	check(tf.Close())
+	check(zf.Close())
+}
+"#;
+
+/// squashfs-tools-ng: gensquashfs packing the tree, and tar2sqfs converting a GNU tar of it, each
+/// compared with unsquashfs's extraction of the image.
+#[test]
+fn squashfs_tools_ng_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let packed = d.join("gen.sqfs");
+    run(Command::new("gensquashfs")
+        .args(["--keep-time", "--quiet", "--pack-dir"])
+        .arg(source())
+        .arg(&packed));
+    let tar = d.join("src.tar");
+    gnu_tar("gnu", &tar, None);
+    let conv = d.join("tar2sqfs.sqfs");
+    run(Command::new("sh").arg("-c").arg(format!(
+        "tar2sqfs --quiet {} < {}",
+        conv.display(),
+        tar.display()
+    )));
+    for img in [&packed, &conv] {
+        let name = img.file_name().unwrap().to_str().unwrap();
+        let reference = d.join(format!("x-{name}"));
+        run(Command::new("unsquashfs")
+            .args(["-q", "-n", "-d"])
+            .arg(&reference)
+            .arg(img));
+        let mnt = Mount::new(&[img], &d.join(format!("m-{name}")), &[]);
+        assert_same_tree(&reference, &mnt.dir, &[]);
+        let many = std::fs::read_dir(mnt.dir.join("many")).unwrap().count();
+        assert_eq!(many, MANY, "{name}");
+    }
+}

@@ -62,7 +62,8 @@ pub struct Indexer<'r> {
     /// Decoded bytes of the current gzip member (or of the whole raw stream).
     member_out: u64,
     member_crc: crc32fast::Hasher,
-    stream_crc: crc32fast::Hasher,
+    /// CRC-32 of a raw stream (one member), kept when it ends.
+    raw_crc: u32,
     interval_crc: crc32fast::Hasher,
     checkpoints: Vec<Checkpoint>,
     windows: Vec<u8>,
@@ -95,7 +96,7 @@ impl<'r> Indexer<'r> {
             total: 0,
             member_out: 0,
             member_crc: crc32fast::Hasher::new(),
-            stream_crc: crc32fast::Hasher::new(),
+            raw_crc: 0,
             interval_crc: crc32fast::Hasher::new(),
             checkpoints: Vec::new(),
             windows: Vec::new(),
@@ -227,11 +228,7 @@ impl<'r> Indexer<'r> {
             let fresh = from..self.out_pos;
             self.total += produced as u64;
             self.member_out += produced as u64;
-            for h in [
-                &mut self.member_crc,
-                &mut self.stream_crc,
-                &mut self.interval_crc,
-            ] {
+            for h in [&mut self.member_crc, &mut self.interval_crc] {
                 h.update(&self.out[fresh.clone()]);
             }
             let last_out = self.checkpoints.last().map_or(0, |c| c.out_at);
@@ -276,6 +273,7 @@ impl<'r> Indexer<'r> {
     /// After a member's deflate data: its gzip trailer, then the next member or the end.
     fn end_member(&mut self) -> Result<(), InflateError> {
         if self.wrapper == Wrapper::Raw {
+            self.raw_crc = std::mem::take(&mut self.member_crc).finalize();
             self.done = true;
             return Ok(());
         }
@@ -334,8 +332,8 @@ impl<'r> Indexer<'r> {
         Ok(true)
     }
 
-    /// Inflates what is left, then returns the encoded checkpoint table, the CRC-32 of all
-    /// decoded bytes, and what trails the last gzip member.
+    /// Inflates what is left, then returns the encoded checkpoint table, the CRC-32 of a raw
+    /// stream's bytes (gzip members check their own), and what trails the last gzip member.
     pub fn finish(mut self) -> Result<Finished, InflateError> {
         while !self.next_chunk()?.is_empty() {}
         if let Some(last) = self.checkpoints.last_mut() {
@@ -347,7 +345,7 @@ impl<'r> Indexer<'r> {
             table,
             total: self.total,
             checkpoints: self.checkpoints.len(),
-            crc: self.stream_crc.finalize(),
+            crc: self.raw_crc,
             end: self.in_pos,
             trailing: self.trailing,
         })
@@ -361,6 +359,7 @@ pub struct Finished {
     pub table: Vec<u8>,
     pub total: u64,
     pub checkpoints: usize,
+    /// CRC-32 of the decoded bytes of a raw stream (0 for gzip, whose members carry their own).
     pub crc: u32,
     /// Image offset just after the last member's data (raw) or trailer (gzip).
     pub end: u64,
