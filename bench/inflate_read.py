@@ -5,9 +5,9 @@ of large deflated members.
     sudo python3 bench/inflate_read.py [--dataset imagenet-20k] [--files 2000] [--readers 1,8]
         [--cache-size 256M] [--zip] [--work /tmp/packfs-bench]
 
-tar.gz part: the dataset's all.tar is gzipped once (gzip -6). Index build: `packfs index` of the
-.tar.gz and of the plain tar, against ratarmount's first mount of the .tar.gz (it builds its own
-index, into an empty folder). Reads: a fixed random sample of whole members (bench/workloads.py
+tar.gz part: the dataset's all.tar and its 8 shards are gzipped once (gzip -6). Index build:
+`packfs index` of the .tar.gz, of the 8 .tar.gz shards and of the plain tar, against ratarmount's
+first mount of the .tar.gz and of the 8 shards (it builds its own index, into an empty folder). Reads: a fixed random sample of whole members (bench/workloads.py
 read), split over 1 and 8 readers, cold (fresh mount, page cache dropped) then warm, from packfs on
 the .tar.gz, packfs on the plain tar, and ratarmount on the .tar.gz (with its index built). For
 packfs the daemon's peak RSS and the bytes it inflated per byte served are printed.

@@ -352,3 +352,59 @@ fn gnu_extract_allowing_errors(archive: &Path, work: &Path) -> PathBuf {
     assert!(matches!(done.status.code(), Some(0 | 2)), "{done:?}");
     out
 }
+
+/// Files around the 8 GiB limit of the octal size field (sparse, so cheap): GNU tar writes their
+/// sizes in base-256 (gnu, oldgnu) or PAX records (posix); each is served at its full size with
+/// its data where GNU tar puts it on extraction.
+#[test]
+fn sizes_around_8_gib_in_every_gnu_format() {
+    use std::os::unix::fs::FileExt;
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let limit = 8u64 << 30;
+    let sizes = [limit - 1, limit, limit + 513];
+    for size in sizes {
+        let f = fs::File::create(src.join(format!("big-{size}.bin"))).unwrap();
+        f.set_len(size).unwrap();
+        f.write_all_at(&bytes(size, 4096), 0).unwrap();
+        f.write_all_at(&bytes(size + 1, 300), size - 300).unwrap();
+    }
+    write_file(&src.join("after.txt"), b"after\n", 0o644);
+    for format in ["gnu", "oldgnu", "posix"] {
+        let dir = work.path().join(format);
+        fs::create_dir(&dir).unwrap();
+        let archive = dir.join("big.tar");
+        run(Command::new("tar")
+            .arg(format!("--format={format}"))
+            .arg("--sparse")
+            .arg("-cf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&src)
+            .arg("."));
+        let reference = gnu_extract(&archive, &dir);
+        let mnt = Mount::new(&[&archive], &dir.join("mnt"), &[]);
+        assert_eq!(fs::read(mnt.dir.join("after.txt")).unwrap(), b"after\n");
+        for size in sizes {
+            let name = format!("big-{size}.bin");
+            let (a, b) = (reference.join(&name), mnt.dir.join(&name));
+            assert_eq!(fs::metadata(&a).unwrap().len(), size, "{format} {name}");
+            assert_eq!(fs::metadata(&b).unwrap().len(), size, "{format} {name}");
+            let (a, b) = (fs::File::open(a).unwrap(), fs::File::open(b).unwrap());
+            // Both data segments, a stretch of hole, and the bytes across the 8 GiB mark.
+            for (at, len) in [
+                (0, 4096),
+                (size - 300, 300),
+                (1 << 32, 8192),
+                (limit - 4096, 4096),
+            ] {
+                let len = len.min(size - at) as usize;
+                let (mut x, mut y) = (vec![0u8; len], vec![1u8; len]);
+                a.read_exact_at(&mut x, at).unwrap();
+                b.read_exact_at(&mut y, at).unwrap();
+                assert!(x == y, "{format} {name}: bytes {at}..+{len}");
+            }
+        }
+    }
+}
