@@ -241,9 +241,16 @@ fn damaged_and_foreign_gzip_files_are_refused_with_the_offset() {
     fs::write(d.join("cut.tar.gz"), &full[..full.len() / 2]).unwrap();
     // Not a tar inside.
     sh("gzip -c src/b.bin > notatar.gz", d);
+    // A sound gzip stream around a tar cut inside a member.
+    sh(
+        "tar -cf - -C src . | head -c 2000000 | gzip > cuttar.tar.gz",
+        d,
+    );
     for (name, want) in [
         ("cut.tar.gz", "cut short"),
         ("notatar.gz", "whose content is not a tar archive"),
+        ("cuttar.tar.gz", "runs past the end of the decompressed tar"),
+        ("cuttar.tar.gz", "(the offset is in the decompressed tar)"),
     ] {
         let out = packfs().arg("ls").arg(d.join(name)).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -180,6 +180,13 @@ pub fn scan_gzip(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveErr
             ),
         ));
     }
+    if let Err(ArchiveError::Malformed { offset, reason, .. }) = walked {
+        return Err(ArchiveError::malformed(
+            &path,
+            offset,
+            format!("{reason} (the offset is in the decompressed tar)"),
+        ));
+    }
     walked?;
     // The rest of the stream (after the end-of-archive blocks) is checked too, as `gzip -d`
     // would: a damaged trailer means a damaged file.
