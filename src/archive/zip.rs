@@ -201,18 +201,18 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
                 ));
             }
             target
-        } else if let Some(table) = checkpoints.filter(|_| kind == MemberKind::File) {
-            table
         } else if kind == MemberKind::File {
-            // The file's layout record: where its data is and the CRC-32 to check it against.
-            zip_record(data_offset, crc).to_vec()
+            // The file's layout record: its checkpoint table, or where its data is and the CRC-32
+            // to check it against.
+            match &checkpoints {
+                Some(table) => table.clone(),
+                None => zip_record(data_offset, crc).to_vec(),
+            }
         } else {
             Vec::new()
         };
         let encoding = match encoding {
-            _ if kind == MemberKind::File && size > MAX_WHOLE && encoding == Encoding::Deflate => {
-                Encoding::Checkpointed
-            }
+            _ if checkpoints.is_some() => Encoding::Checkpointed,
             Encoding::Deflate => Encoding::ZipDeflated,
             _ => Encoding::ZipStored,
         };
