@@ -52,6 +52,35 @@ pub trait ReadAt: Send + Sync {
     fn will_need(&self, _offset: u64, _len: u64) {}
 }
 
+/// Opens an image (or index) for reading, refusing anything but a regular file. The open does not
+/// block: a plain `open` of a FIFO waits for a writer forever (a glob that matched one hung
+/// `packfs ls` and mounts), so the file is opened non-blocking and checked before any read.
+pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a device"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{what}, not a regular file: give tar, zip or squashfs image files or an index"),
+    ))
+}
+
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         FileExt::read_at(self, buf, offset)

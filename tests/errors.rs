@@ -388,3 +388,62 @@ fn compressed_tars_are_refused_with_the_command_that_unpacks_them() {
         );
     }
 }
+
+/// A FIFO or a directory given as an image (a glob that matched one) is refused at once, named
+/// for what it is; opening a FIFO used to wait for a writer forever.
+#[test]
+fn images_that_are_not_regular_files_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("shard-000.tar");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let subdir = dir.path().join("shard-001.tar");
+    fs::create_dir(&subdir).unwrap();
+    let good = make_tar(dir.path(), "good.tar", &[("a.txt", bytes(1, 100))]);
+    for (bad, what) in [(&fifo, "a FIFO"), (&subdir, "a directory")] {
+        for args in [
+            vec!["ls"],
+            vec!["index", "-o", "/nonexistent/x.packfs-index"],
+        ] {
+            let mut child = packfs()
+                .args(&args[..1])
+                .arg(&good)
+                .arg(bad)
+                .args(&args[1..])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let started = std::time::Instant::now();
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break status;
+                }
+                if started.elapsed() > std::time::Duration::from_secs(20) {
+                    child.kill().unwrap();
+                    panic!("packfs {args:?} on {what} still runs after 20 s");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            let mut err = String::new();
+            child.stderr.unwrap().read_to_string(&mut err).unwrap();
+            assert!(!status.success(), "{args:?} {what}: {err}");
+            assert!(
+                err.contains(&format!("{what}, not a regular file"))
+                    && err.contains(&*bad.to_string_lossy()),
+                "{args:?} {what}: {err}"
+            );
+        }
+        let mnt = dir.path().join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        let err = mount_fails(&[&good, bad], &mnt);
+        assert!(
+            err.contains(&format!("{what}, not a regular file")),
+            "{err}"
+        );
+    }
+}

@@ -299,7 +299,10 @@ fn write_tar(members: &[Member], out: &Path) {
                 h.set_mode(0o777);
                 h.set_size(0);
                 h.set_entry_type(tar::EntryType::Symlink);
-                b.append_link(&mut h, os(&path), os(target)).unwrap();
+                // Literally: `append_link` normalizes the target as a path ("//x" became "/x"),
+                // so the archive would not hold the target the model expects.
+                h.set_link_name_literal(target).unwrap();
+                b.append_data(&mut h, os(&path), std::io::empty()).unwrap();
             }
             Node::HardLink(t) => {
                 h.set_mode(0o644);

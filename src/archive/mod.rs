@@ -18,7 +18,6 @@ pub mod tar;
 pub mod zip;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -200,11 +199,7 @@ impl ArchiveError {
 
 /// Scans an image, detecting its format from its content.
 pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    let file = File::open(path).map_err(|e| ArchiveError::io(path, e))?;
-    let meta = file.metadata().map_err(|e| ArchiveError::io(path, e))?;
-    if !meta.is_file() {
-        return Err(ArchiveError::malformed(path, 0, "not a regular file"));
-    }
+    let file = crate::read_at::open_regular(path).map_err(|e| ArchiveError::io(path, e))?;
     let fingerprint = Fingerprint::of(&file).map_err(|e| ArchiveError::io(path, e))?;
     let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
     match Format::detect(&file).map_err(|e| ArchiveError::io(path, e))? {

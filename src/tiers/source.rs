@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::archive::Fingerprint;
 use crate::archive::fingerprint::show_time;
 use crate::catalog::ImageInfo;
-use crate::read_at::ReadAt;
+use crate::read_at::{ReadAt, open_regular};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -78,7 +78,7 @@ impl Source {
                 path: path.clone(),
                 error,
             };
-            let file = File::open(path).map_err(open_error)?;
+            let file = open_regular(path).map_err(open_error)?;
             let fingerprint = Fingerprint::of(&file).map_err(open_error)?;
             let info = ImageInfo {
                 path: path.clone(),
@@ -198,7 +198,7 @@ fn open_parallel<I: Sync, T: Send>(
 
 fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
     let path = info.path.clone();
-    let opened = File::open(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
+    let opened = open_regular(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
     let (file, now) = match opened {
         Ok(v) => v,
         Err(error) => return Err(SourceError::Open { path, error }),

@@ -5,7 +5,6 @@
 
 mod format;
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -75,7 +74,7 @@ pub struct Written {
 pub fn is_index(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 8];
-    File::open(path)
+    crate::read_at::open_regular(path)
         .and_then(|mut f| f.read_exact(&mut magic))
         .is_ok_and(|_| &magic == MAGIC)
 }
@@ -188,7 +187,7 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
         path: path.clone(),
         what,
     };
-    let file = File::open(&path).map_err(io_error("cannot open index", &path))?;
+    let file = crate::read_at::open_regular(&path).map_err(io_error("cannot open index", &path))?;
     let len = file
         .metadata()
         .map_err(io_error("cannot stat index", &path))?
