@@ -17,5 +17,6 @@ pub mod expand;
 pub mod fs;
 pub mod logging;
 pub mod read_at;
+pub mod size;
 pub mod tiers;
 pub mod verify;

@@ -58,11 +58,9 @@ fn sh(script: &str, dir: &Path) {
 fn assert_random_reads(src: &Path, mnt: &Path, file: &str) {
     let want = fs::read(src.join(file)).unwrap();
     let f = fs::File::open(mnt.join(file)).unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for _ in 0..200 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next();
         let at = (x % want.len() as u64) as usize;
         let len = ((x >> 40) as usize % 300_000).min(want.len() - at);
         let mut got = vec![0u8; len];
@@ -175,7 +173,7 @@ fn tar_gz_index_serves_and_damage_is_eio_where_it_lies() {
     let img = d.join("ds.tar.gz");
     let index = d.join("ds.packfs-index");
     run(packfs().arg("index").arg(&img).arg("-o").arg(&index));
-    let ok = run(packfs().arg("verify").arg("--data").arg(&index));
+    let ok = run(&mut verify_data(&index));
     assert!(ok.contains("read and checked"), "{ok}");
     {
         let mnt = Mount::new(&[&index], &d.join("m1"), &[]);
@@ -218,12 +216,7 @@ fn tar_gz_index_serves_and_damage_is_eio_where_it_lies() {
         log.contains("ds.tar.gz") && log.contains("text/log.txt"),
         "{log}"
     );
-    let out = packfs()
-        .arg("verify")
-        .arg("--data")
-        .arg(&index)
-        .output()
-        .unwrap();
+    let out = verify_data(&index).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("text/log.txt"));
 }

@@ -18,25 +18,6 @@ use std::process::Command;
 
 use common::*;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
-
 /// A writer: how it makes an archive of `src` at `out`, whether names may hold bytes its format
 /// family's reference tool rewrites on extraction, and how the reference extracts it.
 struct Writer {

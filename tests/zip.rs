@@ -402,7 +402,7 @@ fn verify_data_finds_damaged_members() {
         .arg(&tar)
         .arg("-o")
         .arg(&index));
-    let good = run(packfs().arg("verify").arg("--data").arg(&index));
+    let good = run(&mut verify_data(&index));
     assert!(
         good.contains("all 1005006 bytes read and checked"),
         "{good}"
@@ -416,12 +416,7 @@ fn verify_data_finds_damaged_members() {
         + 500_000;
     damage_in_place(&img, at as u64, 1);
     run(packfs().arg("verify").arg(&index));
-    let out = packfs()
-        .arg("verify")
-        .arg("--data")
-        .arg(&index)
-        .output()
-        .unwrap();
+    let out = verify_data(&index).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

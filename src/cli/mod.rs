@@ -7,7 +7,7 @@ mod index;
 mod ls;
 mod mount;
 mod progress;
-mod size;
+use packfs::size;
 mod stage;
 mod staging;
 mod umount;

@@ -140,6 +140,33 @@ pub fn read_pid(path: &Path) -> i32 {
     fs::read_to_string(path).unwrap().trim().parse().unwrap()
 }
 
+/// `packfs verify --data INDEX`: reads every file through packfs's readers.
+pub fn verify_data(index: &Path) -> Command {
+    let mut cmd = packfs();
+    cmd.arg("verify").arg("--data").arg(index);
+    cmd
+}
+
+/// A deterministic xorshift generator for tests that pick offsets, sizes and choices.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
 /// A deterministic pseudo-random byte stream (xorshift), so tests need no data files.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -30,32 +30,31 @@ pub use table::Checkpoints;
 /// 4 MiB for an index of 3.1, 1.6 and 0.8 % of the decoded size; 2 MiB is the middle.
 pub const SPACING: u64 = 2 << 20;
 
-/// The spacing scans use: `SPACING`, or `PACKFS_CHECKPOINT_SPACING` (bytes, or with a K or M
-/// suffix) between 64 KiB and 32 MiB.
+/// The spacing scans use: `SPACING`, or `PACKFS_CHECKPOINT_SPACING` (a size such as `1M`) between
+/// 64 KiB and 32 MiB.
 pub fn spacing() -> u64 {
     static SPACING_SET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *SPACING_SET.get_or_init(|| {
-        let Ok(value) = std::env::var("PACKFS_CHECKPOINT_SPACING") else {
-            return SPACING;
-        };
-        let v = value.trim();
-        let (digits, unit) = match v.chars().last() {
-            Some('K' | 'k') => (&v[..v.len() - 1], 1 << 10),
-            Some('M' | 'm') => (&v[..v.len() - 1], 1 << 20),
-            _ => (v, 1),
-        };
-        match digits.parse::<u64>().ok().map(|n| n.saturating_mul(unit)) {
-            Some(n) if (64 << 10..=32 << 20).contains(&n) => n,
-            _ => {
-                tracing::warn!(
-                    "PACKFS_CHECKPOINT_SPACING={value:?} is not a size from 64K to 32M; using \
-                     {} MiB",
-                    SPACING >> 20
-                );
-                SPACING
-            }
-        }
+        let value = std::env::var("PACKFS_CHECKPOINT_SPACING").ok();
+        spacing_from(value.as_deref()).unwrap_or_else(|why| {
+            tracing::warn!(
+                "PACKFS_CHECKPOINT_SPACING: {why}; using {} MiB",
+                SPACING >> 20
+            );
+            SPACING
+        })
     })
+}
+
+/// The spacing a `PACKFS_CHECKPOINT_SPACING` value asks for (`SPACING` when unset).
+fn spacing_from(value: Option<&str>) -> Result<u64, String> {
+    let Some(value) = value else {
+        return Ok(SPACING);
+    };
+    match crate::size::parse_bytes(value)? {
+        n if (64 << 10..=32 << 20).contains(&n) => Ok(n),
+        n => Err(format!("{n} bytes is not from 64K to 32M")),
+    }
 }
 
 /// The history a deflate restart needs.
@@ -65,3 +64,17 @@ pub const WINDOW: usize = 32 * 1024;
 /// inflate and hold: the largest spacing plus the longest block a sane encoder writes (zlib's are
 /// at most 16 K symbols of 258 bytes, 4 MiB). A stream with a longer block is refused at scan time.
 pub const MAX_INTERVAL: usize = 64 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spacing_values() {
+        assert_eq!(spacing_from(None), Ok(SPACING));
+        assert_eq!(spacing_from(Some("1M")), Ok(1 << 20));
+        assert_eq!(spacing_from(Some("512k")), Ok(512 << 10));
+        assert!(spacing_from(Some("64G")).is_err());
+        assert!(spacing_from(Some("lots")).is_err());
+    }
+}

@@ -167,27 +167,19 @@ pub fn scan_gzip(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveErr
     if let Some(e) = stream.failed.take() {
         return Err(failed(e));
     }
-    if let Err(ArchiveError::Malformed {
-        offset: 0, reason, ..
-    }) = &walked
-    {
-        return Err(ArchiveError::malformed(
-            &path,
-            0,
-            format!(
-                "a gzip-compressed file whose content is not a tar archive ({reason}): packfs \
-                 serves .tar.gz; decompress anything else once (`gzip -dk`)"
-            ),
-        ));
+    match walked {
+        Err(ArchiveError::Malformed { offset, reason, .. }) => {
+            let reason = match offset {
+                0 => format!(
+                    "a gzip-compressed file whose content is not a tar archive ({reason}): \
+                     packfs serves .tar.gz; decompress anything else once (`gzip -dk`)"
+                ),
+                _ => format!("{reason} (the offset is in the decompressed tar)"),
+            };
+            return Err(ArchiveError::malformed(&path, offset, reason));
+        }
+        other => other?,
     }
-    if let Err(ArchiveError::Malformed { offset, reason, .. }) = walked {
-        return Err(ArchiveError::malformed(
-            &path,
-            offset,
-            format!("{reason} (the offset is in the decompressed tar)"),
-        ));
-    }
-    walked?;
     // The rest of the stream (after the end-of-archive blocks) is checked too, as `gzip -d`
     // would: a damaged trailer means a damaged file.
     let done = stream.indexer.finish().map_err(failed)?;

@@ -1,5 +1,5 @@
-//! Byte sizes on the command line: `512M`, `2G`, `1.5GiB`, `0`, or plain bytes; K, M, G and T
-//! are powers of 1024 (as in `--cache-size 64M`), parsed exactly by parse-size.
+//! Byte sizes given by users (options, environment): `512M`, `2G`, `1.5GiB`, `0`, or plain bytes;
+//! K, M, G and T are powers of 1024 (as in `--cache-size 64M`), parsed exactly by parse-size.
 
 /// Parses a byte count with an optional binary suffix (K, M, G, T; `iB`/`B` accepted).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
