@@ -101,7 +101,7 @@ struct MountGuard(Option<Mounted>);
 impl Drop for MountGuard {
     fn drop(&mut self) {
         if let Some(mut m) = self.0.take() {
-            let _ = daemon::unmount(m.mountpoint(), true);
+            let _ = daemon::unmount(m.mountpoint(), true, false);
             m.wait(Some(Duration::from_secs(5)));
         }
     }
@@ -142,7 +142,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
         &dataset::quiet,
     )?);
     let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
-    let mnt = daemon::check_mountpoint(&mnt)?;
+    let mnt = daemon::check_mountpoint(&mnt, false)?;
     let fs_opts = FsOptions::default();
     let core = Arc::new(Core::new(catalog, Arc::new(files), fs_opts.owner()));
     let guard = MountGuard(Some(fs::mount(core, &mnt, &fs_opts)?));

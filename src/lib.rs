@@ -17,6 +17,7 @@ pub mod expand;
 pub mod fs;
 pub mod logging;
 pub mod read_at;
+pub mod safe_file;
 pub mod size;
 pub mod tiers;
 pub mod verify;

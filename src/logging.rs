@@ -1,7 +1,6 @@
 //! Logging through `tracing`: quiet by default (warnings only), `-v` for more, `RUST_LOG` to pick
 //! per module; optionally copied to a log file, which outlives the daemon's terminal.
 
-use std::fs::OpenOptions;
 use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Mutex;
@@ -48,14 +47,10 @@ pub fn init(verbosity: u8, log_file: Option<&Path>) -> Result<(), LogError> {
         .with_target(false);
     match log_file {
         Some(path) => {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|error| LogError::File {
-                    path: path.to_path_buf(),
-                    error,
-                })?;
+            let file = crate::safe_file::append(path).map_err(|error| LogError::File {
+                path: path.to_path_buf(),
+                error,
+            })?;
             builder
                 .with_ansi(false)
                 .with_writer(std::io::stderr.and(Mutex::new(file)))

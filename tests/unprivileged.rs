@@ -39,7 +39,8 @@ fn ordinary_user_mounts_reads_and_unmounts() {
         .mode();
     assert!(
         mode & 0o006 == 0o006,
-        "/dev/fuse has mode {mode:o}: ordinary users cannot mount (bash .ci/run sets 0666)"
+        "/dev/fuse has mode {:04o}: ordinary users cannot mount (bash .ci/run sets 0666)",
+        mode & 0o7777
     );
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -93,13 +94,34 @@ fn ordinary_user_mounts_reads_and_unmounts() {
     assert_ok(&out);
     assert_eq!(out.stdout, bytes(1, 50_000));
 
-    // The daemon dies; the user cleans the stale mount and mounts again.
+    // Mounts say what they are: type fuse.packfs, the dataset as source.
+    assert!(
+        line.contains(&format!(" - fuse.packfs {shard_s} ")),
+        "{line}"
+    );
+
+    // The daemon dies; the user cleans the stale mount (and the stats file the daemon left) and
+    // mounts again.
+    let stats = Path::new("/tmp/packfs-65534").join(format!(
+        "mnt.{:016x}.json",
+        xxhash_rust::xxh3::xxh3_64(mnt_s.as_bytes())
+    ));
+    let start = std::time::Instant::now();
+    while !stats.exists() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(stats.exists(), "{} missing", stats.display());
     let pid: i32 = read_pid(&pid_file);
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     std::thread::sleep(Duration::from_millis(200));
+    let out = as_nobody(&bin, &["mount", shard_s, mnt_s]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stale mount whose daemon died"), "{err}");
     let out = as_nobody(&bin, &["umount", mnt_s]);
     assert_ok(&out);
     assert!(!is_mounted(&mnt));
+    assert!(!stats.exists(), "{} left behind", stats.display());
     let out = as_nobody(&bin, &["mount", shard_s, mnt_s]);
     assert_ok(&out);
     let out = as_nobody(&bin, &["umount", mnt_s]);
@@ -138,4 +160,46 @@ fn root_mounts_for_a_job_user() {
     let denied = as_user(other, cat, &[private.to_str().unwrap()]);
     assert!(!denied.status.success());
     assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
+}
+
+/// Without XDG_RUNTIME_DIR a user's stats go to /tmp/packfs-UID. If another user made that
+/// directory first (to read or redirect what the daemon writes), the mount is refused with the
+/// reason; it used to be accepted.
+#[test]
+fn default_runtime_dir_made_by_another_user_is_refused() {
+    // A user with a passwd entry (fusermount3 needs a name) that no other test uses: lp.
+    let uid = 7;
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("packfs");
+    fs::copy(env!("CARGO_BIN_EXE_packfs"), &bin).unwrap();
+    let src = dir.path().join("src");
+    write_file(&src.join("a.txt"), b"a\n", 0o644);
+    let shard = dir.path().join("s.tar");
+    tar_members(&src, &shard, &["a.txt"]);
+    fs::set_permissions(&shard, fs::Permissions::from_mode(0o644)).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    chown(&mnt, Some(uid), Some(uid)).unwrap();
+    let squatted = Path::new("/tmp").join(format!("packfs-{uid}"));
+    let _ = fs::remove_dir_all(&squatted);
+    fs::create_dir(&squatted).unwrap();
+    fs::set_permissions(&squatted, fs::Permissions::from_mode(0o777)).unwrap();
+    let args = [shard.to_str().unwrap(), mnt.to_str().unwrap()];
+    let out = as_user(uid, &bin, &["mount", args[0], args[1]]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!is_mounted(&mnt));
+    assert!(
+        err.contains(&format!("{} is not safe", squatted.display()))
+            && err.contains("belongs to uid 0"),
+        "{err}"
+    );
+    // Their own directory, private, is used.
+    fs::remove_dir(&squatted).unwrap();
+    assert_ok(&as_user(uid, &bin, &["mount", args[0], args[1]]));
+    assert_ok(&as_user(uid, &bin, &["umount", args[1]]));
+    let meta = fs::metadata(&squatted).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (uid, 0o700));
+    fs::remove_dir_all(&squatted).unwrap();
 }

@@ -38,6 +38,10 @@ pub enum Encoding {
     Checkpointed,
 }
 
+/// The most bytes one unit may decode to, or occupy encoded: a checkpoint interval's bound,
+/// above every squashfs block (1 MiB) and every whole deflated member packfs indexes (32 MiB).
+pub const MAX_UNIT: usize = inflate::MAX_INTERVAL;
+
 /// Bytes of a zip member's layout record: its data offset (u64) and CRC-32 (u32), little-endian.
 pub const ZIP_RECORD: usize = 12;
 
@@ -237,6 +241,20 @@ impl<'a> Unit<'a> {
     /// them. A result of the wrong length is `InvalidData`, like a corrupt stream.
     pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+        // The sizes come from the catalog, which a crafted index controls: never allocate for
+        // more than any image packfs writes an index for can need.
+        let encoded = match self.kind {
+            UnitKind::Block { len, limit, .. } => (len as usize).max(limit),
+            _ => 0,
+        };
+        if self.decoded_len().max(encoded) > MAX_UNIT {
+            return Err(invalid(format!(
+                "the catalog says the data at {} decodes as one unit of more than {} MiB, which \
+                 no image needs (the index is damaged or crafted)",
+                self.at,
+                MAX_UNIT >> 20
+            )));
+        }
         match self.kind {
             UnitKind::Restart(ref r) => inflate::inflate_interval(image, self.at, r),
             UnitKind::DeflateStream { size, crc } => {
@@ -377,6 +395,57 @@ impl<'a> Layout<'a> {
                 at: 0,
                 why: format!("the catalog places a {other} member in a compressed image"),
             }),
+        }
+    }
+
+    /// Checks that a file of `size` bytes with this layout lies inside its image of `image_size`
+    /// bytes (or inside the decoded stream, for a compressed image), and that its sparse map or
+    /// block map is consistent: for `packfs verify` on an index that may have been crafted.
+    pub fn check_extent(&self, size: u64, image_size: u64) -> Result<(), String> {
+        let within = |at: u64, len: u64, limit: u64, what: &str| match at.checked_add(len) {
+            Some(end) if end <= limit => Ok(()),
+            _ => Err(format!(
+                "{len} bytes at {at} run past the end of the {what} ({limit} bytes)"
+            )),
+        };
+        let segments = |map: &SparseMap, limit: u64, what: &str| {
+            let mut end = 0u64;
+            for i in 0..map.count() {
+                let (off, len, at) = map.segment(i);
+                let seg_end = off.checked_add(len).filter(|&e| off >= end && e <= size);
+                end = seg_end.ok_or_else(|| {
+                    format!("sparse segment {i} ({len} bytes at {off}) is out of order or past the file's end")
+                })?;
+                within(at, len, limit, what)?;
+            }
+            Ok(())
+        };
+        match self {
+            Layout::Stored { at, .. } => within(*at, size, image_size, "image"),
+            Layout::Deflate { at, .. } => {
+                if size > MAX_UNIT as u64 {
+                    return Err(format!(
+                        "a deflated member of {size} bytes is more than packfs inflates at once"
+                    ));
+                }
+                within(*at, 1, image_size, "image")
+            }
+            Layout::Squashfs(map) => {
+                map.check_size(size)?;
+                within(0, map.blocks_end(), image_size, "image")?;
+                match map.tail {
+                    Some(t) => within(
+                        t.block.start,
+                        t.block.disk_len() as u64,
+                        image_size,
+                        "image",
+                    ),
+                    None => Ok(()),
+                }
+            }
+            Layout::Sparse(map) => segments(map, image_size, "image"),
+            Layout::Inflated { at, table } => within(*at, size, table.total(), "decoded stream"),
+            Layout::SparseInflated { map, table } => segments(map, table.total(), "decoded stream"),
         }
     }
 

@@ -6,6 +6,7 @@
 //! FUSE thread reads it through a shared reference without locks.
 
 mod build;
+mod check;
 mod entry;
 pub mod index;
 mod store;
@@ -13,6 +14,7 @@ mod store;
 use std::path::PathBuf;
 
 pub use build::{BuildError, DuplicatePolicy, build};
+pub use check::Problem;
 pub use entry::{Entry, Kind};
 pub use store::CatalogError;
 use store::Store;
@@ -103,8 +105,15 @@ impl Catalog {
         debug_assert_eq!(entry.kind(), Kind::File);
         let record = |offset, len| self.store.names(offset, len);
         let layout = Layout::read(entry.encoding(), entry.offset, record)?;
-        let stream = self.images.get(entry.image as usize).and_then(|i| i.stream);
-        match stream {
+        let image = self.images.get(entry.image as usize).ok_or_else(|| {
+            CatalogError::Invalid(format!(
+                "the catalog places a file in image #{}, but it has {} images (the index is \
+                 damaged or crafted)",
+                entry.image,
+                self.images.len()
+            ))
+        })?;
+        match image.stream {
             None => Ok(layout),
             Some(table) => Ok(layout.in_stream(read_checkpoints(table, record)?)?),
         }
@@ -119,6 +128,21 @@ impl Catalog {
         first..first.saturating_add(dir.size as EntryId)
     }
 
+    /// Child `id` of directory `dir`, if it names `dir` as its parent. Every step down the tree
+    /// goes through here: each entry has one parent, so a crafted index whose directories list
+    /// an ancestor (or themselves) still reads as a tree, never as a cycle.
+    pub fn child(&self, dir: EntryId, id: EntryId) -> Result<&Entry, CatalogError> {
+        let e = self.entry(id)?;
+        if e.parent != dir || id == dir {
+            return Err(CatalogError::Invalid(format!(
+                "entry {id} is listed in directory {dir} but names {} as its parent (the index \
+                 is damaged or crafted)",
+                e.parent
+            )));
+        }
+        Ok(e)
+    }
+
     /// Finds `name` in directory `parent`: a binary search over its sorted children.
     pub fn lookup(&self, parent: EntryId, name: &[u8]) -> Result<EntryId, CatalogError> {
         let dir = self.entry(parent)?;
@@ -128,7 +152,7 @@ impl Catalog {
             match self.name(self.entry(mid)?)?.cmp(name) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Ok(mid),
+                std::cmp::Ordering::Equal => return self.child(parent, mid).map(|_| mid),
             }
         }
         Err(CatalogError::NotFound)
@@ -159,13 +183,16 @@ impl Catalog {
         out
     }
 
-    /// Every entry id below `dir`, depth first in name order (for listings and tests).
+    /// Every entry id below `dir`, depth first in name order (for listings and tests). Children
+    /// that do not name their directory as parent are left out (`check` reports them), so the
+    /// walk ends whatever the index says.
     pub fn walk(&self, dir: EntryId) -> impl Iterator<Item = EntryId> + '_ {
         let mut stack = vec![dir];
         std::iter::from_fn(move || {
             let id = stack.pop()?;
             if let Ok(e) = self.entry(id) {
-                stack.extend(self.children(e).rev());
+                let children = self.children(e).rev();
+                stack.extend(children.filter(|&c| self.child(id, c).is_ok()));
             }
             Some(id)
         })

@@ -16,11 +16,15 @@ pub struct Args {
     /// recorded relative to it, so the folder can move as a whole).
     #[arg(short, long, value_name = "PATH")]
     output: PathBuf,
+    /// Replace the output file even if it is not a packfs index.
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     merge: Merge,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    index::check_replaceable(&args.output, args.force)?;
     let started = Instant::now();
     let bar = ScanBar::new();
     let catalog =

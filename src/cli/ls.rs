@@ -67,8 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out.write_all(&shown(catalog.symlink_target(e)?))?;
         }
         if args.extents && e.kind() == Kind::File {
+            let layout = catalog.layout(e)?;
             let image = catalog.images()[e.image as usize].path.display();
-            write!(out, "\t{image} {}", catalog.layout(e)?)?;
+            write!(out, "\t{image} {layout}")?;
         }
         out.write_all(end)?;
     }

@@ -52,6 +52,11 @@ enum Command {
 }
 
 impl Cli {
+    /// Commands whose output is data for another program (`ls`, `cat`).
+    pub fn writes_to_pipes(&self) -> bool {
+        matches!(self.command, Command::Ls(_) | Command::Cat(_))
+    }
+
     pub fn log_file(&self) -> Option<&Path> {
         match &self.command {
             Command::Mount(args) => args.log_file.as_deref(),

@@ -16,6 +16,9 @@ pub struct Args {
     images: Images,
     /// An existing empty directory.
     mountpoint: PathBuf,
+    /// Mount even if the mountpoint has files in it (they are hidden while it is mounted).
+    #[arg(long)]
+    nonempty: bool,
     /// Stay in the foreground instead of returning once the mount is ready.
     #[arg(short, long)]
     foreground: bool,
@@ -90,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             uid: args.uid,
             gid: args.gid,
             readdirplus: args.readdirplus.into(),
-            ..FsOptions::default()
+            fsname: dataset_name(&args.images.images),
         },
         cache_size: args.cache_size,
         chunk_size: args.staging.chunk_size,
@@ -103,6 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stats_file: absolute(&args.stats_file)?,
         pid_file: absolute(&args.pid_file)?,
         save_index: absolute(&args.save_index)?,
+        nonempty: args.nonempty,
     };
     if args.daemon_child {
         // Its stderr is the launcher's pipe, where no bar is drawn.
@@ -120,4 +124,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
     child_args.push("--daemon-child".into());
     Ok(daemon::spawn_background(&child_args, &args.mountpoint)?)
+}
+
+/// The source column of /proc/mounts: the index or first image, absolute, and how many more.
+fn dataset_name(images: &[String]) -> String {
+    let first = images.first().map_or(String::new(), |p| {
+        std::path::absolute(p).map_or_else(|_| p.clone(), |a| a.display().to_string())
+    });
+    match images.len() {
+        0 | 1 => first,
+        n => format!("{first} +{}", n - 1),
+    }
 }

@@ -46,6 +46,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if damaged > 0 {
         bail!("index {shown}: {damaged} damaged chunk(s); rebuild it with `packfs index`");
     }
+    // Checksums pass for any index someone wrote: check what the read path relies on as well.
+    let problems = catalog.check_structure();
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!(
+                "packfs: entry {} ({}): {}",
+                p.entry,
+                String::from_utf8_lossy(&p.path),
+                p.what
+            );
+        }
+        bail!(
+            "{shown}: the catalog is inconsistent ({}{} problems, listed above): the index is \
+             damaged or was not written by packfs; rebuild it with `packfs index`",
+            if problems.len() >= 20 {
+                "at least "
+            } else {
+                ""
+            },
+            problems.len()
+        );
+    }
     if args.data {
         // Opening the tiers checks every image's fingerprint, as `Source::open` does below.
         let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;

@@ -45,6 +45,14 @@ pub enum MountError {
         fstype: String,
         from: String,
     },
+    #[error(
+        "mountpoint {} is not empty: a mount would hide its files; use an empty directory, or \
+         pass --nonempty to mount over them",
+        .0.display()
+    )]
+    NotEmpty(PathBuf),
+    #[error("{0} (it holds the stats files; --stats-file PATH puts one elsewhere)")]
+    StatsDir(crate::safe_file::DirError),
     #[error("cannot use mountpoint {}: {error}", path.display())]
     Mountpoint { path: PathBuf, error: io::Error },
     #[error(
@@ -75,6 +83,8 @@ pub enum MountError {
     Mount { path: PathBuf, error: io::Error },
     #[error("the mount at {} does not answer: {error}", path.display())]
     NotAnswering { path: PathBuf, error: io::Error },
+    #[error("the FUSE session of {} ended with an error: {error}", path.display())]
+    Session { path: PathBuf, error: io::Error },
     #[error("cannot start a thread: {0}")]
     Thread(io::Error),
     #[error("cannot find the packfs executable: {0}")]

@@ -6,8 +6,9 @@ use tracing::warn;
 
 use super::{MountError, mounts, unmount};
 
-/// Checks that `path` can take a new mount, and returns it absolute.
-pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
+/// Checks that `path` can take a new mount (an empty directory, or any with `nonempty`), and
+/// returns it absolute.
+pub fn check_mountpoint(path: &Path, nonempty: bool) -> Result<PathBuf, MountError> {
     let unusable = |error| MountError::Mountpoint {
         path: path.to_path_buf(),
         error,
@@ -23,10 +24,7 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
         Err(error) => return Err(MountError::Mountpoint { path: abs, error }),
     }
     if let Some(m) = mounts::find(&abs).map_err(unusable)? {
-        // The kernel may still answer stat from cached attributes; listing shows a dead daemon.
-        let stale = m.fstype.starts_with("fuse")
-            && std::fs::read_dir(&abs).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
-        if stale {
+        if m.fstype.starts_with("fuse") && is_dead(&abs) {
             return Err(MountError::Stale(abs));
         }
         return Err(MountError::AlreadyMounted {
@@ -35,7 +33,19 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
             from: m.source,
         });
     }
+    if !nonempty {
+        let mut listing = std::fs::read_dir(&abs).map_err(unusable)?;
+        if listing.next().is_some() {
+            return Err(MountError::NotEmpty(abs));
+        }
+    }
     Ok(abs)
+}
+
+/// Whether the FUSE mount at `path` has lost its daemon. The kernel answers stat, and even
+/// listings, from its caches after the daemon died; statfs always asks the daemon.
+pub fn is_dead(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_err_and(|e| e == nix::errno::Errno::ENOTCONN)
 }
 
 /// Checks that this process can mount a FUSE file system at all. Root opens /dev/fuse itself;

@@ -41,6 +41,8 @@ pub struct MountRequest {
     pub stage: Option<StageOptions>,
     /// Where the counters are written while the mount runs (`stats::default_path` when unset).
     pub stats_file: Option<PathBuf>,
+    /// Mount over a directory that has files in it (hiding them).
+    pub nonempty: bool,
 }
 
 /// Has glibc map buffers of 1 MiB or more and unmap them when freed. Its default threshold rises
@@ -54,6 +56,18 @@ fn return_large_buffers() {
     }
 }
 
+/// Sends panic messages to the log: a daemon's stderr goes nowhere once it is ready. (A panic in a
+/// request fails only that request, see `fs::error::guarded`; elsewhere it ends the daemon with a
+/// non-zero status.)
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        tracing::error!(
+            "panic in thread {}: {info}",
+            std::thread::current().name().unwrap_or("?")
+        );
+    }));
+}
+
 /// Serves a mount in this process until it is unmounted or a signal arrives. `on_scan` hears of
 /// a scan's progress; `on_ready` runs once the mount answers a stat of its root.
 pub fn serve(
@@ -61,10 +75,17 @@ pub fn serve(
     on_scan: OnScan,
     on_ready: impl FnOnce(),
 ) -> Result<(), MountError> {
-    let mountpoint = check_mountpoint(&req.mountpoint)?;
+    let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
+    if let Some(dest) = &req.save_index {
+        crate::catalog::index::check_replaceable(dest, false)?;
+    }
     check_fuse_available()?;
+    if req.stats_file.is_none() {
+        stats::check_default_dir().map_err(MountError::StatsDir)?;
+    }
     raise_open_file_limit();
     return_large_buffers();
+    log_panics();
     let catalog = Arc::new(crate::dataset::open(&req.images, req.duplicates, on_scan)?);
     if let Some(dest) = &req.save_index {
         let written = crate::catalog::index::write(&catalog, dest)?;
@@ -135,7 +156,7 @@ fn mount_and_check(
         error,
     })?;
     if let Err(error) = std::fs::metadata(mountpoint) {
-        let _ = unmount(mountpoint, true);
+        let _ = unmount(mountpoint, true, false);
         return Err(MountError::NotAnswering {
             path: mountpoint.to_path_buf(),
             error,
@@ -170,14 +191,19 @@ fn wait_for_the_end(
         .map_err(MountError::Thread)?;
     crossbeam_channel::select! {
         recv(mounted.ended()) -> ended => {
-            info!("unmounted");
-            if let Ok(Err(e)) = ended {
-                warn!("session ended with an error: {e}");
+            let ended = ended.unwrap_or_else(|_| Err(std::io::Error::other("session thread died")));
+            if let Err(error) = ended {
+                handle.close();
+                return Err(MountError::Session {
+                    path: mountpoint.to_path_buf(),
+                    error,
+                });
             }
+            info!("unmounted");
         }
         recv(sig_rx) -> sig => {
             info!("signal {}: unmounting {}", sig.unwrap_or(0), mountpoint.display());
-            if let Err(e) = unmount(mountpoint, true) {
+            if let Err(e) = unmount(mountpoint, true, false) {
                 warn!("{e}");
             }
             if mounted.wait(Some(SHUTDOWN_GRACE)).is_none() {
@@ -226,7 +252,8 @@ struct PidFile(PathBuf);
 
 impl PidFile {
     fn create(path: &Path) -> Result<PidFile, MountError> {
-        std::fs::write(path, format!("{}\n", std::process::id())).map_err(|error| {
+        let pid = format!("{}\n", std::process::id());
+        crate::safe_file::replace(path, pid.as_bytes(), 0o644).map_err(|error| {
             MountError::PidFile {
                 path: path.to_path_buf(),
                 error,

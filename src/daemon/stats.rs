@@ -22,14 +22,7 @@ const PERIOD: Duration = Duration::from_secs(1);
 /// mount point's name and a hash of its whole path.
 pub fn default_path(mountpoint: &Path) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
-    let uid = nix::unistd::getuid();
-    let dir = if uid.is_root() {
-        PathBuf::from("/run/packfs")
-    } else if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
-        PathBuf::from(run).join("packfs")
-    } else {
-        PathBuf::from(format!("/tmp/packfs-{uid}"))
-    };
+    let dir = default_dir().0;
     let hash = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
     let name: String = mountpoint
         .file_name()
@@ -45,6 +38,48 @@ pub fn default_path(mountpoint: &Path) -> PathBuf {
         })
         .collect();
     dir.join(format!("{name}.{hash:016x}.json"))
+}
+
+/// The directory of the default stats files and the mode it is made with: readable by all for
+/// root's (`/run/packfs`), private for a user's.
+pub fn default_dir() -> (PathBuf, u32) {
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        (PathBuf::from("/run/packfs"), 0o755)
+    } else if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
+        (PathBuf::from(run).join("packfs"), 0o700)
+    } else {
+        (PathBuf::from(format!("/tmp/packfs-{uid}")), 0o700)
+    }
+}
+
+/// Makes or checks the default stats directory: in a shared /tmp another user could have made
+/// it first, to read or redirect what the daemon writes there.
+pub fn check_default_dir() -> Result<(), crate::safe_file::DirError> {
+    let (dir, mode) = default_dir();
+    crate::safe_file::private_dir(&dir, mode)
+}
+
+/// Removes the stats file a daemon that died left for `mountpoint` (found at the default path;
+/// the file names its pid, which must no longer run).
+pub fn remove_if_orphaned(mountpoint: &Path) {
+    let path = default_path(mountpoint);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let pid = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("pid").and_then(|p| p.as_i64()));
+    // A killed daemon may stay a zombie for long: its parent is whoever adopted it.
+    let alive = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+    };
+    if pid.is_none_or(|pid| pid > 0 && !alive(pid)) {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// Every counter of a mount at one moment (docs/metrics.md says what each means).
@@ -121,22 +156,15 @@ pub struct StatsFile {
 impl StatsFile {
     pub fn start(path: PathBuf, files: Arc<FileReader>, mountpoint: PathBuf) -> StatsFile {
         let stop = Arc::new(AtomicBool::new(false));
-        if let Some(dir) = path.parent()
-            && let Err(e) = std::fs::create_dir_all(dir)
-        {
-            warn!("cannot create {} for the stats file: {e}", dir.display());
-        }
         let (p, flag) = (path.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("packfs-stats".into())
             .spawn(move || {
                 let started = Instant::now();
-                let tmp = p.with_extension("json.tmp");
                 let mut warned = false;
                 while !flag.load(Ordering::Relaxed) {
                     let text = Counters::of(&files, &mountpoint, started).to_json();
-                    let written =
-                        std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &p));
+                    let written = crate::safe_file::replace(&p, text.as_bytes(), 0o644);
                     if let Err(e) = written
                         && !warned
                     {

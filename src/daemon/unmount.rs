@@ -28,10 +28,11 @@ pub enum UnmountError {
     #[error("{} is not a mount point", .0.display())]
     NotMounted(PathBuf),
     #[error(
-        "{} is a {fstype} mount of {from}, not a packfs mount; leaving it alone",
+        "{} is a {fstype} mount of {from}, not a packfs mount; leaving it alone (--force \
+         unmounts any FUSE mount)",
         path.display()
     )]
-    NotFuse {
+    NotPackfs {
         path: PathBuf,
         fstype: String,
         from: String,
@@ -55,9 +56,10 @@ pub enum UnmountError {
     },
 }
 
-/// Unmounts the FUSE mount at `path`. A busy mount is detached (lazily unmounted) rather than left
-/// behind; `lazy` detaches without trying a plain unmount first. Refuses to touch non-FUSE mounts.
-pub fn unmount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
+/// Unmounts the packfs mount at `path` (any FUSE mount with `any_fuse`). A busy mount is detached
+/// (lazily unmounted) rather than left behind; `lazy` detaches without trying a plain unmount
+/// first. Other mounts are refused. A stats file left by a daemon that died is removed.
+pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, UnmountError> {
     let abs = mounts::absolute(path).map_err(|error| UnmountError::Resolve {
         path: path.to_path_buf(),
         error,
@@ -65,18 +67,24 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
     let Some(entry) = mounts::find(&abs).map_err(UnmountError::Mountinfo)? else {
         return Err(UnmountError::NotMounted(abs));
     };
-    if !entry.fstype.starts_with("fuse") {
-        return Err(UnmountError::NotFuse {
+    let ours = entry.fstype == format!("fuse.{}", crate::fs::SUBTYPE)
+        // What root mounts of packfs 0.1 showed.
+        || (entry.fstype == "fuse" && entry.source == "packfs");
+    let fuse = entry.fstype == "fuse" || entry.fstype.starts_with("fuse.");
+    if !(ours || any_fuse && fuse) {
+        return Err(UnmountError::NotPackfs {
             path: abs,
             fstype: entry.fstype,
             from: entry.source,
         });
     }
-    if nix::unistd::geteuid().is_root() {
+    let done = if nix::unistd::geteuid().is_root() {
         unmount_as_root(&abs, lazy)
     } else {
         unmount_with_fusermount(&abs, lazy)
-    }
+    }?;
+    super::stats::remove_if_orphaned(&abs);
+    Ok(done)
 }
 
 fn unmount_as_root(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {

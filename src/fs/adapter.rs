@@ -14,7 +14,7 @@ use tracing::{debug, error, info};
 
 use super::attr::{TTL, file_attr, file_type};
 use super::core::{Core, DirEntry, Listing};
-use super::error::Error;
+use super::error::{Error, guarded};
 use super::reads::{ReadJob, Reads};
 use super::{FsOptions, ReaddirPlus};
 
@@ -39,7 +39,11 @@ impl PackFs {
 
     /// One listing for READDIR and READDIRPLUS.
     fn list(&self, ino: INodeNo, offset: u64, with_attrs: bool, mut reply: impl DirReply) {
-        match self.core.list(ino.0, offset, with_attrs, &mut reply) {
+        let listed = guarded(
+            || format!("listing of inode {}", ino.0),
+            || self.core.list(ino.0, offset, with_attrs, &mut reply),
+        );
+        match listed {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(failed(e)),
         }
@@ -150,21 +154,31 @@ impl Filesystem for PackFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.core.lookup(parent.0, name.as_bytes()) {
+        let found = guarded(
+            || format!("lookup of {name:?} in inode {}", parent.0),
+            || self.core.lookup(parent.0, name.as_bytes()),
+        );
+        match found {
             Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
             Err(e) => reply.error(failed(e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(ino.0) {
+        match guarded(
+            || format!("getattr of inode {}", ino.0),
+            || self.core.getattr(ino.0),
+        ) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
             Err(e) => reply.error(failed(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.core.readlink(ino.0) {
+        match guarded(
+            || format!("readlink of inode {}", ino.0),
+            || self.core.readlink(ino.0),
+        ) {
             Ok(target) => reply.data(target),
             Err(e) => reply.error(failed(e)),
         }

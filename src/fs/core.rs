@@ -183,7 +183,10 @@ impl Core {
                 let Some(child) = self.catalog.children(dir).nth((slot - 2) as usize) else {
                     return Ok(None);
                 };
-                (child, self.catalog.name(self.catalog.entry(child)?)?)
+                (
+                    child,
+                    self.catalog.name(self.catalog.child(dir_id, child)?)?,
+                )
             }
         };
         Ok(Some((id, self.catalog.entry(id)?, name)))
@@ -211,12 +214,7 @@ impl Core {
         self.files
             .read(id, e.image, layout, e.size, offset, len, buf)
             .map_err(|err| Error::Io {
-                image: self
-                    .files
-                    .images()
-                    .source()
-                    .image_path(e.image)
-                    .to_path_buf(),
+                image: self.files.images().source().image_path(e.image),
                 offset: err.image_offset,
                 path: self.catalog.path_of(id),
                 file_offset: offset,

@@ -38,6 +38,28 @@ pub enum Error {
         len: usize,
         error: io::Error,
     },
+    /// Answering panicked: a bug, or an input no check foresaw. The request fails alone.
+    #[error("{request} panicked: {message}")]
+    Panicked { request: String, message: String },
+}
+
+/// Runs the answer to one request; a panic in it becomes `Error::Panicked` (EIO, logged) instead
+/// of unwinding into fuser, which would end the session and leave every job with ENOTCONN.
+pub fn guarded<T>(
+    request: impl FnOnce() -> String,
+    answer: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(answer)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        Err(Error::Panicked {
+            request: request(),
+            message,
+        })
+    })
 }
 
 impl Error {
@@ -49,7 +71,7 @@ impl Error {
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink | Error::NotFile => libc::EINVAL,
             // A request fails rather than answer wrongly.
-            Error::Damaged(_) | Error::Io { .. } => libc::EIO,
+            Error::Damaged(_) | Error::Io { .. } | Error::Panicked { .. } => libc::EIO,
         }
     }
 
@@ -58,7 +80,7 @@ impl Error {
     pub fn is_worth_logging(&self) -> bool {
         matches!(
             self,
-            Error::Io { .. } | Error::Damaged(CatalogError::Invalid(_))
+            Error::Io { .. } | Error::Damaged(CatalogError::Invalid(_)) | Error::Panicked { .. }
         )
     }
 }

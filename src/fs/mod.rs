@@ -13,4 +13,6 @@ mod session;
 pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};
 pub use adapter::PackFs;
 pub use error::Error;
-pub use session::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, mount};
+pub use session::{
+    DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, SUBTYPE, mount,
+};

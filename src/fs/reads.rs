@@ -16,6 +16,7 @@ use fuser::{Errno, ReplyData};
 
 use super::adapter::failed;
 use super::core::{Core, Ino};
+use super::error::guarded;
 
 pub struct ReadJob {
     pub ino: Ino,
@@ -95,7 +96,16 @@ impl Reads {
 
 fn serve(job: ReadJob, core: &Core) {
     BUFFER.with_borrow_mut(|buf| {
-        match core.read(job.ino, job.offset, job.size, buf) {
+        let read = guarded(
+            || {
+                format!(
+                    "read of {} bytes at {} of inode {}",
+                    job.size, job.offset, job.ino
+                )
+            },
+            || core.read(job.ino, job.offset, job.size, buf),
+        );
+        match read {
             Ok(served) => job.reply.data(served.bytes()),
             Err(e) => job.reply.error(failed(e)),
         }

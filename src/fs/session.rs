@@ -29,6 +29,10 @@ pub enum ReaddirPlus {
     Always,
 }
 
+/// The file system type's suffix: /proc/mounts shows `fuse.packfs`, and `packfs umount` touches
+/// only mounts of that type.
+pub const SUBTYPE: &str = "packfs";
+
 /// FUSE request threads by default.
 pub const DEFAULT_THREADS: usize = 4;
 /// Read workers by default.
@@ -42,7 +46,7 @@ pub struct FsOptions {
     pub io_threads: usize,
     /// Let users other than the mounting one read the tree.
     pub allow_other: bool,
-    /// Shown as the source in /proc/mounts.
+    /// Shown as the source in /proc/mounts: the dataset (index or images).
     pub fsname: String,
     /// Owner and group shown for every entry; the mounting user's by default.
     pub uid: Option<u32>,
@@ -97,8 +101,10 @@ pub fn mount(core: Arc<Core>, mountpoint: &Path, opts: &FsOptions) -> io::Result
         MountOption::NoDev,
         MountOption::NoAtime,
         MountOption::DefaultPermissions,
-        MountOption::FSName(opts.fsname.clone()),
-        MountOption::Subtype("packfs".into()),
+        MountOption::FSName(opts.fsname.replace(',', "_")),
+        // As a kernel option, not fuser's `Subtype`: that one reaches only fusermount3, so a
+        // root mount (made with mount(2) directly) showed as plain `fuse`.
+        MountOption::CUSTOM(format!("subtype={SUBTYPE}")),
     ];
     config.acl = if opts.allow_other {
         SessionACL::All

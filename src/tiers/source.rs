@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -121,8 +121,11 @@ impl Source {
         self.images.get(image as usize).map_or(0, |i| i.size)
     }
 
-    pub fn image_path(&self, image: u32) -> &Path {
-        &self.images[image as usize].path
+    /// The image's path, for messages (`#N` for a number no image has).
+    pub fn image_path(&self, image: u32) -> PathBuf {
+        self.images
+            .get(image as usize)
+            .map_or_else(|| PathBuf::from(format!("#{image}")), |i| i.path.clone())
     }
 
     /// Fills `buf` from `offset` of `image`. A short file (an image truncated after it was scanned)

@@ -234,7 +234,8 @@ impl ImageRecord {
     pub fn decode_all(mut b: &[u8], count: u32) -> Option<Vec<ImageRecord>> {
         use std::os::unix::ffi::OsStrExt;
         const FIXED: usize = 48;
-        let mut out = Vec::with_capacity(count as usize);
+        // `count` is untrusted: reserve no more records than the bytes can hold.
+        let mut out = Vec::with_capacity((count as usize).min(b.len() / FIXED));
         for _ in 0..count {
             if b.len() < FIXED {
                 return None;

@@ -56,6 +56,46 @@ pub enum IndexError {
     DamagedCatalog(#[from] CatalogError),
     #[error("cannot index more than 4 billion images")]
     TooManyImages,
+    #[error(
+        "refusing to replace {}: it is {what}, not a packfs index; choose another path (e.g. \
+         DATASET.packfs-index), or pass --force to replace it",
+        path.display()
+    )]
+    WouldReplace { path: PathBuf, what: String },
+}
+
+/// Checks that writing an index to `dest` loses nothing: it must not exist, or be an index
+/// (rebuilt in place) or, with `force`, anything. `packfs index -o shard-000001.tar` once
+/// replaced a tar shard.
+pub fn check_replaceable(dest: &Path, force: bool) -> Result<(), IndexError> {
+    let Ok(meta) = std::fs::symlink_metadata(dest) else {
+        return Ok(());
+    };
+    // An empty file holds nothing to lose.
+    if force || (meta.is_file() && (meta.len() == 0 || is_index(dest))) {
+        return Ok(());
+    }
+    let what = if meta.is_dir() {
+        "a directory".to_string()
+    } else if meta.is_symlink() {
+        "a symbolic link".to_string()
+    } else if !meta.is_file() {
+        "not a regular file".to_string()
+    } else {
+        use crate::archive::Format;
+        let format = crate::read_at::open_regular(dest).and_then(|f| Format::detect(&f));
+        match format {
+            Ok(Format::Zip) => "a zip image".into(),
+            Ok(Format::Squashfs) => "a squashfs image".into(),
+            Ok(Format::Compressed(c)) => format!("a {} file", c.name),
+            // Anything else would be scanned as tar.
+            _ => format!("a file of {} bytes (a tar image?)", meta.len()),
+        }
+    };
+    Err(IndexError::WouldReplace {
+        path: dest.to_path_buf(),
+        what,
+    })
 }
 
 fn io_error(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IndexError {
@@ -179,14 +219,6 @@ fn chunk_hash(parts: &[&[u8]], mut offset: usize, mut len: usize) -> u64 {
 /// images are resolved (relative to the index first) but not opened.
 pub fn open(path: &Path) -> Result<Catalog, IndexError> {
     let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
-    let invalid = |reason: String| IndexError::Invalid {
-        path: path.clone(),
-        reason,
-    };
-    let damaged = |what| IndexError::Damaged {
-        path: path.clone(),
-        what,
-    };
     let file = crate::read_at::open_regular(&path).map_err(io_error("cannot open index", &path))?;
     let len = file
         .metadata()
@@ -200,12 +232,73 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
             .read_to_end(&mut head)
             .map_err(io_error("cannot read index", &path))?;
         let reason = Header::decode(&head, len).err().unwrap_or_default();
-        return Err(invalid(reason));
+        return Err(IndexError::Invalid { path, reason });
     }
     // SAFETY: the mapping is read-only. Index files are replaced by rename, never rewritten in
     // place; a file truncated under a running daemon would fault (documented).
     let map = unsafe { Mmap::map(&file) }.map_err(io_error("cannot map index", &path))?;
-    let header = Header::decode(&map[..HEADER_LEN], len).map_err(invalid)?;
+    let locate_beside = |r: &ImageRecord| locate(&path, r);
+    from_map(map, &path, locate_beside)
+}
+
+/// An index held in memory, its images taken as recorded (absolute paths, not looked for): for
+/// fuzzing and for tests that craft indexes. Checked exactly as a file is.
+#[doc(hidden)]
+pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
+    let path = PathBuf::from("(in memory)");
+    let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1))
+        .map_err(io_error("cannot map index", &path))?;
+    anon[..bytes.len()].copy_from_slice(bytes);
+    let map = anon
+        .make_read_only()
+        .map_err(io_error("cannot map index", &path))?;
+    if bytes.len() < HEADER_LEN {
+        let reason = Header::decode(bytes, bytes.len() as u64)
+            .err()
+            .unwrap_or_default();
+        return Err(IndexError::Invalid { path, reason });
+    }
+    from_map(map, &path, |r| Ok(r.absolute.clone()))
+}
+
+/// Recomputes an index's checksums after its bytes were changed: what anyone can do, since they
+/// are plain xxh3, so tests and fuzzers use it to craft indexes that pass them. False if the
+/// header's sections do not fit `bytes`.
+#[doc(hidden)]
+pub fn reseal(bytes: &mut [u8]) -> bool {
+    let Ok(header) = Header::decode(&bytes[..HEADER_LEN.min(bytes.len())], bytes.len() as u64)
+    else {
+        return false;
+    };
+    let (start, table) = (header.entries_off as usize, header.chunks_off as usize);
+    for c in 0..header.chunk_count as usize {
+        let from = start + c * CHUNK_SIZE;
+        let hash = chunk_hash(&[&bytes[from..table]], 0, CHUNK_SIZE);
+        bytes[table + c * 8..table + c * 8 + 8].copy_from_slice(&hash.to_le_bytes());
+    }
+    let mut meta = Xxh3::new();
+    meta.update(&bytes[..HASHED_HEADER]);
+    meta.update(&bytes[table..]);
+    let digest = meta.digest();
+    bytes[HASHED_HEADER..HASHED_HEADER + 8].copy_from_slice(&digest.to_le_bytes());
+    true
+}
+
+/// The checks and the catalog of an index mapped at `map`; `locate` finds each image.
+fn from_map(
+    map: Mmap,
+    path: &Path,
+    locate: impl Fn(&ImageRecord) -> Result<PathBuf, IndexError>,
+) -> Result<Catalog, IndexError> {
+    let invalid = |reason: String| IndexError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let damaged = |what| IndexError::Damaged {
+        path: path.to_path_buf(),
+        what,
+    };
+    let header = Header::decode(&map[..HEADER_LEN], map.len() as u64).map_err(invalid)?;
 
     let (chunks_off, images_off) = (header.chunks_off as usize, header.images_off as usize);
     let mut meta = Xxh3::new();
@@ -222,7 +315,7 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
         .into_iter()
         .map(|r| {
             Ok(ImageInfo {
-                path: locate(&path, &r)?,
+                path: locate(&r)?,
                 fingerprint: r.fingerprint,
                 stream: r.stream,
             })
@@ -235,7 +328,7 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
     let catalog = Catalog {
         store: Store::Mapped(Mapped {
             map,
-            path: path.clone(),
+            path: path.to_path_buf(),
             entries,
             names,
             chunks,

@@ -5,7 +5,7 @@
 //! chunk's local bytes are dropped (eviction, a failed check). A reader that sees the same word
 //! before and after its pread knows that no eviction punched the bytes out under it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -80,7 +80,7 @@ impl StagedImage {
         let chunks = fp.size.div_ceil(chunk_size) as usize;
         let loaded = StateFile::open(&dir.join(format!("{name}.state")), chunk_size, fp, chunks)?;
         let data_path = dir.join(format!("{name}.data"));
-        let data = OpenOptions::new()
+        let data = crate::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

@@ -2,7 +2,7 @@
 //! the mount or `packfs stage` run. The lock file names its holder for the refusal message; the
 //! kernel drops the lock when the holder dies, so a killed daemon never blocks the next one.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::path::Path;
 
@@ -31,7 +31,7 @@ impl DirLock {
             dir: dir.display().to_string(),
             error,
         };
-        let file = OpenOptions::new()
+        let file = crate::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

@@ -6,7 +6,7 @@
 //! bytes and never fsynced: a crash can leave a record whose bytes did not reach the disk, and the
 //! checksum test before serving catches exactly that.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ impl StateFile {
     /// Opens or creates the progress file for `chunks` chunks of `chunk` bytes of the image with
     /// fingerprint `fp`; a file written for another source or chunk size is started over.
     pub fn open(path: &Path, chunk: u64, fp: &Fingerprint, chunks: usize) -> io::Result<Loaded> {
-        let mut file = OpenOptions::new()
+        let mut file = crate::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

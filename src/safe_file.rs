@@ -1,0 +1,137 @@
+//! Files packfs writes, created so that another user of the node cannot redirect them: never
+//! through a symlink (O_NOFOLLOW, or a new file made with O_EXCL and renamed over the old name),
+//! and default directories only if they are the user's own and nobody else can write them (the
+//! check ssh makes of ~/.ssh and systemd of runtime directories).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Open options that refuse a symlink in the last component (ELOOP) and do not leak the
+/// descriptor into children.
+pub fn no_follow() -> OpenOptions {
+    let mut opts = OpenOptions::new();
+    opts.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    opts
+}
+
+/// Replaces `path` with `bytes` atomically: a new file with a random name is created beside it
+/// (O_EXCL, so never through a symlink someone planted), written, given `mode` and renamed over
+/// `path` (which replaces a symlink there, not its target).
+pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.as_deref().unwrap_or("packfs")))
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Why a default directory cannot be trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("cannot create {}: {error}", dir.display())]
+    Create {
+        dir: std::path::PathBuf,
+        error: io::Error,
+    },
+    #[error(
+        "{} is not safe to write in: {why}; remove it (or give another path) and retry",
+        dir.display()
+    )]
+    Unsafe {
+        dir: std::path::PathBuf,
+        why: String,
+    },
+}
+
+/// Makes `dir` with `mode` (its parent must exist) or checks the one there: a real directory (not
+/// a symlink), owned by this user, writable by nobody else.
+pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
+    let created = std::fs::DirBuilder::new().mode(mode).create(dir);
+    match created {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(error) => {
+            return Err(DirError::Create {
+                dir: dir.to_path_buf(),
+                error,
+            });
+        }
+    }
+    let unsafe_because = |why: String| DirError::Unsafe {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    let meta = std::fs::symlink_metadata(dir).map_err(|error| DirError::Create {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
+    if !meta.file_type().is_dir() {
+        return Err(unsafe_because("it is not a directory (a symlink?)".into()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(unsafe_because(format!(
+            "it belongs to uid {}, not to this user (uid {me})",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_because(format!(
+            "others can write in it (mode {:04o})",
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Opens `path` for appending, creating it (0644) if needed, never through a symlink.
+pub fn append(path: &Path) -> io::Result<File> {
+    no_follow().create(true).append(true).mode(0o644).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replace_never_writes_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("victim");
+        std::fs::write(&target, b"precious").unwrap();
+        let planted = dir.path().join("stats.json");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        replace(&planted, b"{}", 0o644).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&planted).unwrap(), b"{}");
+        assert!(!std::fs::symlink_metadata(&planted).unwrap().is_symlink());
+    }
+
+    #[test]
+    fn private_dirs_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = dir.path().join("mine");
+        private_dir(&mine, 0o700).unwrap();
+        assert_eq!(std::fs::metadata(&mine).unwrap().mode() & 0o777, 0o700);
+        private_dir(&mine, 0o700).unwrap();
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = private_dir(&mine, 0o700).unwrap_err().to_string();
+        assert!(err.contains("others can write in it (mode 0777)"), "{err}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        let err = private_dir(&link, 0o700).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+        let err = no_follow().read(true).open(&link).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+    }
+}
