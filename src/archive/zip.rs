@@ -120,6 +120,21 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         };
         let size = member.size();
         let crc = member.crc32();
+        // Stored or deflated, the member's bytes must be in the file (a fuzzer found a deflated
+        // member whose data started past the end; unzip reports such a member and goes on).
+        let stored = member.compressed_size();
+        if data_offset
+            .checked_add(stored)
+            .is_none_or(|e| e > image.size)
+        {
+            skip(
+                image,
+                &format!(
+                    "its data runs past the end of the file: {stored} bytes at offset {data_offset}"
+                ),
+            );
+            continue;
+        }
         let checkpoints = if encoding == Encoding::Deflate && size > MAX_WHOLE && !member.is_dir() {
             let end = data_offset.saturating_add(member.compressed_size());
             match checkpoint(file, data_offset, end.min(image.size), size, crc) {

@@ -100,7 +100,8 @@ impl Catalog {
         self.store.names(entry.offset, entry.size as usize)
     }
 
-    /// Where a file's bytes are (`archive::layout`), as recorded: the format reads its own record.
+    /// Where a file's bytes are (`archive::layout`), as recorded: the format reads its own record,
+    /// checked against the file's size and its image's.
     pub fn layout(&self, entry: &Entry) -> Result<Layout<'_>, CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::File);
         let record = |offset, len| self.store.names(offset, len);
@@ -113,10 +114,18 @@ impl Catalog {
                 self.images.len()
             ))
         })?;
-        match image.stream {
-            None => Ok(layout),
-            Some(table) => Ok(layout.in_stream(read_checkpoints(table, record)?)?),
-        }
+        let layout = match image.stream {
+            None => layout,
+            Some(table) => layout.in_stream(read_checkpoints(table, record)?)?,
+        };
+        // Checked on every use: the read planner's arithmetic relies on it, and a crafted index
+        // could otherwise make it overflow or point outside the image.
+        layout
+            .check_extent(entry.size, image.fingerprint.size)
+            .map_err(|what| {
+                CatalogError::Invalid(format!("in image {}: {what}", image.path.display()))
+            })?;
+        Ok(layout)
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).
@@ -124,8 +133,15 @@ impl Catalog {
         if !dir.is_dir() {
             return 0..0;
         }
-        let first = dir.offset as EntryId;
-        first..first.saturating_add(dir.size as EntryId)
+        // Clamped to the table: a crafted size must not make a listing count to 2^32.
+        let len = EntryId::try_from(self.len()).unwrap_or(EntryId::MAX);
+        let first = EntryId::try_from(dir.offset)
+            .unwrap_or(EntryId::MAX)
+            .min(len);
+        first
+            ..first
+                .saturating_add(EntryId::try_from(dir.size).unwrap_or(EntryId::MAX))
+                .min(len)
     }
 
     /// Child `id` of directory `dir`, if it names `dir` as its parent. Every step down the tree
@@ -183,16 +199,19 @@ impl Catalog {
         out
     }
 
-    /// Every entry id below `dir`, depth first in name order (for listings and tests). Children
-    /// that do not name their directory as parent are left out (`check` reports them), so the
-    /// walk ends whatever the index says.
+    /// Every entry id below `dir`, depth first in name order (for listings and tests). A
+    /// directory's listing ends at the first child that does not name it as parent (`check`
+    /// reports it), as a FUSE listing does: so the walk ends, and in time linear in the number
+    /// of entries, whatever the index says.
     pub fn walk(&self, dir: EntryId) -> impl Iterator<Item = EntryId> + '_ {
         let mut stack = vec![dir];
+        let mut children = Vec::new();
         std::iter::from_fn(move || {
             let id = stack.pop()?;
             if let Ok(e) = self.entry(id) {
-                let children = self.children(e).rev();
-                stack.extend(children.filter(|&c| self.child(id, c).is_ok()));
+                children.clear();
+                children.extend(self.children(e).take_while(|&c| self.child(id, c).is_ok()));
+                stack.extend(children.iter().rev());
             }
             Some(id)
         })

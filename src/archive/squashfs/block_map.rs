@@ -165,7 +165,8 @@ impl<'a> BlockMap<'a> {
             .map(|j| (self.word(j) & (STORED - 1)) as u64)
             .sum();
         Extent {
-            start: base + skipped,
+            // Saturating: a crafted record could overflow; the read past the image then fails.
+            start: base.saturating_add(skipped),
             word: self.word(i),
         }
     }
@@ -176,7 +177,7 @@ impl<'a> BlockMap<'a> {
             0 => 0,
             n => {
                 let last = self.block(n - 1);
-                last.start + last.disk_len() as u64
+                last.start.saturating_add(last.disk_len() as u64)
             }
         }
     }
@@ -215,7 +216,7 @@ impl<'a> BlockMap<'a> {
                     });
                 }
                 return Ok(Piece::Stored {
-                    at: extent.start + within,
+                    at: extent.start.saturating_add(within),
                     len,
                     crc: None,
                 });
@@ -243,7 +244,7 @@ impl<'a> BlockMap<'a> {
         let from = tail.offset as u64 + within;
         if tail.block.is_stored() {
             return Ok(Piece::Stored {
-                at: tail.block.start + from,
+                at: tail.block.start.saturating_add(from),
                 len,
                 crc: None,
             });

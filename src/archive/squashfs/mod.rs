@@ -30,7 +30,9 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         .map_err(|e| ArchiveError::io(&path, e))?;
     let sb = Superblock::decode(&head[..n], image.size)
         .map_err(|(offset, why)| ArchiveError::malformed(&path, offset, why))?;
-    let reader = file.try_clone().map_err(|e| ArchiveError::io(&path, e))?;
+    // A clone shares the file position: start from 0 whatever the caller did with the file.
+    let mut reader = file.try_clone().map_err(|e| ArchiveError::io(&path, e))?;
+    std::io::Seek::rewind(&mut reader).map_err(|e| ArchiveError::io(&path, e))?;
     // The parser is given untrusted metadata: a panic inside it is a corrupt image, not a crash.
     let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         FilesystemReader::from_reader(BufReader::with_capacity(64 * 1024, reader))
