@@ -495,3 +495,50 @@ fn lazy_staging_keeps_touched_chunks_within_its_budget() {
         "{log}"
     );
 }
+
+/// Once staging has stopped (here: its budget is reached at once), small reads fetch exactly
+/// their bytes again: they used to fetch a whole 1 MiB chunk each for a stager that no longer
+/// takes any (11.8 GB read to serve 270 MB).
+#[test]
+fn reads_are_exact_once_staging_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let names: Vec<String> = (0..2000).map(|i| format!("small/{i:04}.bin")).collect();
+    for (i, name) in names.iter().enumerate() {
+        write_file(&src.join(name), &bytes(i as u64, 3000), 0o644);
+    }
+    let shard = tmp.path().join("small.tar");
+    tar_members(&src, &shard, &["small"]);
+    let mnt = tmp.path().join("mnt");
+    let stats = tmp.path().join("stats.json");
+    let stage = tmp.path().join("stage");
+    let m = Mount::new(
+        &[&shard],
+        &mnt,
+        &[
+            "--stage",
+            stage.to_str().unwrap(),
+            "--stage-budget",
+            "64K",
+            "--stats-file",
+            stats.to_str().unwrap(),
+        ],
+    );
+    let before = wait_stats(&stats, 10, "staging to stop", |s| {
+        status(s).starts_with("stopped")
+    });
+    let mut served = 0;
+    for (i, name) in names.iter().enumerate().step_by(20) {
+        let data = fs::read(m.dir.join(name)).unwrap();
+        assert_eq!(data, bytes(i as u64, 3000), "{name}");
+        served += data.len() as u64;
+    }
+    let t0 = uptime(&before);
+    let after = wait_stats(&stats, 10, "a fresh snapshot", |s| uptime(s) > t0 + 1.0);
+    let read = field(&after, "bytes") - field(&before, "bytes");
+    assert!(
+        read <= 3 * served,
+        "{read} bytes read from the source to serve {served}:\n{after}"
+    );
+    drop(m);
+}

@@ -107,7 +107,12 @@ impl Images {
         buf: &mut [u8],
         fetch: Fetch,
     ) -> io::Result<()> {
-        let chunked = fetch == Fetch::Chunks && self.chunked;
+        // Chunks are fetched whole so the stager can keep them; once staging has stopped (budget
+        // reached, directory full), a whole chunk for a small read is waste: 43x more bytes read
+        // than served was measured. Read exactly then.
+        let chunked = fetch == Fetch::Chunks
+            && self.chunked
+            && !self.stage.as_ref().is_some_and(|s| s.stopped());
         if self.stage.is_none() && !chunked {
             return self.read_source(image, offset, buf);
         }
