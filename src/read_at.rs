@@ -50,6 +50,20 @@ pub trait ReadAt: Send + Sync {
 
     /// Hints that `len` bytes at `offset` will be read soon; the default does nothing.
     fn will_need(&self, _offset: u64, _len: u64) {}
+
+    /// What the store says of the object now (size and modification time), to notice it being
+    /// rewritten under a mount; `None` when it cannot tell (memory, test wrappers).
+    fn current(&self) -> Option<io::Result<Stamp>> {
+        None
+    }
+}
+
+/// An image's size and modification time as its store reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
 }
 
 /// Opens an image (or index) for reading, refusing anything but a regular file. The open does not
@@ -84,6 +98,17 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         FileExt::read_at(self, buf, offset)
+    }
+
+    /// fstat of the open descriptor: a file rewritten in place shows its new size and mtime; one
+    /// replaced by rename does not (this descriptor still reads the old, consistent bytes).
+    fn current(&self) -> Option<io::Result<Stamp>> {
+        use std::os::unix::fs::MetadataExt;
+        Some(self.metadata().map(|m| Stamp {
+            size: m.len(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec() as u32,
+        }))
     }
 
     fn will_need(&self, offset: u64, len: u64) {

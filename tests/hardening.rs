@@ -359,3 +359,65 @@ fn listing_into_a_closed_pipe_ends_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("Broken pipe") && err.is_empty(), "{err}");
 }
+
+/// A shard overwritten in place while mounted (`cat other.tar > shard.tar`): within a few
+/// seconds its unread files fail with EIO, none serves the new bytes, and the log says what
+/// changed. It used to serve the other shard's bytes under the old names, silently.
+#[test]
+fn shard_rewritten_in_place_fails_instead_of_serving_other_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let make = |name: &str, seed: u64, len: usize| {
+        let src = dir.path().join(format!("src-{name}"));
+        for i in 0..100 {
+            write_file(
+                &src.join(format!("f/{i:03}.bin")),
+                &bytes(seed + i, len),
+                0o644,
+            );
+        }
+        let shard = dir.path().join(format!("{name}.tar"));
+        tar_members(&src, &shard, &["f"]);
+        shard
+    };
+    let shard = make("a", 0, 5000);
+    let other = make("b", 1000, 6000);
+    let log = dir.path().join("daemon.log");
+    let m = Mount::new(
+        &[&shard],
+        &dir.path().join("mnt"),
+        &["--log-file", log.to_str().unwrap()],
+    );
+    assert_eq!(fs::read(m.dir.join("f/000.bin")).unwrap(), bytes(0, 5000));
+    // In place: same inode, new bytes, new size and mtime.
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&shard)
+        .unwrap();
+    std::io::copy(&mut fs::File::open(&other).unwrap(), &mut out).unwrap();
+    drop(out);
+    std::thread::sleep(Duration::from_secs(3));
+    let (mut failed, mut right) = (0, 0);
+    for i in 1..100u64 {
+        match fs::read(m.dir.join(format!("f/{i:03}.bin"))) {
+            Ok(data) => {
+                assert_eq!(data, bytes(i, 5000), "f/{i:03}.bin served other bytes");
+                right += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert_eq!((failed, right), (99, 0));
+    assert!(m.daemon_alive());
+    drop(m);
+    let log = fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("was rewritten while mounted")
+            && log.contains("size was")
+            && log.contains(&*shard.to_string_lossy()),
+        "{log}"
+    );
+}

@@ -114,6 +114,7 @@ pub fn serve(
     let stats_file = stats::StatsFile::start(stats_path, files.clone(), mountpoint.clone());
     on_ready();
     verify_in_background(catalog);
+    let watcher = watch_images(files.clone());
     let stage = files.images().stage().cloned();
     // The mount is up: a stager that cannot start leaves it serving from the source.
     let stager = stage.clone().and_then(start_stager);
@@ -126,6 +127,7 @@ pub fn serve(
         let _ = stager.join();
     }
     drop(stats_file);
+    drop(watcher);
     stats::log_counters(&files);
     Ok(())
 }
@@ -217,6 +219,28 @@ fn wait_for_the_end(
     }
     handle.close();
     Ok(())
+}
+
+/// How often the images are checked for being rewritten under the mount.
+const WATCH_PERIOD: Duration = Duration::from_secs(2);
+
+/// Checks every few seconds that no image was rewritten in place (a shard overwritten while
+/// mounted served thousands of wrong files, silently): from the first change on, that image's
+/// reads fail with EIO and the log says what changed. Stops when the returned sender is dropped.
+fn watch_images(files: Arc<tiers::FileReader>) -> Option<crossbeam_channel::Sender<()>> {
+    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+    std::thread::Builder::new()
+        .name("packfs-watch".into())
+        .spawn(move || {
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(WATCH_PERIOD)
+            {
+                files.images().source().check_changes();
+            }
+        })
+        .map_err(|e| warn!("cannot start the image watcher: {e}"))
+        .ok()?;
+    Some(stop)
 }
 
 /// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the

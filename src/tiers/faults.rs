@@ -84,6 +84,10 @@ impl ReadAt for Faulty {
         }
         self.inner.read_at(&mut buf[..len], offset)
     }
+
+    fn current(&self) -> Option<io::Result<crate::read_at::Stamp>> {
+        self.inner.current()
+    }
 }
 
 #[cfg(test)]

@@ -9,14 +9,14 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
 use crate::archive::Fingerprint;
 use crate::archive::fingerprint::show_time;
 use crate::catalog::ImageInfo;
-use crate::read_at::{ReadAt, open_regular};
+use crate::read_at::{ReadAt, Stamp, open_regular};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -38,6 +38,9 @@ pub struct SourceImage {
 
 pub struct Source {
     images: Vec<SourceImage>,
+    /// Each image's stamp when opened, and whether it has been seen changed since.
+    stamps: Vec<Option<Stamp>>,
+    changed: Vec<AtomicBool>,
     reads: AtomicU64,
     bytes: AtomicU64,
     stage_reads: AtomicU64,
@@ -93,8 +96,15 @@ impl Source {
 
     /// A source over images held by any `ReadAt` (tests, other stores).
     pub fn new(images: Vec<SourceImage>) -> Source {
+        let stamps = images
+            .iter()
+            .map(|i| i.data.current().and_then(Result::ok))
+            .collect();
+        let changed = images.iter().map(|_| AtomicBool::new(false)).collect();
         Source {
             images,
+            stamps,
+            changed,
             reads: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             stage_reads: AtomicU64::new(0),
@@ -132,7 +142,7 @@ impl Source {
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
     pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.data(image)?.read_exact_at(buf, offset)?;
+        self.read_checked(image, offset, buf)?;
         self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -140,10 +150,82 @@ impl Source {
     /// The same read for the stager, counted apart from the mount's reads.
     pub fn read_for_stage(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.stage_reads.fetch_add(1, Ordering::Relaxed);
-        self.data(image)?.read_exact_at(buf, offset)?;
+        self.read_checked(image, offset, buf)?;
         self.stage_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A read of an image not known to have changed; a failed read checks at once whether the
+    /// image changed (a rewrite that shortened it fails reads before the next periodic check).
+    fn read_checked(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if self.has_changed(image) {
+            return Err(self.changed_error(image));
+        }
+        let read = self.data(image)?.read_exact_at(buf, offset);
+        if read.is_err() && self.check_image(image) {
+            return Err(self.changed_error(image));
+        }
+        read
+    }
+
+    fn has_changed(&self, image: u32) -> bool {
+        self.changed
+            .get(image as usize)
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    fn changed_error(&self, image: u32) -> io::Error {
+        io::Error::other(format!(
+            "image {} was rewritten while mounted; its files fail until it is remounted",
+            self.image_path(image).display()
+        ))
+    }
+
+    /// Compares every image's size and mtime with those it had when opened (an fstat each:
+    /// cheap enough to run every few seconds); returns how many have changed so far.
+    pub fn check_changes(&self) -> usize {
+        (0..self.images.len() as u32)
+            .filter(|&i| self.check_image(i))
+            .count()
+    }
+
+    /// Whether image `image` has changed since it was opened; logs the change the first time.
+    fn check_image(&self, image: u32) -> bool {
+        let i = image as usize;
+        let (Some(Some(was)), Some(flag)) = (self.stamps.get(i), self.changed.get(i)) else {
+            return false;
+        };
+        if flag.load(Ordering::Relaxed) {
+            return true;
+        }
+        let Some(Ok(now)) = self.images[i].data.current() else {
+            return false;
+        };
+        if now == *was {
+            return false;
+        }
+        if !flag.swap(true, Ordering::SeqCst) {
+            let mut what = Vec::new();
+            if now.size != was.size {
+                what.push(format!("size was {} bytes, is {}", was.size, now.size));
+            }
+            if (now.mtime, now.mtime_nsec) != (was.mtime, was.mtime_nsec) {
+                what.push(format!(
+                    "mtime was {}, is {}",
+                    show_time(was.mtime, was.mtime_nsec),
+                    show_time(now.mtime, now.mtime_nsec)
+                ));
+            }
+            tracing::error!(
+                "image {} was rewritten while mounted ({}): its files now fail with EIO rather \
+                 than serve bytes the catalog does not describe; unmount, rebuild the index if \
+                 one describes it (`packfs index`), and mount again",
+                self.images[i].path.display(),
+                what.join(", ")
+            );
+        }
+        true
     }
 
     /// Hints that `len` bytes at `offset` of `image` will be read soon (the kernel reads ahead).
