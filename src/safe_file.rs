@@ -97,7 +97,19 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
 
 /// Opens `path` for appending, creating it (0644) if needed, never through a symlink.
 pub fn append(path: &Path) -> io::Result<File> {
-    no_follow().create(true).append(true).mode(0o644).open(path)
+    no_follow()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                e.kind(),
+                "it is a symbolic link, and packfs does not write through one (whoever can \
+                 change the link could point it anywhere): give the file's own path",
+            ),
+            _ => e,
+        })
 }
 
 #[cfg(test)]
@@ -133,5 +145,10 @@ mod tests {
         assert!(err.contains("not a directory"), "{err}");
         let err = no_follow().read(true).open(&link).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let log = dir.path().join("log");
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &log).unwrap();
+        let err = append(&log).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!dir.path().join("elsewhere").exists());
     }
 }
