@@ -9,6 +9,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::read_at::Stamp;
+
 /// Bytes hashed at each end of an image.
 pub const EDGE: u64 = 64 * 1024;
 
@@ -45,17 +47,7 @@ impl Fingerprint {
     /// What differs between the recorded fingerprint (`self`) and the current one, in words; `None`
     /// when they match.
     pub fn differences(&self, now: &Fingerprint) -> Option<String> {
-        let mut what = Vec::new();
-        if self.size != now.size {
-            what.push(format!("size was {} bytes, is {}", self.size, now.size));
-        }
-        if (self.mtime, self.mtime_nsec) != (now.mtime, now.mtime_nsec) {
-            what.push(format!(
-                "mtime was {}, is {}",
-                show_time(self.mtime, self.mtime_nsec),
-                show_time(now.mtime, now.mtime_nsec)
-            ));
-        }
+        let mut what = stamp_differences(self.stamp(), now.stamp());
         if self.head != now.head {
             what.push("its first 64 KiB differ".into());
         }
@@ -64,6 +56,34 @@ impl Fingerprint {
         }
         (!what.is_empty()).then(|| what.join(", "))
     }
+}
+
+impl Fingerprint {
+    /// The part a stat shows.
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            size: self.size,
+            mtime: self.mtime,
+            mtime_nsec: self.mtime_nsec,
+        }
+    }
+}
+
+/// What differs between two stats of an image, in words ("size was A bytes, is B", "mtime was
+/// X, is Y").
+pub fn stamp_differences(was: Stamp, now: Stamp) -> Vec<String> {
+    let mut what = Vec::new();
+    if was.size != now.size {
+        what.push(format!("size was {} bytes, is {}", was.size, now.size));
+    }
+    if (was.mtime, was.mtime_nsec) != (now.mtime, now.mtime_nsec) {
+        what.push(format!(
+            "mtime was {}, is {}",
+            show_time(was.mtime, was.mtime_nsec),
+            show_time(now.mtime, now.mtime_nsec)
+        ));
+    }
+    what
 }
 
 /// `@SECONDS.NANOS`, the form `touch -d` and `date -d` accept.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 
 use crate::archive::Fingerprint;
-use crate::archive::fingerprint::show_time;
+use crate::archive::fingerprint::{show_time, stamp_differences};
 use crate::catalog::ImageInfo;
 use crate::read_at::{ReadAt, Stamp, open_regular};
 
@@ -206,17 +206,7 @@ impl Source {
             return false;
         }
         if !flag.swap(true, Ordering::SeqCst) {
-            let mut what = Vec::new();
-            if now.size != was.size {
-                what.push(format!("size was {} bytes, is {}", was.size, now.size));
-            }
-            if (now.mtime, now.mtime_nsec) != (was.mtime, was.mtime_nsec) {
-                what.push(format!(
-                    "mtime was {}, is {}",
-                    show_time(was.mtime, was.mtime_nsec),
-                    show_time(now.mtime, now.mtime_nsec)
-                ));
-            }
+            let what = stamp_differences(*was, now);
             tracing::error!(
                 "image {} was rewritten while mounted ({}): its files now fail with EIO rather \
                  than serve bytes the catalog does not describe; unmount, rebuild the index if \
