@@ -418,6 +418,7 @@ fn images_that_are_not_regular_files_are_refused_at_once() {
     for (bad, what) in [(&fifo, "a FIFO"), (&subdir, "a directory")] {
         for args in [
             vec!["ls"],
+            vec!["verify"],
             vec!["index", "-o", "/nonexistent/x.packfs-index"],
         ] {
             let mut child = packfs()
