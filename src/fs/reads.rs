@@ -4,16 +4,16 @@
 //! as long as fewer than `threads - 1` request threads are inside a read. Otherwise it moves the
 //! reply to a pool of I/O workers and returns at once. So at least one request thread is always free
 //! for lookups and listings, however slow the parallel filesystem is. The pool grows while all its
-//! workers are inside reads, so reads stuck in one slow region (a slow OST, a failing disk) hold
+//! workers are inside reads and none finishes, so reads stuck in one slow region (a slow OST, a failing disk) hold
 //! only their own threads: measured with 40 reads stalled, a read elsewhere took 28 s with a
 //! fixed pool of 16 and normal time with this one (docs/semantics.md). What a read answers is the
 //! core's business; an I/O error becomes EIO for that read only.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use fuser::{Errno, ReplyData};
@@ -49,12 +49,18 @@ struct Workers {
     idle: AtomicUsize,
     jobs: Receiver<ReadJob>,
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// When a worker last finished a read, in ms since `epoch`: busy workers that finish reads
+    /// are CPU-bound or I/O-bound, not stuck, and more threads would only cost memory.
+    epoch: Instant,
+    last_done_ms: AtomicU64,
 }
 
 /// Most read workers at once: how many reads may be stuck in slow regions of the source while
 /// the rest of the mount still reads at normal speed (each waiting thread costs a stack).
 pub const MAX_IO_THREADS: usize = 256;
 const IDLE_EXIT: Duration = Duration::from_secs(30);
+/// No read finished for this long while reads wait: the workers are stuck, add one.
+const STALLED: Duration = Duration::from_millis(20);
 
 thread_local! {
     static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -77,6 +83,8 @@ impl Reads {
             idle: AtomicUsize::new(0),
             jobs: rx,
             handles: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
+            last_done_ms: AtomicU64::new(0),
         });
         for _ in 0..base {
             spawn_worker(&workers, &core)?;
@@ -117,11 +125,16 @@ impl Reads {
     }
 }
 
-/// Adds a worker when more reads are queued than workers wait for work: the others are inside
-/// reads, maybe stuck. Called on every hand-off and by every worker that takes a read, so no read
-/// stays queued behind stuck ones.
+/// Adds a worker when more reads are queued than workers wait for work and no read has finished
+/// for `STALLED`: the others are stuck inside reads. Called on every hand-off and by every worker
+/// that takes a read, so no read stays queued behind stuck ones. (Growing whenever all were busy
+/// doubled the daemon's threads and RSS under 64 readers of compressed data, for nothing.)
 fn grow_if_behind(w: &Arc<Workers>, core: &Arc<Core>) {
-    if w.jobs.len() > w.idle.load(Ordering::Acquire)
+    let now_ms = w.epoch.elapsed().as_millis() as u64;
+    let stalled =
+        now_ms.saturating_sub(w.last_done_ms.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64;
+    if stalled
+        && w.jobs.len() > w.idle.load(Ordering::Acquire)
         && w.alive.load(Ordering::Acquire) < w.max
         && let Err(e) = spawn_worker(w, core)
     {
@@ -142,7 +155,9 @@ fn spawn_worker(workers: &Arc<Workers>, core: &Arc<Core>) -> std::io::Result<()>
                 match job {
                     Ok(job) => {
                         grow_if_behind(&w, &core);
-                        serve(job, &core)
+                        serve(job, &core);
+                        let done = w.epoch.elapsed().as_millis() as u64;
+                        w.last_done_ms.store(done, Ordering::Relaxed);
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         // Extra workers leave when the stall is over; the base stays.
