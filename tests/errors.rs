@@ -429,17 +429,11 @@ fn images_that_are_not_regular_files_are_refused_at_once() {
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
-            let started = std::time::Instant::now();
-            let status = loop {
-                if let Some(status) = child.try_wait().unwrap() {
-                    break status;
-                }
-                if started.elapsed() > std::time::Duration::from_secs(20) {
-                    child.kill().unwrap();
-                    panic!("packfs {args:?} on {what} still runs after 20 s");
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            };
+            let status = wait_or_kill(
+                &mut child,
+                &format!("packfs {args:?} on {what}"),
+                std::time::Duration::from_secs(20),
+            );
             let mut err = String::new();
             child.stderr.unwrap().read_to_string(&mut err).unwrap();
             assert!(!status.success(), "{args:?} {what}: {err}");

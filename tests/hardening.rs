@@ -70,17 +70,7 @@ fn run_bounded(cmd: &mut Command) -> (bool, String, String) {
         let _ = out_pipe.take(1 << 20).read_to_end(&mut text);
         text
     });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            child.kill().unwrap();
-            panic!("{cmd:?} still runs after 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_or_kill(&mut child, &format!("{cmd:?}"), Duration::from_secs(20));
     let out = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
     let mut err = String::new();
     use std::io::Read;

@@ -71,7 +71,10 @@ impl Source {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
-        Ok(Source::new(open_parallel(images, open_checked)?))
+        let opened = open_parallel(images, open_checked)?;
+        // Each fingerprint was just checked against a fresh stat: no second stat per image.
+        let stamps = images.iter().map(|i| Some(i.fingerprint.stamp())).collect();
+        Ok(Source::with_stamps(opened, stamps))
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
@@ -90,16 +93,22 @@ impl Source {
             };
             Ok((image(path.clone(), file, fingerprint.size), info))
         })?;
-        let (images, infos) = opened.into_iter().unzip();
-        Ok((Source::new(images), infos))
+        let (images, infos): (Vec<_>, Vec<ImageInfo>) = opened.into_iter().unzip();
+        let stamps = infos.iter().map(|i| Some(i.fingerprint.stamp())).collect();
+        Ok((Source::with_stamps(images, stamps), infos))
     }
 
-    /// A source over images held by any `ReadAt` (tests, other stores).
+    /// A source over images held by any `ReadAt` (tests, other stores), stamped as they are now.
     pub fn new(images: Vec<SourceImage>) -> Source {
         let stamps = images
             .iter()
             .map(|i| i.data.current().and_then(Result::ok))
             .collect();
+        Source::with_stamps(images, stamps)
+    }
+
+    /// A source whose images had these stamps when opened (checked for changes from then on).
+    fn with_stamps(images: Vec<SourceImage>, stamps: Vec<Option<Stamp>>) -> Source {
         let changed = images.iter().map(|_| AtomicBool::new(false)).collect();
         Source {
             images,
@@ -123,7 +132,7 @@ impl Source {
                 ..img
             })
             .collect();
-        Source::new(images)
+        Source::with_stamps(images, self.stamps)
     }
 
     /// Size of an image as fingerprinted when opened (0 for an unknown image).

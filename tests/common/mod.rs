@@ -348,3 +348,22 @@ pub fn now_secs() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// Waits for `child`; kills it and panics if it still runs after `limit` (a hang is a failure).
+pub fn wait_or_kill(
+    child: &mut std::process::Child,
+    what: &str,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{what} still runs after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
