@@ -138,7 +138,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     let patterns: Vec<String> = shards.iter().map(|p| p.display().to_string()).collect();
     let catalog = Arc::new(dataset::load(
         &patterns,
-        DuplicatePolicy::Error,
+        &DuplicatePolicy::Error.into(),
         &dataset::quiet,
     )?);
     let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;

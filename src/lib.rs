@@ -16,6 +16,7 @@ pub mod demo;
 pub mod expand;
 pub mod fs;
 pub mod logging;
+pub mod pack;
 pub mod read_at;
 pub mod safe_file;
 pub mod size;

@@ -36,7 +36,12 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
     tar_members(&src, &shard, &names);
     let pattern = shard.to_string_lossy().into_owned();
     let catalog = Arc::new(
-        packfs::dataset::open(&[pattern], DuplicatePolicy::Error, &packfs::dataset::quiet).unwrap(),
+        packfs::dataset::open(
+            &[pattern],
+            &DuplicatePolicy::Error.into(),
+            &packfs::dataset::quiet,
+        )
+        .unwrap(),
     );
     // The region holding the first STALLED files (tar order) waits until the gate opens.
     let stalled_end = STALLED * (SIZE as u64 + 1024);

@@ -27,9 +27,10 @@ pub enum Encoding {
     Deflate,
     /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
     Squashfs,
-    /// A zip member stored as it is, with its CRC-32: a `ZIP_RECORD` in the catalog's arena.
-    ZipStored,
-    /// A zip member deflated, with its CRC-32: a `ZIP_RECORD` in the catalog's arena.
+    /// Bytes as they are, with their CRC-32 (a zip member stored, or a tar member `packfs pack`
+    /// wrote): a `CRC_RECORD` in the catalog's arena.
+    StoredCrc,
+    /// A zip member deflated, with its CRC-32: a `CRC_RECORD` in the catalog's arena.
     ZipDeflated,
     /// A sparse file: data segments and holes, a `sparse_map` record in the catalog's arena.
     Sparse,
@@ -42,12 +43,13 @@ pub enum Encoding {
 /// above every squashfs block (1 MiB) and every whole deflated member packfs indexes (32 MiB).
 pub const MAX_UNIT: usize = inflate::MAX_INTERVAL;
 
-/// Bytes of a zip member's layout record: its data offset (u64) and CRC-32 (u32), little-endian.
-pub const ZIP_RECORD: usize = 12;
+/// Bytes of a layout record with a CRC-32 (zip members, tar members packfs wrote): the data offset
+/// (u64) and the CRC-32 (u32), little-endian.
+pub const CRC_RECORD: usize = 12;
 
-/// A zip member's layout record.
-pub fn zip_record(data_offset: u64, crc: u32) -> [u8; ZIP_RECORD] {
-    let mut r = [0u8; ZIP_RECORD];
+/// A layout record with a CRC-32.
+pub fn crc_record(data_offset: u64, crc: u32) -> [u8; CRC_RECORD] {
+    let mut r = [0u8; CRC_RECORD];
     r[..8].copy_from_slice(&data_offset.to_le_bytes());
     r[8..].copy_from_slice(&crc.to_le_bytes());
     r
@@ -60,7 +62,7 @@ impl Encoding {
         matches!(
             self,
             Encoding::Squashfs
-                | Encoding::ZipStored
+                | Encoding::StoredCrc
                 | Encoding::ZipDeflated
                 | Encoding::Sparse
                 | Encoding::Checkpointed
@@ -338,7 +340,7 @@ impl<'a> Layout<'a> {
         record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
     ) -> Result<Layout<'a>, E> {
         let zip = |offset| -> Result<(u64, Option<u32>), E> {
-            let r = record(offset, ZIP_RECORD)?;
+            let r = record(offset, CRC_RECORD)?;
             let at = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
             let crc = u32::from_le_bytes(r[8..12].try_into().expect("4 bytes"));
             Ok((at, Some(crc)))
@@ -352,7 +354,7 @@ impl<'a> Layout<'a> {
                 at: offset,
                 crc: None,
             },
-            Encoding::ZipStored => {
+            Encoding::StoredCrc => {
                 let (at, crc) = zip(offset)?;
                 Layout::Stored { at, crc }
             }

@@ -152,7 +152,7 @@ impl ScannedImage {
         self.bytes(member.link)
     }
 
-    fn push_string(&mut self, bytes: &[u8]) -> Span {
+    pub(crate) fn push_string(&mut self, bytes: &[u8]) -> Span {
         let start = self.strings.len();
         self.strings.extend_from_slice(bytes);
         Span {

@@ -69,6 +69,17 @@ pub fn sanitize(raw: &[u8]) -> Result<Cow<'_, [u8]>, BadName> {
     Ok(Cow::Owned(out))
 }
 
+/// The key of a member path: the directory and the base name up to its first dot (`a/b/x.jpg`,
+/// `a/b/x.seg.png` -> `a/b/x`), as WebDataset groups a sample's files.
+pub fn key_of(path: &[u8]) -> &[u8] {
+    let base = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    match path[base..].iter().position(|&b| b == b'.') {
+        // A name that starts with a dot (`.hidden`) is a key of its own.
+        Some(0) | None => path,
+        Some(dot) => &path[..base + dot],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use zip::CompressionMethod;
 use zip::extra_fields::ExtraField;
 
 use super::inflate::{self, Indexer, InflateError, Wrapper};
-use super::layout::zip_record;
+use super::layout::crc_record;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
 
@@ -221,7 +221,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
             // to check it against.
             match &checkpoints {
                 Some(table) => table.clone(),
-                None => zip_record(data_offset, crc).to_vec(),
+                None => crc_record(data_offset, crc).to_vec(),
             }
         } else {
             Vec::new()
@@ -229,7 +229,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
         let encoding = match encoding {
             _ if checkpoints.is_some() => Encoding::Checkpointed,
             Encoding::Deflate => Encoding::ZipDeflated,
-            _ => Encoding::ZipStored,
+            _ => Encoding::StoredCrc,
         };
         let path_span = image.push_string(&path_bytes);
         let link_span = image.push_string(&link);

@@ -80,7 +80,7 @@ impl Entry {
         match self.mode >> ENCODING_SHIFT {
             1 => Encoding::Deflate,
             2 => Encoding::Squashfs,
-            3 => Encoding::ZipStored,
+            3 => Encoding::StoredCrc,
             4 => Encoding::ZipDeflated,
             5 => Encoding::Sparse,
             6 => Encoding::Checkpointed,
@@ -94,7 +94,7 @@ impl Entry {
             Encoding::Stored => 0,
             Encoding::Deflate => 1 << ENCODING_SHIFT,
             Encoding::Squashfs => 2 << ENCODING_SHIFT,
-            Encoding::ZipStored => 3 << ENCODING_SHIFT,
+            Encoding::StoredCrc => 3 << ENCODING_SHIFT,
             Encoding::ZipDeflated => 4 << ENCODING_SHIFT,
             Encoding::Sparse => 5 << ENCODING_SHIFT,
             Encoding::Checkpointed => 6 << ENCODING_SHIFT,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use packfs::catalog::DuplicatePolicy;
+use packfs::dataset::classes::ClassSource;
 use packfs::fs::ReaddirPlus;
 use packfs::tiers::stage::StageMode;
 
@@ -23,15 +24,41 @@ pub struct Merge {
     /// serves the one given last.
     #[arg(long, value_enum, default_value_t = Duplicates::Error)]
     pub duplicates: Duplicates,
+    /// How the members make the tree: `as-stored`, or `imagefolder` for flat WebDataset shards:
+    /// each sample `KEY.*` appears as `CLASS/KEY.*`, CLASS read from its `KEY.cls` member (or
+    /// --class-field), as torchvision's ImageFolder expects. Applied when images are scanned.
+    #[arg(long, value_enum, default_value_t = TreeLayout::AsStored)]
+    pub layout: TreeLayout,
+    /// With --layout imagefolder: take the class from this field of each sample's `.json`
+    /// member instead of its `.cls` member.
+    #[arg(long, value_name = "FIELD")]
+    pub class_field: Option<String>,
 }
 
 impl Merge {
-    pub fn policy(&self) -> DuplicatePolicy {
-        match self.duplicates {
+    pub fn options(&self) -> packfs::dataset::Merge {
+        let duplicates = match self.duplicates {
             Duplicates::Error => DuplicatePolicy::Error,
             Duplicates::LastWins => DuplicatePolicy::LastWins,
+        };
+        let classes = match (self.layout, &self.class_field) {
+            (TreeLayout::AsStored, _) => None,
+            (TreeLayout::Imagefolder, None) => Some(ClassSource::Cls),
+            (TreeLayout::Imagefolder, Some(f)) => Some(ClassSource::JsonField(f.clone())),
+        };
+        packfs::dataset::Merge {
+            duplicates,
+            classes,
         }
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TreeLayout {
+    /// Member paths as the images store them.
+    AsStored,
+    /// Samples under a directory per class (see --layout).
+    Imagefolder,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -27,7 +27,7 @@ const CHUNK: u32 = 1 << 20;
 pub fn run(args: Args) -> anyhow::Result<()> {
     let catalog = Arc::new(packfs::dataset::open(
         &args.images.images,
-        args.merge.policy(),
+        &args.merge.options(),
         &packfs::dataset::quiet,
     )?);
     let shown = args.path.to_string_lossy();

@@ -27,8 +27,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     index::check_replaceable(&args.output, args.force)?;
     let started = Instant::now();
     let bar = ScanBar::new();
-    let catalog =
-        packfs::dataset::load(&args.images.images, args.merge.policy(), &|p| bar.update(p))?;
+    let catalog = packfs::dataset::load(&args.images.images, &args.merge.options(), &|p| {
+        bar.update(p)
+    })?;
     drop(bar);
     let scanned = started.elapsed().as_secs_f64();
     let written = index::write(&catalog, &args.output)?;

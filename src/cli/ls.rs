@@ -29,8 +29,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = ScanBar::new();
-    let catalog =
-        packfs::dataset::open(&args.images.images, args.merge.policy(), &|p| bar.update(p))?;
+    let catalog = packfs::dataset::open(&args.images.images, &args.merge.options(), &|p| {
+        bar.update(p)
+    })?;
     drop(bar);
     // On a terminal, names with control characters are quoted as GNU ls quotes them, so that a
     // name cannot forge lines or send escape sequences to the terminal.

@@ -6,6 +6,7 @@ mod demo;
 mod index;
 mod ls;
 mod mount;
+mod pack;
 mod progress;
 use packfs::size;
 mod stage;
@@ -35,6 +36,9 @@ pub struct Cli {
 enum Command {
     /// Mount images as one read-only directory tree.
     Mount(mount::Args),
+    /// Pack directory trees or images into balanced (optionally shuffled) tar shards, with their
+    /// index and a manifest.
+    Pack(pack::Args),
     /// Scan images once and write an index file, so that mounts start at once.
     Index(index::Args),
     /// Check an index (every byte) and its images' fingerprints; with --data, every file too.
@@ -68,6 +72,7 @@ impl Cli {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Mount(args) => mount::run(args),
+        Command::Pack(args) => pack::run(args),
         Command::Index(args) => index::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Stage(args) => stage::run(args),

@@ -85,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let request = MountRequest {
         images: args.images.images.clone(),
         mountpoint: args.mountpoint.clone(),
-        duplicates: args.merge.policy(),
+        merge: args.merge.options(),
         fs: FsOptions {
             threads: args.threads,
             io_threads: args.io_threads,

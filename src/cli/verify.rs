@@ -31,7 +31,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         [one] if one.ends_with(".packfs-index") => index::open(std::path::Path::new(one))?,
         patterns => {
             let bar = ScanBar::new();
-            let catalog = packfs::dataset::open(patterns, args.merge.policy(), &|p| bar.update(p))?;
+            let catalog =
+                packfs::dataset::open(patterns, &args.merge.options(), &|p| bar.update(p))?;
             drop(bar);
             catalog
         }

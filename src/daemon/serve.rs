@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::preflight::{check_fuse_available, check_mountpoint, raise_open_file_limit};
 use super::{MountError, stats, unmount};
-use crate::catalog::{Catalog, DuplicatePolicy};
+use crate::catalog::Catalog;
 use crate::dataset::OnScan;
 use crate::fs::{self, Core, FsOptions, Mounted};
 use crate::tiers::stage::{Stage, StageOptions};
@@ -27,7 +27,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct MountRequest {
     pub images: Vec<String>,
     pub mountpoint: PathBuf,
-    pub duplicates: DuplicatePolicy,
+    pub merge: crate::dataset::Merge,
     pub fs: FsOptions,
     pub pid_file: Option<PathBuf>,
     /// Write the catalog built from scanned images to this index file before mounting.
@@ -86,7 +86,7 @@ pub fn serve(
     raise_open_file_limit();
     return_large_buffers();
     log_panics();
-    let catalog = Arc::new(crate::dataset::open(&req.images, req.duplicates, on_scan)?);
+    let catalog = Arc::new(crate::dataset::open(&req.images, &req.merge, on_scan)?);
     if let Some(dest) = &req.save_index {
         let written = crate::catalog::index::write(&catalog, dest)?;
         info!(bytes = written.bytes, "index saved to {}", dest.display());

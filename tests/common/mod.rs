@@ -367,3 +367,33 @@ pub fn wait_or_kill(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A Python interpreter that can import `module`: $PACKFS_TEST_PYTHON, the venv `.ci/run` makes
+/// (target/test-venv), or python3. `None` (with a message naming the package) if none can.
+pub fn python_with(module: &str, package: &str) -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python");
+    let candidates = std::env::var_os("PACKFS_TEST_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv, PathBuf::from("python3")]);
+    for python in candidates {
+        let ok = Command::new(&python)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(python);
+        }
+    }
+    eprintln!(
+        "SKIPPED: the Python package `{package}` is not installed (bash .ci/run installs it into \
+         target/test-venv: python3 -m venv target/test-venv && target/test-venv/bin/pip install \
+         {package})"
+    );
+    None
+}
+
+/// Runs a Python script with `args`; panics with its output unless it succeeds; returns stdout.
+pub fn python(interpreter: &Path, script: &str, args: &[&std::ffi::OsStr]) -> String {
+    run(Command::new(interpreter).arg("-c").arg(script).args(args))
+}

@@ -1,6 +1,8 @@
 //! From image arguments to a catalog: expand the patterns, then map one index or scan the images
 //! in parallel and merge them.
 
+pub mod classes;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -35,6 +37,31 @@ pub enum DatasetError {
     Index(#[from] IndexError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error("cannot arrange the tree by class: {0}")]
+    Layout(String),
+    #[error(
+        "{} is an index: a layout is applied when the images are scanned, so give --layout to \
+         `packfs index` (the index then holds it), or mount the images themselves",
+        index.display()
+    )]
+    LayoutOfIndex { index: PathBuf },
+}
+
+/// How the images' members make one tree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Merge {
+    pub duplicates: DuplicatePolicy,
+    /// `None`: as stored; else samples moved under a directory named by their class.
+    pub classes: Option<classes::ClassSource>,
+}
+
+impl From<DuplicatePolicy> for Merge {
+    fn from(duplicates: DuplicatePolicy) -> Merge {
+        Merge {
+            duplicates,
+            classes: None,
+        }
+    }
 }
 
 /// Scanning progress, for a progress bar: images done of the total, members found so far.
@@ -73,13 +100,14 @@ fn the_index(paths: &[PathBuf]) -> Option<&Path> {
 
 /// The catalog of `sources`: one index file, mapped; or images, scanned and merged (an index
 /// among images fails the scan with a message saying so).
-pub fn open(
-    sources: &[String],
-    policy: DuplicatePolicy,
-    on_scan: OnScan,
-) -> Result<Catalog, DatasetError> {
+pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
     let paths = image_paths(sources)?;
     if let Some(path) = the_index(&paths) {
+        if merge.classes.is_some() {
+            return Err(DatasetError::LayoutOfIndex {
+                index: path.to_path_buf(),
+            });
+        }
         let started = std::time::Instant::now();
         let catalog = index::open(path)?;
         info!(
@@ -92,16 +120,12 @@ pub fn open(
         );
         return Ok(catalog);
     }
-    load_paths(&paths, policy, on_scan)
+    load_paths(&paths, merge, on_scan)
 }
 
 /// Scans all images (several at once) and merges them into one catalog.
-pub fn load(
-    patterns: &[String],
-    policy: DuplicatePolicy,
-    on_scan: OnScan,
-) -> Result<Catalog, DatasetError> {
-    load_paths(&image_paths(patterns)?, policy, on_scan)
+pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
+    load_paths(&image_paths(patterns)?, merge, on_scan)
 }
 
 /// The images of `patterns` opened for reading without a catalog (for staging): as one index
@@ -115,15 +139,15 @@ pub fn open_images(patterns: &[String]) -> Result<(Source, Vec<ImageInfo>), Data
     Ok(Source::open_as_is(&paths)?)
 }
 
-fn load_paths(
-    paths: &[PathBuf],
-    policy: DuplicatePolicy,
-    on_scan: OnScan,
-) -> Result<Catalog, DatasetError> {
+fn load_paths(paths: &[PathBuf], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
     let mut scanned = scan_all(paths, on_scan)?;
     let scan_secs = started.elapsed().as_secs_f64();
-    let catalog = build_settling_clashes(&mut scanned, policy)?;
+    let mut catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
+    if let Some(source) = &merge.classes {
+        classes::arrange(&catalog, &mut scanned, source)?;
+        catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
+    }
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
     let skipped: u64 = scanned.iter().map(|s| s.skipped).sum();
     if skipped > 0 {

@@ -1,0 +1,162 @@
+//! `packfs pack`
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use packfs::pack::{PackOptions, Progress, ShardCount};
+
+use super::args::Merge;
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("count").args(["shards", "shard_size"])))]
+pub struct Args {
+    /// Directory trees (members are named from the directory's own name down, as `tar -C PARENT
+    /// -c NAME` names them), images (tar, tar.gz, zip, squashfs; brace ranges and globs
+    /// expanded) or one index, to reshard or convert.
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
+    sources: Vec<String>,
+    /// Where the shards, the index and the manifest go (created if missing; never inside a
+    /// source tree).
+    #[arg(short, long, value_name = "OUTDIR")]
+    output: PathBuf,
+    /// Shards are NAME-000000.tar ..., the index NAME.packfs-index, the manifest NAME.json
+    /// [default: the first source's name].
+    #[arg(long)]
+    name: Option<String>,
+    /// Number of shards.
+    #[arg(long, value_name = "N")]
+    shards: Option<usize>,
+    /// Make as many shards as it takes for about this size each (e.g. 1G, 512MiB).
+    #[arg(long, value_name = "BYTES", value_parser = packfs::size::parse_bytes)]
+    shard_size: Option<u64>,
+    /// Assign samples to shards (and order them inside) in a random order fixed by --seed, so
+    /// every shard is a random sample of the dataset.
+    #[arg(long)]
+    shuffle: bool,
+    /// Seed of --shuffle: the same seed and input make the same bytes.
+    #[arg(long, default_value_t = 0, requires = "shuffle")]
+    seed: u64,
+    /// One modification time for every member (seconds since 1970), instead of the sources'.
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    mtime: Option<i64>,
+    /// Keep the complete shards of an interrupted pack (checked against the plan and read once
+    /// for their checksums) and write the rest.
+    #[arg(long, conflicts_with = "force")]
+    resume: bool,
+    /// Replace existing shards, index and manifest of the same name.
+    #[arg(long)]
+    force: bool,
+    /// Threads reading source files (a parallel file system rewards many requests in flight).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    readers: usize,
+    /// Shards written at once [default: 4, at most the number of shards].
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    jobs: usize,
+    #[command(flatten)]
+    merge: Merge,
+}
+
+/// Shards of 1 GiB when neither --shards nor --shard-size is given: few files for the parallel
+/// file system, yet enough of them to spread reads and staging over nodes.
+const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let shards = match (args.shards, args.shard_size) {
+        (Some(0), _) => anyhow::bail!("--shards 0: give at least 1"),
+        (Some(n), _) => ShardCount::Count(n),
+        (None, Some(size)) => ShardCount::Size(size),
+        (None, None) => ShardCount::Size(DEFAULT_SHARD_SIZE),
+    };
+    let opts = PackOptions {
+        sources: args.sources,
+        out_dir: args.output,
+        name: args.name,
+        shards,
+        shuffle: args.shuffle.then_some(args.seed),
+        mtime: args.mtime,
+        resume: args.resume,
+        force: args.force,
+        readers: args.readers,
+        jobs: args.jobs,
+        merge: args.merge.options(),
+    };
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
+    bar.set_style(ProgressStyle::with_template("gathering {msg}").expect("valid template"));
+    let writing_style = ProgressStyle::with_template(
+        "packing {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec}, {msg}, eta {eta}",
+    )
+    .expect("valid template");
+    let on_progress = |p: Progress| match p {
+        Progress::Gathering { members, bytes } => {
+            bar.set_message(format!(
+                "{members} members, {}",
+                indicatif::HumanBytes(bytes)
+            ));
+        }
+        Progress::Writing {
+            members,
+            bytes,
+            total_members,
+            total_bytes,
+        } => {
+            if bar.length() != Some(total_bytes) {
+                bar.set_style(writing_style.clone());
+                bar.set_length(total_bytes);
+                bar.reset_eta();
+            }
+            bar.set_position(bytes);
+            bar.set_message(format!("{members}/{total_members} members"));
+        }
+    };
+    let report = packfs::pack::pack(&opts, &on_progress)?;
+    bar.finish_and_clear();
+    let sizes: Vec<u64> = report.shards.iter().map(|s| s.bytes).collect();
+    let counts: Vec<u64> = report.shards.iter().map(|s| s.samples).collect();
+    let spread = |v: &[u64]| {
+        let mean = v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+        let max = v.iter().copied().max().unwrap_or(0) as f64;
+        let min = v.iter().copied().min().unwrap_or(0) as f64;
+        (min / mean.max(1e-9), max / mean.max(1e-9))
+    };
+    let (bytes_lo, bytes_hi) = spread(&sizes);
+    let (count_lo, count_hi) = spread(&counts);
+    let written: u64 = sizes.iter().sum();
+    println!(
+        "packed {} samples ({} files, {}) into {} shard(s) in {:.1} s ({:.0} MB/s, {:.0} files/s){}",
+        report.samples,
+        report.files,
+        indicatif::HumanBytes(report.data_bytes),
+        report.shards.len(),
+        report.seconds,
+        written as f64 / report.seconds.max(1e-3) / 1e6,
+        report.files as f64 / report.seconds.max(1e-3),
+        match report.resumed {
+            0 => String::new(),
+            n => format!("; {n} complete shard(s) kept"),
+        }
+    );
+    println!(
+        "  shards: {} .. {}; size {:.3}x..{:.3}x of the mean, samples {:.3}x..{:.3}x",
+        report
+            .shards
+            .first()
+            .map_or(String::new(), |s| s.path.display().to_string()),
+        report
+            .shards
+            .last()
+            .map_or(String::new(), |s| s.path.display().to_string()),
+        bytes_lo,
+        bytes_hi,
+        count_lo,
+        count_hi
+    );
+    println!("  index: {}", report.index.display());
+    println!("  manifest: {}", report.manifest.display());
+    if report.skipped > 0 {
+        eprintln!(
+            "warning: {} special file(s) (FIFOs, sockets, devices) left out; see the warnings above",
+            report.skipped
+        );
+    }
+    Ok(())
+}

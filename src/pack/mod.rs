@@ -1,0 +1,641 @@
+//! `packfs pack`: directory trees, images or an index in; balanced, optionally shuffled tar shards
+//! out (WebDataset's layout: a sample's files share a key and sit together), with the index of
+//! what was written and a JSON manifest that webdataset's `wids` reads.
+//!
+//! Steps: gather the members (`gather`), group them into samples and cut the samples into shards
+//! (`plan`), write the shards several at once (`shard`, headers from `tar_writer`), then build the
+//! catalog from what was written (no re-scan) and write the index and the manifest.
+
+pub mod gather;
+mod manifest;
+pub mod plan;
+pub mod shard;
+pub mod tar_writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use crate::catalog::{self, DuplicatePolicy, index};
+use crate::tiers::{self, TierOptions};
+use gather::{DirSource, Found, Item, ItemKind, Sources};
+use shard::{Done, ShardPlan, Writer};
+
+/// How many shards to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardCount {
+    Count(usize),
+    /// As many as it takes for shards of about this many bytes.
+    Size(u64),
+}
+
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    pub sources: Vec<String>,
+    pub out_dir: PathBuf,
+    /// Shards are `NAME-000000.tar`...; the index `NAME.packfs-index`, the manifest `NAME.json`.
+    pub name: Option<String>,
+    pub shards: ShardCount,
+    /// Seed of the shuffle of samples; `None` keeps them in path order.
+    pub shuffle: Option<u64>,
+    /// One mtime for every member, instead of the sources'.
+    pub mtime: Option<i64>,
+    pub resume: bool,
+    pub force: bool,
+    /// Threads reading members (and walking directories).
+    pub readers: usize,
+    /// Shards written at once.
+    pub jobs: usize,
+    /// For image sources: what to do when two images hold one path.
+    pub merge: crate::dataset::Merge,
+}
+
+/// Progress of a pack, for a progress display.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress {
+    /// Walking the sources: members and bytes found so far.
+    Gathering { members: u64, bytes: u64 },
+    /// Writing: members and data bytes done, of the totals.
+    Writing {
+        members: u64,
+        bytes: u64,
+        total_members: u64,
+        total_bytes: u64,
+    },
+}
+
+/// What a pack made.
+#[derive(Debug)]
+pub struct Report {
+    pub shards: Vec<ShardReport>,
+    pub index: PathBuf,
+    pub manifest: PathBuf,
+    pub samples: u64,
+    pub files: u64,
+    /// Bytes of file data.
+    pub data_bytes: u64,
+    /// Shards kept from an interrupted run (`--resume`).
+    pub resumed: usize,
+    /// Source entries left out (special files).
+    pub skipped: u64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ShardReport {
+    pub path: PathBuf,
+    pub samples: u64,
+    pub members: u64,
+    /// Size of the shard file.
+    pub bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot read {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot write {}: {error}", path.display())]
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{0}")]
+    Source(String),
+    #[error(transparent)]
+    Dataset(#[from] crate::dataset::DatasetError),
+    #[error(transparent)]
+    Tiers(#[from] crate::tiers::OpenError),
+    #[error(
+        "{} exists and is not what this pack would write: {why}; remove it, or pass --force to \
+         rewrite every shard",
+        path.display()
+    )]
+    ShardDiffers { path: PathBuf, why: String },
+    #[error("{what} already exist in {}: {first} ...; pass --resume to keep the complete shards \
+             and write the rest, or --force to replace them", dir.display())]
+    Exists {
+        dir: PathBuf,
+        what: String,
+        first: String,
+    },
+    #[error("another pack is writing {name} in {}: wait for it, or give another --name", dir.display())]
+    Busy { dir: PathBuf, name: String },
+    #[error(transparent)]
+    Build(#[from] catalog::BuildError),
+    #[error(transparent)]
+    Index(#[from] index::IndexError),
+    #[error("stopped after another shard failed")]
+    Aborted,
+}
+
+/// Packs `opts.sources` into shards in `opts.out_dir`.
+pub fn pack(
+    opts: &PackOptions,
+    on_progress: &(dyn Fn(Progress) + Sync),
+) -> Result<Report, PackError> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&opts.out_dir).map_err(|error| PackError::Write {
+        path: opts.out_dir.clone(),
+        error,
+    })?;
+    let out_dir = opts
+        .out_dir
+        .canonicalize()
+        .map_err(|error| PackError::Write {
+            path: opts.out_dir.clone(),
+            error,
+        })?;
+    let sources = open_sources(opts, &out_dir)?;
+    let name = match &opts.name {
+        Some(n) => n.clone(),
+        None => default_name(&sources)?,
+    };
+    check_name(&name)?;
+    let _lock = lock(&out_dir, &name)?;
+    let readers = opts.readers.max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(readers)
+        .thread_name(|i| format!("pack-read-{i}"))
+        .build()
+        .map_err(|e| PackError::Source(format!("cannot start reader threads: {e}")))?;
+
+    // Gather, with progress from a ticker thread.
+    let found = Found::default();
+    let gathering = AtomicBool::new(true);
+    let (mut items, skipped) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while gathering.load(Ordering::Relaxed) {
+                on_progress(Progress::Gathering {
+                    members: found.members.load(Ordering::Relaxed),
+                    bytes: found.bytes.load(Ordering::Relaxed),
+                });
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let r = sources.gather(&pool, &found);
+        gathering.store(false, Ordering::Relaxed);
+        r
+    })?;
+    if let Some(mtime) = opts.mtime {
+        items.iter_mut().for_each(|i| i.mtime = mtime);
+    }
+    let mut items = dedupe(items, &sources)?;
+    let dirs = order_items(&mut items, &pool);
+
+    // Samples, their order and the shards.
+    let keys: Vec<&[u8]> = items[dirs..]
+        .iter()
+        .map(|i| plan::key_of(&i.path))
+        .collect();
+    let bytes: Vec<u64> = items[dirs..].iter().map(tar_bytes).collect();
+    let mut samples = plan::samples(&keys, &bytes);
+    drop(keys);
+    for s in &mut samples {
+        s.members = (s.members.0 + dirs as u32, s.members.1 + dirs as u32);
+    }
+    if let Some(seed) = opts.shuffle {
+        plan::shuffle(&mut samples, seed);
+    }
+    let total_bytes: u64 = samples.iter().map(|s| s.bytes).sum();
+    let count = match opts.shards {
+        ShardCount::Count(n) => n,
+        ShardCount::Size(size) => total_bytes.div_ceil(size.max(1)) as usize,
+    }
+    .max(1);
+    if count > samples.len().max(1) {
+        return Err(PackError::Usage(format!(
+            "{count} shards for {} samples: give at most one shard per sample",
+            samples.len()
+        )));
+    }
+    // Shuffled: dealt for balance (the order is random anyway); sorted: contiguous runs, so a
+    // shard holds neighbouring paths (whole classes of an ImageFolder tree).
+    let assignment: Vec<Vec<usize>> = if samples.is_empty() {
+        vec![Vec::new()]
+    } else if opts.shuffle.is_some() {
+        plan::deal(&samples, count)
+    } else {
+        plan::split(&samples, count)
+            .into_iter()
+            .map(|r| r.collect())
+            .collect()
+    };
+    let plans: Vec<ShardPlan> = assignment
+        .iter()
+        .enumerate()
+        .map(|(k, picked)| {
+            // The directories go first in the first shard: tiny, and every mount needs them.
+            let mut members: Vec<u32> = if k == 0 {
+                (0..dirs as u32).collect()
+            } else {
+                Vec::new()
+            };
+            for &s in picked {
+                members.extend(samples[s].members.0..samples[s].members.1);
+            }
+            ShardPlan {
+                path: out_dir.join(format!("{name}-{k:06}.tar")),
+                members,
+                samples: picked.len() as u64,
+            }
+        })
+        .collect();
+    drop(samples);
+    let index_path = out_dir.join(format!("{name}.packfs-index"));
+    let manifest_path = out_dir.join(format!("{name}.json"));
+    check_outputs(
+        opts,
+        &out_dir,
+        &plans,
+        &index_path,
+        &manifest_path,
+        &sources,
+    )?;
+    let removed = shard::remove_partials(&out_dir, &name);
+    if removed > 0 {
+        info!("removed {removed} temporary file(s) of an interrupted pack");
+    }
+
+    // Write (or, resuming, check) the shards, `jobs` at a time.
+    let done = Done::default();
+    let abort = AtomicBool::new(false);
+    let writer = Writer {
+        items: &items,
+        sources: &sources,
+        pool: &pool,
+        done: &done,
+        abort: &abort,
+        force: opts.force,
+    };
+    let total_members = items.len() as u64;
+    let total_data: u64 = items.iter().map(|i| i.size).sum();
+    let next = AtomicUsize::new(0);
+    let resumed = AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<crate::archive::ScannedImage, PackError>>>> =
+        plans.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let writing = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while writing.load(Ordering::Relaxed) {
+                on_progress(Progress::Writing {
+                    members: done.members.load(Ordering::Relaxed),
+                    bytes: done.bytes.load(Ordering::Relaxed),
+                    total_members,
+                    total_bytes: total_data,
+                });
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let workers: Vec<_> = (0..opts.jobs.clamp(1, plans.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(plan) = plans.get(k) else { break };
+                        if abort.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let result = if opts.resume && plan.path.exists() {
+                            resumed.fetch_add(1, Ordering::Relaxed);
+                            writer.check_existing(plan)
+                        } else {
+                            writer.write(plan)
+                        };
+                        if result.is_err() {
+                            abort.store(true, Ordering::Relaxed);
+                        }
+                        *results[k].lock().expect("not poisoned") = Some(result);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.join();
+        }
+        writing.store(false, Ordering::Relaxed);
+    });
+    on_progress(Progress::Writing {
+        members: done.members.load(Ordering::Relaxed),
+        bytes: done.bytes.load(Ordering::Relaxed),
+        total_members,
+        total_bytes: total_data,
+    });
+    // The first real failure, not the shards stopped because of it.
+    let mut images = Vec::with_capacity(plans.len());
+    let mut first_error = None;
+    for slot in results {
+        match slot.into_inner().expect("not poisoned") {
+            Some(Ok(image)) => images.push(image),
+            Some(Err(PackError::Aborted)) | None => {}
+            Some(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    if images.len() != plans.len() {
+        return Err(PackError::Aborted);
+    }
+
+    // The index, from what was written.
+    let catalog = catalog::build(&images, DuplicatePolicy::Error)?;
+    index::write(&catalog, &index_path)?;
+    let shards: Vec<ShardReport> = plans
+        .iter()
+        .zip(&images)
+        .map(|(p, image)| ShardReport {
+            path: p.path.clone(),
+            samples: p.samples,
+            members: p.members.len() as u64,
+            bytes: image.size,
+        })
+        .collect();
+    let report = Report {
+        shards,
+        index: index_path,
+        manifest: manifest_path,
+        samples: plans.iter().map(|p| p.samples).sum(),
+        files: items.iter().filter(|i| i.kind == ItemKind::File).count() as u64,
+        data_bytes: total_data,
+        resumed: resumed.into_inner(),
+        skipped,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    manifest::write(&report, &name, opts, &sources)?;
+    let extra = shard::extra_shards(&out_dir, &name, plans.len());
+    if let Some(first) = extra.first() {
+        warn!(
+            "{} other shard(s) named like these are in {} ({} ...), left by an earlier pack: \
+             they are not part of this dataset (the index and {} list the ones that are); \
+             remove them before mounting by pattern",
+            extra.len(),
+            out_dir.display(),
+            first.display(),
+            report.manifest.display()
+        );
+    }
+    Ok(report)
+}
+
+/// Directories become directory sources; everything else is one set of images (or an index).
+fn open_sources(opts: &PackOptions, out_dir: &Path) -> Result<Sources, PackError> {
+    let mut dirs = Vec::new();
+    let mut patterns = Vec::new();
+    for s in &opts.sources {
+        let path = Path::new(s);
+        if path.is_dir() {
+            let root = path.canonicalize().map_err(|error| PackError::Read {
+                path: path.to_path_buf(),
+                error,
+            })?;
+            let Some(base) = root.parent().filter(|_| root.file_name().is_some()) else {
+                return Err(PackError::Usage(format!(
+                    "{s}: give a directory below /, whose name the members start with"
+                )));
+            };
+            if out_dir.starts_with(&root) {
+                return Err(PackError::Usage(format!(
+                    "the output directory {} is inside the source {}: packfs never writes into \
+                     a source tree; give an output directory elsewhere",
+                    out_dir.display(),
+                    root.display()
+                )));
+            }
+            dirs.push(DirSource {
+                base: base.to_path_buf(),
+                root,
+            });
+        } else {
+            patterns.push(s.clone());
+        }
+    }
+    let images = if patterns.is_empty() {
+        None
+    } else {
+        let catalog = Arc::new(crate::dataset::open(
+            &patterns,
+            &opts.merge,
+            &crate::dataset::quiet,
+        )?);
+        let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE * 4))?;
+        Some((catalog, files))
+    };
+    let mut names: Vec<&std::ffi::OsStr> = dirs.iter().filter_map(|d| d.root.file_name()).collect();
+    names.sort();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(PackError::Usage(format!(
+            "two source directories are named {:?}: their members would have the same names",
+            w[0]
+        )));
+    }
+    Ok(Sources {
+        dirs,
+        images,
+        image_patterns: patterns,
+    })
+}
+
+/// The name of the first source: a directory's name, or an image's without its shard number and
+/// extension (`train-000003.tar` -> `train`).
+fn default_name(sources: &Sources) -> Result<String, PackError> {
+    if let Some(d) = sources.dirs.first() {
+        return Ok(d
+            .root
+            .file_name()
+            .expect("checked")
+            .to_string_lossy()
+            .into_owned());
+    }
+    let (catalog, _) = sources.images.as_ref().expect("at least one source");
+    let first = catalog
+        .index_path()
+        .or_else(|| catalog.images().first().map(|i| i.path.as_path()))
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut stem = first.as_str();
+    for ext in [
+        ".packfs-index",
+        ".tar.gz",
+        ".tgz",
+        ".tar",
+        ".zip",
+        ".sqfs",
+        ".squashfs",
+    ] {
+        if let Some(s) = stem.strip_suffix(ext) {
+            stem = s;
+            break;
+        }
+    }
+    let stem = stem.trim_end_matches(|c: char| c.is_ascii_digit());
+    let stem = stem.trim_end_matches(['-', '_', '.']);
+    if stem.is_empty() {
+        return Err(PackError::Usage(
+            "cannot tell a name for the shards from the sources: give --name".into(),
+        ));
+    }
+    Ok(stem.to_string())
+}
+
+fn check_name(name: &str) -> Result<(), PackError> {
+    if name.is_empty() || name.starts_with('.') || name.contains('/') || name.len() > 200 {
+        return Err(PackError::Usage(format!(
+            "--name {name:?}: give a plain file name (no '/', not starting with '.')"
+        )));
+    }
+    Ok(())
+}
+
+/// One pack per name and directory at a time.
+fn lock(dir: &Path, name: &str) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, PackError> {
+    let path = dir.join(format!(".{name}.pack-lock"));
+    let file = crate::safe_file::no_follow()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|error| PackError::Write { path, error })?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(PackError::Busy {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+        }),
+        // Some parallel file systems are mounted without flock support: go on unguarded.
+        Err((_, errno)) => {
+            warn!(
+                "cannot lock {}: {errno}; make sure no other pack writes {name} there",
+                dir.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Refuses to merge two sources' members of one name (directories merge, as in a mount).
+fn dedupe(mut items: Vec<Item>, sources: &Sources) -> Result<Vec<Item>, PackError> {
+    items.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut out: Vec<Item> = Vec::with_capacity(items.len());
+    for item in items {
+        if let Some(last) = out.last_mut()
+            && last.path == item.path
+        {
+            if last.kind == ItemKind::Dir && item.kind == ItemKind::Dir {
+                *last = item;
+                continue;
+            }
+            let origin = |i: &Item| match i.origin {
+                gather::Origin::Disk(d) => sources.dirs[d as usize].root.display().to_string(),
+                gather::Origin::Catalog(_) => sources.image_patterns.join(" "),
+            };
+            return Err(PackError::Usage(format!(
+                "{:?} is in two sources: {} and {}",
+                String::from_utf8_lossy(&item.path),
+                origin(last),
+                origin(&item)
+            )));
+        }
+        out.push(item);
+    }
+    Ok(out)
+}
+
+/// Directories first (by path), then every other member by (key, path), so a sample's members
+/// are adjacent and sorted; returns the number of directories.
+fn order_items(items: &mut [Item], pool: &rayon::ThreadPool) -> usize {
+    use rayon::slice::ParallelSliceMut;
+    pool.install(|| {
+        items.par_sort_by(|a, b| {
+            (a.kind != ItemKind::Dir)
+                .cmp(&(b.kind != ItemKind::Dir))
+                .then_with(|| match a.kind {
+                    ItemKind::Dir => a.path.cmp(&b.path),
+                    _ => plan::key_of(&a.path)
+                        .cmp(plan::key_of(&b.path))
+                        .then_with(|| a.path.cmp(&b.path)),
+                })
+        })
+    });
+    items.iter().take_while(|i| i.kind == ItemKind::Dir).count()
+}
+
+/// Bytes a member takes in a shard.
+fn tar_bytes(item: &Item) -> u64 {
+    let kind = match item.kind {
+        ItemKind::File => tar_writer::HeaderKind::File { size: item.size },
+        ItemKind::Dir => tar_writer::HeaderKind::Dir,
+        ItemKind::Symlink => tar_writer::HeaderKind::Symlink { target: &item.link },
+    };
+    tar_writer::header_len(&item.path, kind, item.mtime)
+        + item.size
+        + tar_writer::padding(item.size)
+}
+
+/// Refuses to replace shards, an index or a manifest unless told to; refuses to write a shard
+/// over one of the images being read.
+fn check_outputs(
+    opts: &PackOptions,
+    out_dir: &Path,
+    plans: &[ShardPlan],
+    index_path: &Path,
+    manifest_path: &Path,
+    sources: &Sources,
+) -> Result<(), PackError> {
+    if let Some((catalog, _)) = &sources.images {
+        let inputs: Vec<PathBuf> = catalog
+            .images()
+            .iter()
+            .filter_map(|i| i.path.canonicalize().ok())
+            .chain(catalog.index_path().and_then(|p| p.canonicalize().ok()))
+            .collect();
+        let outputs = plans
+            .iter()
+            .map(|p| p.path.as_path())
+            .chain([index_path, manifest_path]);
+        for out in outputs {
+            if inputs.iter().any(|i| i == out) {
+                return Err(PackError::Usage(format!(
+                    "{} is one of the sources: give another --name or output directory",
+                    out.display()
+                )));
+            }
+        }
+    }
+    if opts.force {
+        return Ok(());
+    }
+    let existing: Vec<&Path> = plans
+        .iter()
+        .map(|p| p.path.as_path())
+        .filter(|p| p.symlink_metadata().is_ok())
+        .collect();
+    if !existing.is_empty() && !opts.resume {
+        return Err(PackError::Exists {
+            dir: out_dir.to_path_buf(),
+            what: format!("{} of the {} shards", existing.len(), plans.len()),
+            first: existing[0].display().to_string(),
+        });
+    }
+    for path in [index_path, manifest_path] {
+        if path.symlink_metadata().is_ok() && !opts.resume {
+            return Err(PackError::Exists {
+                dir: out_dir.to_path_buf(),
+                what: "the index or manifest".into(),
+                first: path.display().to_string(),
+            });
+        }
+    }
+    Ok(())
+}

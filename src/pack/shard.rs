@@ -1,0 +1,392 @@
+//! Writing one shard: members read in parallel batches ahead of a writer that appends headers and
+//! data in large sequential writes to a temporary file, renamed to the shard's name only once
+//! complete and on disk; and checking a complete shard kept by `--resume`.
+
+use std::io::Write;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use super::PackError;
+use super::gather::{Item, ItemKind, Sources};
+use super::tar_writer::{self, HeaderKind};
+use crate::archive::layout::crc_record;
+use crate::archive::{self, Encoding, Fingerprint, Member, MemberKind, ScannedImage};
+
+/// Members read at once, ahead of the writer: at most this many bytes or members per batch.
+const BATCH_BYTES: u64 = 8 << 20;
+const BATCH_MEMBERS: usize = 2048;
+/// Bytes handed to `write` at once.
+const WRITE_SIZE: usize = 4 << 20;
+/// A member larger than this is streamed through the writer in pieces of this size.
+const STREAM_PIECE: u64 = 8 << 20;
+
+/// One shard to write: its final path and its members (indices into the item table), in order.
+#[derive(Debug)]
+pub struct ShardPlan {
+    pub path: PathBuf,
+    pub members: Vec<u32>,
+    pub samples: u64,
+}
+
+/// Work done so far, across all shards.
+#[derive(Default)]
+pub struct Done {
+    pub members: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// What writing a shard needs besides its plan.
+pub struct Writer<'a> {
+    pub items: &'a [Item],
+    pub sources: &'a Sources,
+    pub pool: &'a rayon::ThreadPool,
+    pub done: &'a Done,
+    /// Set when another shard failed: stop early.
+    pub abort: &'a AtomicBool,
+    /// Replace an existing shard of the same name.
+    pub force: bool,
+}
+
+enum Batch {
+    /// Small members, read whole.
+    Read(Vec<(u32, Vec<u8>)>),
+    /// One large member, streamed by the writer.
+    Stream(u32),
+}
+
+impl Writer<'_> {
+    /// Writes the shard of `plan`; the members as packfs will index them.
+    pub fn write(&self, plan: &ShardPlan) -> Result<ScannedImage, PackError> {
+        let dir = plan.path.parent().expect("shards are in a directory");
+        let file_name = plan.path.file_name().expect("a shard has a name");
+        let io_err = |error| PackError::Write {
+            path: plan.path.clone(),
+            error,
+        };
+        // A name no reader takes for a shard: hidden, and `.partial` at the end.
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{}.", file_name.to_string_lossy()))
+            .suffix(".partial")
+            .tempfile_in(dir)
+            .map_err(io_err)?;
+        let batches = self.batches(&plan.members);
+        let mut out = Vec::with_capacity(WRITE_SIZE + (1 << 20));
+        let mut offset = 0u64;
+        let mut members: Vec<(u32, u64, u64, u32)> = Vec::with_capacity(plan.members.len());
+        let (send, receive) = crossbeam_channel::bounded::<Result<Batch, PackError>>(2);
+        std::thread::scope(|scope| -> Result<(), PackError> {
+            scope.spawn(|| {
+                for batch in &batches {
+                    if self.abort.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let read = self.read_batch(batch);
+                    let failed = read.is_err();
+                    if send.send(read).is_err() || failed {
+                        break;
+                    }
+                }
+                drop(send);
+            });
+            let result = (|| {
+                for batch in receive.iter() {
+                    if self.abort.load(Ordering::Relaxed) {
+                        return Err(PackError::Aborted);
+                    }
+                    match batch? {
+                        Batch::Read(read) => {
+                            for (i, data) in read {
+                                let item = &self.items[i as usize];
+                                let header_at = offset + out.len() as u64;
+                                self.header(&mut out, item)?;
+                                let data_at = offset + out.len() as u64;
+                                out.extend_from_slice(&data);
+                                tar_writer::pad(&mut out, data.len() as u64);
+                                members.push((i, header_at, data_at, crc32fast::hash(&data)));
+                                self.count(item);
+                            }
+                        }
+                        Batch::Stream(i) => {
+                            let item = &self.items[i as usize];
+                            let header_at = offset + out.len() as u64;
+                            self.header(&mut out, item)?;
+                            let data_at = offset + out.len() as u64;
+                            let file = self.sources.open(item)?;
+                            let mut crc = crc32fast::Hasher::new();
+                            let mut at = 0u64;
+                            while at < item.size {
+                                let n = (item.size - at).min(STREAM_PIECE) as usize;
+                                let before = out.len();
+                                file.read(item, at, n, &mut out)?;
+                                crc.update(&out[before..]);
+                                at += n as u64;
+                                flush(tmp.as_file(), &mut out, &mut offset, 0).map_err(io_err)?;
+                            }
+                            tar_writer::pad(&mut out, item.size);
+                            members.push((i, header_at, data_at, crc.finalize()));
+                            self.count(item);
+                        }
+                    }
+                    flush(tmp.as_file(), &mut out, &mut offset, WRITE_SIZE).map_err(io_err)?;
+                }
+                Ok(())
+            })();
+            if result.is_err() {
+                // Unblock the reader, which may wait to send.
+                self.abort.store(true, Ordering::Relaxed);
+                while receive.try_recv().is_ok() {}
+            }
+            drop(receive);
+            result
+        })?;
+        if members.len() != plan.members.len() {
+            return Err(PackError::Aborted);
+        }
+        out.extend_from_slice(&tar_writer::END);
+        flush(tmp.as_file(), &mut out, &mut offset, 0).map_err(io_err)?;
+        let file = tmp.as_file();
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io_err)?;
+        // One sync per shard, before the rename: a shard under its final name is complete even
+        // after a crash.
+        file.sync_all().map_err(io_err)?;
+        let file = if self.force {
+            tmp.persist(&plan.path)
+        } else {
+            tmp.persist_noclobber(&plan.path)
+        }
+        .map_err(|e| io_err(e.error))?;
+        let fingerprint = Fingerprint::of(&file).map_err(io_err)?;
+        let mut image = ScannedImage::new(plan.path.clone(), fingerprint);
+        for (i, header_at, data_at, crc) in members {
+            push_member(&mut image, &self.items[i as usize], header_at, data_at, crc);
+        }
+        Ok(image)
+    }
+
+    /// Checks that the complete shard at `plan.path` holds exactly the planned members, and
+    /// reads their data once for the CRC-32s the index records (`--resume`).
+    pub fn check_existing(&self, plan: &ShardPlan) -> Result<ScannedImage, PackError> {
+        let differs = |why: String| PackError::ShardDiffers {
+            path: plan.path.clone(),
+            why,
+        };
+        let scanned = archive::scan(&plan.path).map_err(|e| differs(e.to_string()))?;
+        if scanned.members.len() != plan.members.len() {
+            return Err(differs(format!(
+                "it has {} members, this pack plans {}",
+                scanned.members.len(),
+                plan.members.len()
+            )));
+        }
+        let file = crate::read_at::open_regular(&plan.path).map_err(|error| PackError::Read {
+            path: plan.path.clone(),
+            error,
+        })?;
+        let mut image = ScannedImage::new(plan.path.clone(), scanned.fingerprint);
+        let mut data = Vec::new();
+        for (m, &i) in scanned.members.iter().zip(&plan.members) {
+            let item = &self.items[i as usize];
+            let kind = match m.kind {
+                MemberKind::File | MemberKind::HardLink => ItemKind::File,
+                MemberKind::Dir => ItemKind::Dir,
+                MemberKind::Symlink => ItemKind::Symlink,
+            };
+            let same = scanned.path_of(m) == &item.path[..]
+                && kind == item.kind
+                && m.size == item.size
+                && m.mode == item.mode
+                && m.mtime == item.mtime
+                && (kind != ItemKind::Symlink || scanned.link_of(m) == &item.link[..]);
+            if !same {
+                return Err(differs(format!(
+                    "member {:?} at byte offset {} is not the planned {:?}",
+                    String::from_utf8_lossy(scanned.path_of(m)),
+                    m.header_offset,
+                    String::from_utf8_lossy(&item.path)
+                )));
+            }
+            let mut crc = 0;
+            if kind == ItemKind::File {
+                let mut hasher = crc32fast::Hasher::new();
+                let mut at = 0;
+                while at < m.size {
+                    let n = (m.size - at).min(STREAM_PIECE) as usize;
+                    data.resize(n, 0);
+                    file.read_exact_at(&mut data, m.data_offset + at)
+                        .map_err(|error| PackError::Read {
+                            path: plan.path.clone(),
+                            error,
+                        })?;
+                    hasher.update(&data);
+                    at += n as u64;
+                }
+                crc = hasher.finalize();
+            }
+            push_member(&mut image, item, m.header_offset, m.data_offset, crc);
+            self.count(item);
+        }
+        Ok(image)
+    }
+
+    fn count(&self, item: &Item) {
+        self.done.members.fetch_add(1, Ordering::Relaxed);
+        self.done.bytes.fetch_add(item.size, Ordering::Relaxed);
+    }
+
+    fn header(&self, out: &mut Vec<u8>, item: &Item) -> Result<(), PackError> {
+        let kind = match item.kind {
+            ItemKind::File => HeaderKind::File { size: item.size },
+            ItemKind::Dir => HeaderKind::Dir,
+            ItemKind::Symlink => HeaderKind::Symlink { target: &item.link },
+        };
+        tar_writer::append_header(out, &item.path, kind, item.mode, item.mtime).map_err(|e| {
+            PackError::Source(format!(
+                "cannot write a tar header for {:?}: {e}",
+                String::from_utf8_lossy(&item.path)
+            ))
+        })
+    }
+
+    /// Cuts a shard's members into batches: runs of small members, and large ones alone.
+    fn batches(&self, members: &[u32]) -> Vec<Vec<u32>> {
+        let mut batches = Vec::new();
+        let mut current = Vec::new();
+        let mut bytes = 0;
+        for &i in members {
+            let size = self.items[i as usize].size;
+            if size > STREAM_PIECE {
+                if !current.is_empty() {
+                    batches.push(std::mem::take(&mut current));
+                    bytes = 0;
+                }
+                batches.push(vec![i]);
+                continue;
+            }
+            if !current.is_empty() && (bytes + size > BATCH_BYTES || current.len() >= BATCH_MEMBERS)
+            {
+                batches.push(std::mem::take(&mut current));
+                bytes = 0;
+            }
+            current.push(i);
+            bytes += size;
+        }
+        if !current.is_empty() {
+            batches.push(current);
+        }
+        batches
+    }
+
+    /// Reads a batch's members in parallel (a large member is left to the writer).
+    fn read_batch(&self, batch: &[u32]) -> Result<Batch, PackError> {
+        if let [one] = batch
+            && self.items[*one as usize].size > STREAM_PIECE
+        {
+            return Ok(Batch::Stream(*one));
+        }
+        let read: Result<Vec<(u32, Vec<u8>)>, PackError> = self.pool.install(|| {
+            batch
+                .par_iter()
+                .map(|&i| {
+                    let item = &self.items[i as usize];
+                    let mut data = Vec::new();
+                    if item.kind == ItemKind::File && item.size > 0 {
+                        data.reserve_exact(item.size as usize);
+                        self.sources.read_whole(item, &mut data)?;
+                    }
+                    Ok((i, data))
+                })
+                .collect()
+        });
+        read.map(Batch::Read)
+    }
+}
+
+/// Writes `out` to the end of `file` once it holds at least `min` bytes.
+fn flush(
+    file: &std::fs::File,
+    out: &mut Vec<u8>,
+    offset: &mut u64,
+    min: usize,
+) -> std::io::Result<()> {
+    if out.len() >= min.max(1) {
+        (&*file).write_all(out)?;
+        *offset += out.len() as u64;
+        out.clear();
+    }
+    Ok(())
+}
+
+/// Records a written member as a scan of the shard would find it, with its CRC-32.
+fn push_member(image: &mut ScannedImage, item: &Item, header_at: u64, data_at: u64, crc: u32) {
+    let path = image.push_string(&item.path);
+    let (kind, link, encoding) = match item.kind {
+        ItemKind::File => (
+            MemberKind::File,
+            image.push_string(&crc_record(data_at, crc)),
+            Encoding::StoredCrc,
+        ),
+        ItemKind::Dir => (MemberKind::Dir, Default::default(), Encoding::Stored),
+        ItemKind::Symlink => (
+            MemberKind::Symlink,
+            image.push_string(&item.link),
+            Encoding::Stored,
+        ),
+    };
+    image.members.push(Member {
+        path,
+        link,
+        kind,
+        mode: item.mode,
+        mtime: item.mtime,
+        mtime_nsec: 0,
+        size: item.size,
+        data_offset: data_at,
+        encoding,
+        header_offset: header_at,
+    });
+}
+
+/// The shard files of a pack named `name` in `dir` beyond the first `count` (left by an earlier
+/// pack with more shards).
+pub fn extra_shards(dir: &Path, name: &str, count: usize) -> Vec<PathBuf> {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut extra: Vec<PathBuf> = listing
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let file = e.file_name().into_string().ok()?;
+            let number = file
+                .strip_prefix(name)?
+                .strip_prefix('-')?
+                .strip_suffix(".tar")?;
+            let n: usize = number.parse().ok()?;
+            (number.len() == 6 && n >= count).then(|| e.path())
+        })
+        .collect();
+    extra.sort();
+    extra
+}
+
+/// Removes the temporary files of an interrupted pack of `name` in `dir`.
+pub fn remove_partials(dir: &Path, name: &str) -> usize {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let prefix = format!(".{name}-");
+    listing
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let file = e.file_name();
+            let file = file.to_string_lossy();
+            file.starts_with(&prefix)
+                && file.ends_with(".partial")
+                && e.file_type().is_ok_and(|t| t.is_file())
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}

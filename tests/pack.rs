@@ -1,0 +1,587 @@
+//! `packfs pack`: shards written from trees and images, read back by packfs mounts, GNU tar,
+//! bsdtar, Python's tarfile and webdataset; determinism, grouping, balance, resume; and the
+//! `imagefolder` layout over shards written by webdataset's own ShardWriter.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn pack(args: &[&OsStr]) -> String {
+    run(packfs().arg("pack").args(args))
+}
+
+fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
+    s.as_ref()
+}
+
+/// The shard files of `dir`, in name order.
+fn shards(dir: &Path) -> Vec<PathBuf> {
+    let Ok(listing) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = listing
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A flat dataset of `n` samples, each `KEY.jpg` (random size), `KEY.cls` and `KEY.json`.
+fn flat_samples(dir: &Path, n: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    for i in 0..n {
+        let size = 2000 + rng.below(30_000) as usize;
+        write_file(
+            &dir.join(format!("s{i:05}.jpg")),
+            &bytes(seed + i as u64, size),
+            0o644,
+        );
+        write_file(
+            &dir.join(format!("s{i:05}.cls")),
+            format!("{}\n", i % 7).as_bytes(),
+            0o644,
+        );
+        write_file(
+            &dir.join(format!("s{i:05}.json")),
+            format!("{{\"label\": {}}}", i % 7).as_bytes(),
+            0o644,
+        );
+    }
+}
+
+#[test]
+fn packed_tree_mounts_and_extracts_identical_to_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("data");
+    build_tree(&src, 300);
+    let out = tmp.path().join("out");
+    let summary = pack(&[os(&src), os("-o"), os(&out), os("--shards"), os("4")]);
+    assert!(summary.contains("into 4 shard(s)"), "{summary}");
+    let found = shards(&out);
+    assert_eq!(found.len(), 4);
+    let index = out.join("data.packfs-index");
+    assert!(index.exists() && out.join("data.json").exists());
+    // No temporary file left behind.
+    assert!(fs::read_dir(&out).unwrap().all(|e| {
+        !e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".partial")
+    }));
+
+    // Mounted from the index pack wrote: the same tree, attributes and all (the hard link is
+    // packed as a second copy of the data).
+    let mnt = tmp.path().join("mnt");
+    let _m = Mount::new(&[&index], &mnt, &[]);
+    assert_same_tree(&src, &mnt.join("data"), &[]);
+    // Every member carries a CRC-32 that verify --data checks.
+    let verified = run(&mut verify_data(&index));
+    assert!(verified.contains("all"), "{verified}");
+
+    // GNU tar and bsdtar extract the shards to the same tree.
+    for tool in ["tar", "bsdtar"] {
+        let x = tmp.path().join(format!("x-{tool}"));
+        fs::create_dir_all(&x).unwrap();
+        for shard in &found {
+            run(Command::new(tool).arg("-C").arg(&x).arg("-xpf").arg(shard));
+        }
+        run(Command::new("diff")
+            .arg("-r")
+            .arg("--no-dereference")
+            .arg(&src)
+            .arg(x.join("data")));
+    }
+    // Python's tarfile reads every member, with the source's bytes.
+    let checked = python(
+        Path::new("python3"),
+        r#"
+import os, sys, tarfile
+src, shards = sys.argv[1], sys.argv[2:]
+base = os.path.dirname(src)
+n = 0
+for shard in shards:
+    with tarfile.open(shard) as t:
+        for m in t:
+            path = os.path.join(base, m.name)
+            if m.isfile():
+                assert t.extractfile(m).read() == open(path, "rb").read(), m.name
+                n += 1
+            elif m.issym():
+                assert m.linkname == os.readlink(path), m.name
+            assert m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "", m.name
+print(n)
+"#,
+        &std::iter::once(src.as_os_str())
+            .chain(found.iter().map(|p| p.as_os_str()))
+            .collect::<Vec<_>>(),
+    );
+    let files = fs::read_dir(src.join("many")).unwrap().count() + 11;
+    assert_eq!(checked.trim().parse::<usize>().unwrap(), files);
+}
+
+#[test]
+fn same_seed_same_bytes_other_seed_other_assignment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 300, 1);
+    let packed = |dir: &str, seed: &str| {
+        let out = tmp.path().join(dir);
+        pack(&[
+            os(&src),
+            os("-o"),
+            os(&out),
+            os("--shards"),
+            os("5"),
+            os("--shuffle"),
+            os("--seed"),
+            os(seed),
+        ]);
+        shards(&out)
+    };
+    let a = packed("a", "7");
+    let b = packed("b", "7");
+    let c = packed("c", "8");
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            fs::read(x).unwrap() == fs::read(y).unwrap(),
+            "{} and {} differ",
+            x.display(),
+            y.display()
+        );
+    }
+    assert!(
+        a.iter()
+            .zip(&c)
+            .any(|(x, z)| fs::read(x).unwrap() != fs::read(z).unwrap())
+    );
+    // Same contents whatever the seed: both mount to the source tree.
+    for dir in ["a", "c"] {
+        let index = tmp.path().join(dir).join("flat.packfs-index");
+        let mnt = tmp.path().join(format!("mnt-{dir}"));
+        let _m = Mount::new(&[&index], &mnt, &[]);
+        run(Command::new("diff")
+            .arg("-r")
+            .arg(&src)
+            .arg(mnt.join("flat")));
+    }
+    // The shards as listed by GNU tar differ between seeds, their union does not.
+    let listing = |shards: &[PathBuf]| {
+        let mut names: Vec<String> = shards
+            .iter()
+            .flat_map(|s| {
+                run(Command::new("tar").arg("-tf").arg(s))
+                    .lines()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listing(&a), listing(&c));
+}
+
+#[test]
+fn samples_stay_together_and_shards_are_balanced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 2000, 2);
+    let out = tmp.path().join("out");
+    pack(&[
+        os(&src),
+        os("-o"),
+        os(&out),
+        os("--shards"),
+        os("8"),
+        os("--shuffle"),
+        os("--seed"),
+        os("3"),
+    ]);
+    let found = shards(&out);
+    // Member order per shard, as Python's tarfile reads it.
+    let listing = python(
+        Path::new("python3"),
+        r#"
+import sys, tarfile
+for shard in sys.argv[1:]:
+    with tarfile.open(shard) as t:
+        for m in t:
+            print(shard, m.name, m.size if m.isfile() else -1)
+"#,
+        &found.iter().map(|p| p.as_os_str()).collect::<Vec<_>>(),
+    );
+    let mut seen: std::collections::HashMap<String, String> = Default::default();
+    let mut last_key = String::new();
+    let mut per_shard: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for line in listing.lines() {
+        let mut f = line.split(' ');
+        let (shard, name, size) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        if size == "-1" {
+            continue;
+        }
+        let key = name.split_once('.').unwrap().0.to_string();
+        if key != last_key {
+            // A key seen before must not come back: its members are adjacent, in one shard.
+            assert!(
+                seen.insert(key.clone(), shard.to_string()).is_none(),
+                "{key} split"
+            );
+            per_shard.entry(shard.to_string()).or_default().0 += 1;
+            last_key = key;
+        }
+    }
+    assert_eq!(seen.len(), 2000);
+    for shard in &found {
+        per_shard.get_mut(&shard.display().to_string()).unwrap().1 =
+            fs::metadata(shard).unwrap().len();
+    }
+    let n = per_shard.len() as f64;
+    let mean_samples = 2000.0 / n;
+    let mean_bytes = per_shard.values().map(|v| v.1).sum::<u64>() as f64 / n;
+    for (shard, (samples, bytes)) in &per_shard {
+        assert!(
+            (*samples as f64) <= mean_samples * 1.03,
+            "{shard}: {samples} samples, mean {mean_samples}"
+        );
+        assert!(
+            (*bytes as f64) <= mean_bytes * 1.03,
+            "{shard}: {bytes} bytes, mean {mean_bytes}"
+        );
+    }
+    // The manifest counts them as wids expects.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(out.join("flat.json")).unwrap()).unwrap();
+    assert_eq!(manifest["shardlist"].as_array().unwrap().len(), 8);
+    let total: u64 = manifest["shardlist"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["nsamples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 2000);
+    assert_eq!(manifest["shuffle_seed"], 3);
+}
+
+#[test]
+fn an_interrupted_pack_resumes_to_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 1500, 4);
+    let out = tmp.path().join("out");
+    let args = |out: &Path| -> Vec<std::ffi::OsString> {
+        [
+            "--shards",
+            "12",
+            "--jobs",
+            "1",
+            "--readers",
+            "1",
+            "--shuffle",
+            "--seed",
+            "9",
+        ]
+        .iter()
+        .map(|s| s.into())
+        .chain([
+            src.clone().into_os_string(),
+            "-o".into(),
+            out.as_os_str().into(),
+        ])
+        .collect()
+    };
+    let mut child = packfs().arg("pack").args(args(&out)).spawn().unwrap();
+    // Kill it once the first shard is complete.
+    let started = Instant::now();
+    while shards(&out).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no shard after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let kept = shards(&out);
+    assert!(
+        kept.len() < 12 && !out.join("flat.packfs-index").exists(),
+        "the pack finished before it was killed"
+    );
+    // What is left: complete shards under their names; any other file is hidden and `.partial`.
+    for shard in &kept {
+        run(Command::new("tar").arg("-tf").arg(shard));
+    }
+    for e in fs::read_dir(&out).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(name.ends_with(".tar") || name.starts_with('.'), "{name}");
+    }
+    // A rerun without --resume refuses, naming the way out.
+    let refused = packfs().arg("pack").args(args(&out)).output().unwrap();
+    assert!(!refused.status.success());
+    let msg = String::from_utf8_lossy(&refused.stderr);
+    assert!(msg.contains("--resume") && msg.contains("--force"), "{msg}");
+    let resumed = run(packfs().arg("pack").arg("--resume").args(args(&out)));
+    assert!(resumed.contains("complete shard(s) kept"), "{resumed}");
+    assert!(fs::read_dir(&out).unwrap().all(|e| {
+        !e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".partial")
+    }));
+    // Byte for byte what an uninterrupted pack writes.
+    let fresh = tmp.path().join("fresh");
+    pack(
+        &args(&fresh)
+            .iter()
+            .map(|s| s.as_os_str())
+            .collect::<Vec<_>>(),
+    );
+    let (a, b) = (shards(&out), shards(&fresh));
+    assert_eq!(a.len(), 12);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            fs::read(x).unwrap() == fs::read(y).unwrap(),
+            "{} differs from {}",
+            x.display(),
+            y.display()
+        );
+    }
+    let index = out.join("flat.packfs-index");
+    run(&mut verify_data(&index));
+    let mnt = tmp.path().join("mnt");
+    let _m = Mount::new(&[&index], &mnt, &[]);
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(&src)
+        .arg(mnt.join("flat")));
+}
+
+#[test]
+fn refuses_to_write_into_the_source_or_over_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 20, 5);
+    let inside = packfs()
+        .arg("pack")
+        .arg(&src)
+        .arg("-o")
+        .arg(src.join("out"))
+        .output()
+        .unwrap();
+    assert!(!inside.status.success());
+    assert!(
+        String::from_utf8_lossy(&inside.stderr).contains("never writes into"),
+        "{}",
+        String::from_utf8_lossy(&inside.stderr)
+    );
+    assert!(!src.join("out").join("flat-000000.tar").exists());
+    let out = tmp.path().join("out");
+    pack(&[os(&src), os("-o"), os(&out)]);
+    let before = fs::read(out.join("flat-000000.tar")).unwrap();
+    let again = packfs()
+        .arg("pack")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .arg("--mtime")
+        .arg("0")
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert_eq!(fs::read(out.join("flat-000000.tar")).unwrap(), before);
+    pack(&[
+        os(&src),
+        os("-o"),
+        os(&out),
+        os("--mtime"),
+        os("0"),
+        os("--force"),
+    ]);
+    assert_ne!(fs::read(out.join("flat-000000.tar")).unwrap(), before);
+}
+
+#[test]
+fn images_are_resharded_and_converted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("data");
+    flat_samples(&src.join("flat"), 200, 6);
+    write_file(&src.join("other/readme.txt"), b"hello\n", 0o600);
+    // A zip of one part and a .tar.gz of the other, packed into 3 plain tar shards.
+    run(Command::new("zip")
+        .arg("-qr")
+        .arg(tmp.path().join("a.zip"))
+        .arg("flat")
+        .current_dir(&src));
+    run(Command::new("tar")
+        .arg("-czf")
+        .arg(tmp.path().join("b.tar.gz"))
+        .arg("-C")
+        .arg(&src)
+        .arg("other"));
+    let out = tmp.path().join("out");
+    pack(&[
+        os(&tmp.path().join("a.zip")),
+        os(&tmp.path().join("b.tar.gz")),
+        os("-o"),
+        os(&out),
+        os("--shards"),
+        os("3"),
+        os("--name"),
+        os("mixed"),
+    ]);
+    assert_eq!(shards(&out).len(), 3);
+    let mnt = tmp.path().join("mnt");
+    let _m = Mount::new(&[&out.join("mixed.packfs-index")], &mnt, &[]);
+    run(Command::new("diff").arg("-r").arg(&src).arg(&mnt));
+    // And those shards resharded again, from their index, into 5.
+    let out5 = tmp.path().join("out5");
+    pack(&[
+        os(&out.join("mixed.packfs-index")),
+        os("-o"),
+        os(&out5),
+        os("--shards"),
+        os("5"),
+    ]);
+    let mnt5 = tmp.path().join("mnt5");
+    let _m5 = Mount::new(&[&out5.join("mixed.packfs-index")], &mnt5, &[]);
+    run(Command::new("diff").arg("-r").arg(&src).arg(&mnt5));
+}
+
+#[test]
+fn webdataset_and_wids_read_the_shards() {
+    let Some(py) = python_with("webdataset", "webdataset") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 300, 7);
+    let out = tmp.path().join("out");
+    pack(&[
+        os(&src),
+        os("-o"),
+        os(&out),
+        os("--shards"),
+        os("4"),
+        os("--shuffle"),
+    ]);
+    let report = python(
+        &py,
+        r#"
+import glob, json, os, sys
+import webdataset as wds
+src, out = sys.argv[1], sys.argv[2]
+urls = sorted(glob.glob(os.path.join(out, "flat-*.tar")))
+n = 0
+for sample in wds.WebDataset(urls, shardshuffle=False):
+    key = os.path.basename(sample["__key__"])
+    for ext in ("jpg", "cls", "json"):
+        assert sample[ext] == open(os.path.join(src, key + "." + ext), "rb").read(), (key, ext)
+    n += 1
+manifest = json.load(open(os.path.join(out, "flat.json")))
+assert manifest["__kind__"] == "wids-shard-index-v1"
+assert sum(s["nsamples"] for s in manifest["shardlist"]) == n
+try:
+    import wids  # needs torch
+except ImportError:
+    print("wids (it needs torch) is not installed: the manifest was checked by its fields", file=sys.stderr)
+else:
+    ds = wids.ShardListDataset(os.path.join(out, "flat.json"))
+    assert len(ds) == n, (len(ds), n)
+    s = ds[len(ds) - 1]
+    assert s[".jpg"].read() == open(os.path.join(src, os.path.basename(s["__key__"]) + ".jpg"), "rb").read()
+print(n)
+"#,
+        &[src.as_os_str(), out.as_os_str()],
+    );
+    assert_eq!(report.trim(), "300");
+}
+
+/// The classes and labels torchvision's ImageFolder would find under `root` (its scan, without
+/// torchvision): checks that each image's label is its `.cls` content; prints the class count.
+const IMAGEFOLDER_SCAN: &str = r#"
+import os, sys
+root, field = sys.argv[1], sys.argv[2]
+classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+index = {c: i for i, c in enumerate(classes)}
+n = 0
+for c in classes:
+    for dirpath, _, files in sorted(os.walk(os.path.join(root, c))):
+        for f in sorted(files):
+            if not f.endswith(".jpg"):
+                continue
+            key = os.path.join(dirpath, f[: -len(".jpg")])
+            if field == "cls":
+                want = int(open(key + ".cls").read())
+            else:
+                import json
+                want = json.load(open(key + ".json"))[field]
+            assert index[c] == want, (f, c, index[c], want)
+            n += 1
+print(len(classes), n)
+"#;
+
+#[test]
+fn imagefolder_layout_over_shardwriter_shards() {
+    let Some(py) = python_with("webdataset", "webdataset") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let shards_dir = tmp.path().join("wds");
+    fs::create_dir_all(&shards_dir).unwrap();
+    // 12 classes, so that sorting "10" before "2" would show.
+    python(
+        &py,
+        r#"
+import os, sys, json
+import webdataset as wds
+out = sys.argv[1]
+with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxcount=100) as sink:
+    for i in range(360):
+        sink.write({"__key__": "sample%05d" % i, "jpg": os.urandom(500 + i), "cls": i % 12,
+                    "json": {"label": i % 12}})
+"#,
+        &[shards_dir.as_os_str()],
+    );
+    let pattern = shards_dir.join("shard-*.tar");
+    let pattern = pattern.to_str().unwrap();
+    for extra in [
+        &["--layout", "imagefolder"][..],
+        &["--layout", "imagefolder", "--class-field", "label"],
+    ] {
+        let mnt = tmp.path().join(format!("mnt{}", extra.len()));
+        let shards: Vec<PathBuf> = glob_shards(&shards_dir);
+        let shard_refs: Vec<&Path> = shards.iter().map(|p| p.as_path()).collect();
+        let _m = Mount::new(&shard_refs, &mnt, extra);
+        let field = if extra.len() == 2 { "cls" } else { "label" };
+        let found = python(&py, IMAGEFOLDER_SCAN, &[mnt.as_os_str(), os(field)]);
+        assert_eq!(found.trim(), "12 360", "{extra:?}");
+    }
+    // Baked into an index: mounts as it is; asking again at mount is refused with the reason.
+    let index = tmp.path().join("wds.packfs-index");
+    run(packfs()
+        .args(["index", "--layout", "imagefolder", pattern, "-o"])
+        .arg(&index));
+    let mnt = tmp.path().join("mnt-index");
+    let _m = Mount::new(&[&index], &mnt, &[]);
+    let found = python(&py, IMAGEFOLDER_SCAN, &[mnt.as_os_str(), os("cls")]);
+    assert_eq!(found.trim(), "12 360");
+    let no = tmp.path().join("mnt-no");
+    fs::create_dir_all(&no).unwrap();
+    let refused = mount_cmd(&[&index], &no, &["--layout", "imagefolder"], None);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("packfs index"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+fn glob_shards(dir: &Path) -> Vec<PathBuf> {
+    shards(dir)
+}
