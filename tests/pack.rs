@@ -61,6 +61,19 @@ fn packed_tree_mounts_and_extracts_identical_to_the_source() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("data");
     build_tree(&src, 300);
+    // What build_tree lacks: a name that is not UTF-8, a symlink target over 100 bytes, an mtime
+    // before 1970 (all need PAX records), and a sparse file (packed as data, holes as zeros).
+    use std::os::unix::ffi::OsStrExt;
+    let latin = src.join("odd").join(OsStr::from_bytes(b"caf\xe9.bin"));
+    write_file(&latin, b"latin-1 name\n", 0o644);
+    std::os::unix::fs::symlink("t/".repeat(60) + "target", src.join("odd/long_link")).unwrap();
+    let old = fs::File::options().write(true).open(&latin).unwrap();
+    old.set_modified(std::time::UNIX_EPOCH - Duration::from_secs(86_400))
+        .unwrap();
+    let sparse = fs::File::create(src.join("odd/sparse.bin")).unwrap();
+    sparse.set_len(3 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, b"middle", 1 << 20).unwrap();
+    drop(sparse);
     let out = tmp.path().join("out");
     let summary = pack(&[os(&src), os("-o"), os(&out), os("--shards"), os("4")]);
     assert!(summary.contains("into 4 shard(s)"), "{summary}");
@@ -104,17 +117,17 @@ fn packed_tree_mounts_and_extracts_identical_to_the_source() {
         r#"
 import os, sys, tarfile
 src, shards = sys.argv[1], sys.argv[2:]
-base = os.path.dirname(src)
+base = os.path.dirname(os.fsencode(src))
 n = 0
 for shard in shards:
     with tarfile.open(shard) as t:
         for m in t:
-            path = os.path.join(base, m.name)
+            path = os.path.join(base, os.fsencode(m.name))
             if m.isfile():
                 assert t.extractfile(m).read() == open(path, "rb").read(), m.name
                 n += 1
             elif m.issym():
-                assert m.linkname == os.readlink(path), m.name
+                assert os.fsencode(m.linkname) == os.readlink(path), m.name
             assert m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "", m.name
 print(n)
 "#,
@@ -122,7 +135,7 @@ print(n)
             .chain(found.iter().map(|p| p.as_os_str()))
             .collect::<Vec<_>>(),
     );
-    let files = fs::read_dir(src.join("many")).unwrap().count() + 11;
+    let files = fs::read_dir(src.join("many")).unwrap().count() + 13;
     assert_eq!(checked.trim().parse::<usize>().unwrap(), files);
 }
 

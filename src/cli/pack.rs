@@ -46,6 +46,10 @@ pub struct Args {
     /// Replace existing shards, index and manifest of the same name.
     #[arg(long)]
     force: bool,
+    /// Sync each shard to disk before it takes its name, so a crash of the node never leaves a
+    /// shard unwritten under its name (costs the time the disk takes to write it all).
+    #[arg(long)]
+    sync: bool,
     /// Threads reading source files (a parallel file system rewards many requests in flight).
     #[arg(long, default_value_t = 16, value_name = "N")]
     readers: usize,
@@ -76,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mtime: args.mtime,
         resume: args.resume,
         force: args.force,
+        sync: args.sync,
         readers: args.readers,
         jobs: args.jobs,
         merge: args.merge.options(),
@@ -120,7 +125,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (bytes_lo, bytes_hi) = spread(&sizes);
     let (count_lo, count_hi) = spread(&counts);
-    let written: u64 = sizes.iter().sum();
     println!(
         "packed {} samples ({} files, {}) into {} shard(s) in {:.1} s ({:.0} MB/s, {:.0} files/s){}",
         report.samples,
@@ -128,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         indicatif::HumanBytes(report.data_bytes),
         report.shards.len(),
         report.seconds,
-        written as f64 / report.seconds.max(1e-3) / 1e6,
+        report.data_bytes as f64 / report.seconds.max(1e-3) / 1e6,
         report.files as f64 / report.seconds.max(1e-3),
         match report.resumed {
             0 => String::new(),

@@ -166,8 +166,7 @@ pub enum MemberFile<'a> {
 const CATALOG_PIECE: usize = 1 << 20;
 
 impl MemberFile<'_> {
-    /// Appends `len` bytes at `offset` of the member to `out`; a file that has shrunk since it
-    /// was listed is an error (its header already promised the size).
+    /// Appends `len` bytes at `offset` of the member to `out`.
     pub fn read(
         &self,
         item: &Item,
@@ -177,9 +176,15 @@ impl MemberFile<'_> {
     ) -> Result<(), PackError> {
         let start = out.len();
         out.resize(start + len, 0);
+        self.read_into(item, offset, &mut out[start..])
+    }
+
+    /// Fills `buf` with the member's bytes at `offset`; a file that has shrunk since it was
+    /// listed is an error (its header already promised the size).
+    pub fn read_into(&self, item: &Item, offset: u64, buf: &mut [u8]) -> Result<(), PackError> {
+        let len = buf.len();
         match self {
             MemberFile::Disk { file, path } => {
-                let buf = &mut out[start..];
                 let mut done = 0;
                 while done < len {
                     match file.read_at(&mut buf[done..], offset + done as u64) {
@@ -211,13 +216,13 @@ impl MemberFile<'_> {
                 let layout = catalog
                     .layout(e)
                     .map_err(|e| PackError::Source(e.to_string()))?;
-                let mut buf = Vec::new();
+                let mut scratch = Vec::new();
                 let mut done = 0;
                 while done < len {
                     let n = (len - done).min(CATALOG_PIECE);
                     let at = offset + done as u64;
                     let served = files
-                        .read(*id, e.image, layout, e.size, at, n, &mut buf)
+                        .read(*id, e.image, layout, e.size, at, n, &mut scratch)
                         .map_err(|err| PackError::Read {
                             path: PathBuf::from(std::ffi::OsStr::from_bytes(&item.path)),
                             error: io::Error::other(err.to_string()),
@@ -230,7 +235,7 @@ impl MemberFile<'_> {
                             bytes.len()
                         )));
                     }
-                    out[start + done..start + done + n].copy_from_slice(bytes);
+                    buf[done..done + n].copy_from_slice(bytes);
                     done += n;
                 }
             }

@@ -45,6 +45,8 @@ pub struct PackOptions {
     pub mtime: Option<i64>,
     pub resume: bool,
     pub force: bool,
+    /// Sync each shard to disk before it takes its name (survives a crash of the node).
+    pub sync: bool,
     /// Threads reading members (and walking directories).
     pub readers: usize,
     /// Shards written at once.
@@ -160,6 +162,21 @@ pub fn pack(
     };
     check_name(&name)?;
     let _lock = lock(&out_dir, &name)?;
+    // Before the walk, which may take long: refuse at once what `check_outputs` would refuse.
+    if !opts.force && !opts.resume {
+        let first = out_dir.join(format!("{name}-000000.tar"));
+        let index_path = out_dir.join(format!("{name}.packfs-index"));
+        if let Some(found) = [first, index_path]
+            .into_iter()
+            .find(|p| p.symlink_metadata().is_ok())
+        {
+            return Err(PackError::Exists {
+                dir: out_dir.clone(),
+                what: "shards or an index of this name".into(),
+                first: found.display().to_string(),
+            });
+        }
+    }
     let readers = opts.readers.max(1);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(readers)
@@ -274,6 +291,7 @@ pub fn pack(
         done: &done,
         abort: &abort,
         force: opts.force,
+        sync: opts.sync,
     };
     let total_members = items.len() as u64;
     let total_data: u64 = items.iter().map(|i| i.size).sum();

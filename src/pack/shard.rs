@@ -18,8 +18,6 @@ use crate::archive::{self, Encoding, Fingerprint, Member, MemberKind, ScannedIma
 /// Members read at once, ahead of the writer: at most this many bytes or members per batch.
 const BATCH_BYTES: u64 = 8 << 20;
 const BATCH_MEMBERS: usize = 2048;
-/// Bytes handed to `write` at once.
-const WRITE_SIZE: usize = 4 << 20;
 /// A member larger than this is streamed through the writer in pieces of this size.
 const STREAM_PIECE: u64 = 8 << 20;
 
@@ -48,11 +46,18 @@ pub struct Writer<'a> {
     pub abort: &'a AtomicBool,
     /// Replace an existing shard of the same name.
     pub force: bool,
+    /// Sync each shard to disk before renaming it.
+    pub sync: bool,
 }
 
 enum Batch {
-    /// Small members, read whole.
-    Read(Vec<(u32, Vec<u8>)>),
+    /// Small members laid out in `buf[..used]` as they go into the shard: headers, data read in
+    /// place, padding. `members`: (item, header and data offsets in the batch, CRC-32).
+    Filled {
+        buf: Vec<u8>,
+        used: usize,
+        members: Vec<(u32, u64, u64, u32)>,
+    },
     /// One large member, streamed by the writer.
     Stream(u32),
 }
@@ -72,18 +77,21 @@ impl Writer<'_> {
             .suffix(".partial")
             .tempfile_in(dir)
             .map_err(io_err)?;
+        let mut out = tmp.as_file();
         let batches = self.batches(&plan.members);
-        let mut out = Vec::with_capacity(WRITE_SIZE + (1 << 20));
         let mut offset = 0u64;
         let mut members: Vec<(u32, u64, u64, u32)> = Vec::with_capacity(plan.members.len());
         let (send, receive) = crossbeam_channel::bounded::<Result<Batch, PackError>>(2);
+        // Written buffers go back to the reader: no allocation (or zeroing) per batch.
+        let (give_back, reuse) = crossbeam_channel::unbounded::<Vec<u8>>();
         std::thread::scope(|scope| -> Result<(), PackError> {
             scope.spawn(|| {
                 for batch in &batches {
                     if self.abort.load(Ordering::Relaxed) {
                         break;
                     }
-                    let read = self.read_batch(batch);
+                    let buf = reuse.try_recv().unwrap_or_default();
+                    let read = self.read_batch(batch, buf);
                     let failed = read.is_err();
                     if send.send(read).is_err() || failed {
                         break;
@@ -97,40 +105,45 @@ impl Writer<'_> {
                         return Err(PackError::Aborted);
                     }
                     match batch? {
-                        Batch::Read(read) => {
-                            for (i, data) in read {
-                                let item = &self.items[i as usize];
-                                let header_at = offset + out.len() as u64;
-                                self.header(&mut out, item)?;
-                                let data_at = offset + out.len() as u64;
-                                out.extend_from_slice(&data);
-                                tar_writer::pad(&mut out, data.len() as u64);
-                                members.push((i, header_at, data_at, crc32fast::hash(&data)));
-                                self.count(item);
+                        Batch::Filled {
+                            buf,
+                            used,
+                            members: read,
+                        } => {
+                            out.write_all(&buf[..used]).map_err(io_err)?;
+                            for (i, header_at, data_at, crc) in read {
+                                members.push((i, offset + header_at, offset + data_at, crc));
+                                self.count(&self.items[i as usize]);
                             }
+                            offset += used as u64;
+                            let _ = give_back.send(buf);
                         }
                         Batch::Stream(i) => {
                             let item = &self.items[i as usize];
-                            let header_at = offset + out.len() as u64;
-                            self.header(&mut out, item)?;
-                            let data_at = offset + out.len() as u64;
+                            let mut piece = Vec::with_capacity(STREAM_PIECE as usize);
+                            self.header(&mut piece, item)?;
+                            let header_at = offset;
+                            let data_at = offset + piece.len() as u64;
                             let file = self.sources.open(item)?;
                             let mut crc = crc32fast::Hasher::new();
                             let mut at = 0u64;
                             while at < item.size {
                                 let n = (item.size - at).min(STREAM_PIECE) as usize;
-                                let before = out.len();
-                                file.read(item, at, n, &mut out)?;
-                                crc.update(&out[before..]);
+                                let before = piece.len();
+                                file.read(item, at, n, &mut piece)?;
+                                crc.update(&piece[before..]);
                                 at += n as u64;
-                                flush(tmp.as_file(), &mut out, &mut offset, 0).map_err(io_err)?;
+                                if at == item.size {
+                                    tar_writer::pad(&mut piece, item.size);
+                                }
+                                out.write_all(&piece).map_err(io_err)?;
+                                offset += piece.len() as u64;
+                                piece.clear();
                             }
-                            tar_writer::pad(&mut out, item.size);
                             members.push((i, header_at, data_at, crc.finalize()));
                             self.count(item);
                         }
                     }
-                    flush(tmp.as_file(), &mut out, &mut offset, WRITE_SIZE).map_err(io_err)?;
                 }
                 Ok(())
             })();
@@ -145,14 +158,17 @@ impl Writer<'_> {
         if members.len() != plan.members.len() {
             return Err(PackError::Aborted);
         }
-        out.extend_from_slice(&tar_writer::END);
-        flush(tmp.as_file(), &mut out, &mut offset, 0).map_err(io_err)?;
+        out.write_all(&tar_writer::END).map_err(io_err)?;
         let file = tmp.as_file();
         file.set_permissions(std::fs::Permissions::from_mode(0o644))
             .map_err(io_err)?;
-        // One sync per shard, before the rename: a shard under its final name is complete even
-        // after a crash.
-        file.sync_all().map_err(io_err)?;
+        // Renamed once complete: a process killed mid-way leaves only the temporary file. Synced
+        // first only when asked: a sync waits for the disk (tar and webdataset's ShardWriter do
+        // not sync either); without it a crash of the node may leave a shard unwritten under its
+        // name, which `--resume` finds (it reads every kept shard) and refuses.
+        if self.sync {
+            file.sync_all().map_err(io_err)?;
+        }
         let file = if self.force {
             tmp.persist(&plan.path)
         } else {
@@ -280,44 +296,62 @@ impl Writer<'_> {
         batches
     }
 
-    /// Reads a batch's members in parallel (a large member is left to the writer).
-    fn read_batch(&self, batch: &[u32]) -> Result<Batch, PackError> {
+    /// Lays a batch out in `buf` as it goes into the shard and reads its members' data into
+    /// place in parallel, with their CRC-32s (a large member is left to the writer).
+    fn read_batch(&self, batch: &[u32], mut buf: Vec<u8>) -> Result<Batch, PackError> {
         if let [one] = batch
             && self.items[*one as usize].size > STREAM_PIECE
         {
             return Ok(Batch::Stream(*one));
         }
-        let read: Result<Vec<(u32, Vec<u8>)>, PackError> = self.pool.install(|| {
-            batch
-                .par_iter()
-                .map(|&i| {
-                    let item = &self.items[i as usize];
-                    let mut data = Vec::new();
-                    if item.kind == ItemKind::File && item.size > 0 {
-                        data.reserve_exact(item.size as usize);
-                        self.sources.read_whole(item, &mut data)?;
+        // Headers first, to know where everything goes.
+        let mut heads = Vec::with_capacity(batch.len() * 512);
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut used = 0usize;
+        for &i in batch {
+            let start = heads.len();
+            self.header(&mut heads, &self.items[i as usize])?;
+            let head = heads.len() - start;
+            let size = self.items[i as usize].size;
+            spans.push((start, head, used));
+            used += head + (size + tar_writer::padding(size)) as usize;
+        }
+        // The buffer only grows: data regions are overwritten by the reads, padding zeroed here.
+        if buf.len() < used {
+            buf.resize(used, 0);
+        }
+        let mut slices = Vec::with_capacity(batch.len());
+        let mut rest = &mut buf[..used];
+        for (&i, &(start, head, _)) in batch.iter().zip(&spans) {
+            let size = self.items[i as usize].size as usize;
+            let (h, r) = rest.split_at_mut(head);
+            h.copy_from_slice(&heads[start..start + head]);
+            let (data, r) = r.split_at_mut(size);
+            let (pad, r) = r.split_at_mut(tar_writer::padding(size as u64) as usize);
+            pad.fill(0);
+            slices.push((i, data));
+            rest = r;
+        }
+        let crcs: Result<Vec<u32>, PackError> = self.pool.install(|| {
+            slices
+                .par_iter_mut()
+                .map(|(i, data)| {
+                    let item = &self.items[*i as usize];
+                    if item.kind == ItemKind::File && !data.is_empty() {
+                        self.sources.open(item)?.read_into(item, 0, data)?;
                     }
-                    Ok((i, data))
+                    Ok(crc32fast::hash(data))
                 })
                 .collect()
         });
-        read.map(Batch::Read)
+        let members = batch
+            .iter()
+            .zip(&spans)
+            .zip(crcs?)
+            .map(|((&i, &(_, head, at)), crc)| (i, at as u64, (at + head) as u64, crc))
+            .collect();
+        Ok(Batch::Filled { buf, used, members })
     }
-}
-
-/// Writes `out` to the end of `file` once it holds at least `min` bytes.
-fn flush(
-    file: &std::fs::File,
-    out: &mut Vec<u8>,
-    offset: &mut u64,
-    min: usize,
-) -> std::io::Result<()> {
-    if out.len() >= min.max(1) {
-        (&*file).write_all(out)?;
-        *offset += out.len() as u64;
-        out.clear();
-    }
-    Ok(())
 }
 
 /// Records a written member as a scan of the shard would find it, with its CRC-32.
