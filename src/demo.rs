@@ -1,23 +1,21 @@
 //! `packfs demo`: the whole story in one command. Generates a small ImageFolder-style dataset of
-//! JPEG-like files, packs it into tar shards (WebDataset style: no directory members), mounts the
-//! shards, walks and reads every file through the kernel, checks every byte against the original,
-//! and reports the speed.
+//! JPEG-like files, packs it into shuffled tar shards with their index (`pack`), mounts the index,
+//! walks and reads every file through the kernel, checks every byte against the original, and
+//! reports the speed.
 
 use std::fmt;
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::catalog::DuplicatePolicy;
 use crate::daemon::{self, MountError};
 use crate::dataset::{self, DatasetError};
 use crate::fs::{self, Core, FsOptions, Mounted};
+use crate::pack::{self, PackError, PackOptions, ShardCount};
 use crate::tiers::{self, OpenError, TierOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +32,8 @@ pub enum DemoError {
     Dataset(#[from] DatasetError),
     #[error(transparent)]
     Tiers(#[from] OpenError),
+    #[error(transparent)]
+    Pack(#[from] PackError),
     /// The mount did not serve what was packed.
     #[error("{0}")]
     Mismatch(String),
@@ -54,6 +54,7 @@ pub struct DemoReport {
     pub dirs: usize,
     pub bytes: u64,
     pub shards: usize,
+    pub pack_time: Duration,
     pub mount_time: Duration,
     pub walk_time: Duration,
     pub read_time: Duration,
@@ -74,7 +75,14 @@ impl fmt::Display for DemoReport {
         )?;
         writeln!(
             f,
-            "  mount: ready in {:.3} s",
+            "  pack:  {} shards and their index in {:.3} s ({:.0} MB/s)",
+            self.shards,
+            self.pack_time.as_secs_f64(),
+            per_s(mb, self.pack_time)
+        )?;
+        writeln!(
+            f,
+            "  mount: ready in {:.3} s (from the index)",
             self.mount_time.as_secs_f64()
         )?;
         writeln!(
@@ -132,12 +140,30 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
 
     let samples = generate_dataset(&source_dir, opts.files, opts.classes)?;
     let bytes = samples.iter().map(|s| s.1).sum();
-    let shards = pack_shards(&source_dir, &samples, &shard_dir, opts.shards)?;
+    let started = Instant::now();
+    let packed = pack::pack(
+        &PackOptions {
+            sources: vec![source_dir.join("train").display().to_string()],
+            out_dir: shard_dir,
+            name: None,
+            shards: ShardCount::Count(opts.shards.min(opts.files)),
+            shuffle: Some(42),
+            mtime: Some(1_700_000_000),
+            resume: false,
+            force: true,
+            sync: false,
+            readers: 8,
+            jobs: 2,
+            merge: DuplicatePolicy::Error.into(),
+        },
+        &|_| {},
+    )?;
+    let pack_time = started.elapsed();
 
     let started = Instant::now();
-    let patterns: Vec<String> = shards.iter().map(|p| p.display().to_string()).collect();
-    let catalog = Arc::new(dataset::load(
-        &patterns,
+    let index = vec![packed.index.display().to_string()];
+    let catalog = Arc::new(dataset::open(
+        &index,
         &DuplicatePolicy::Error.into(),
         &dataset::quiet,
     )?);
@@ -191,7 +217,8 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
         files: files.len(),
         dirs,
         bytes,
-        shards: shards.len(),
+        shards: packed.shards.len(),
+        pack_time,
         mount_time,
         walk_time,
         read_time,
@@ -233,38 +260,6 @@ fn jpeg_like(rng: &mut SmallRng) -> Vec<u8> {
     data.extend((0..body).map(|_| rng.random::<u8>()));
     data.extend([0xFF, 0xD9]);
     data
-}
-
-/// Shuffles the samples into `count` shards of about equal size (GNU headers, no directories).
-fn pack_shards(
-    root: &Path,
-    samples: &[(PathBuf, u64)],
-    out_dir: &Path,
-    count: usize,
-) -> std::io::Result<Vec<PathBuf>> {
-    let mut order: Vec<usize> = (0..samples.len()).collect();
-    order.shuffle(&mut SmallRng::seed_from_u64(42));
-    let paths: Vec<PathBuf> = (0..count)
-        .map(|k| out_dir.join(format!("train-{k:06}.tar")))
-        .collect();
-    let mut builders = paths
-        .iter()
-        .map(|p| Ok(tar::Builder::new(BufWriter::new(File::create(p)?))))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    for (n, &i) in order.iter().enumerate() {
-        let (rel, size) = &samples[i];
-        let mut header = tar::Header::new_gnu();
-        header.set_size(*size);
-        header.set_mode(0o644);
-        header.set_mtime(1_700_000_000);
-        header.set_entry_type(tar::EntryType::Regular);
-        let file = File::open(root.join(rel))?;
-        builders[n % count].append_data(&mut header, rel, file)?;
-    }
-    for b in builders {
-        b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
-    }
-    Ok(paths)
 }
 
 /// Lists every file below `root` (relative paths) and counts the directories.

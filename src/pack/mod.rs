@@ -204,6 +204,11 @@ pub fn pack(
     if let Some(mtime) = opts.mtime {
         items.iter_mut().for_each(|i| i.mtime = mtime);
     }
+    info!(
+        members = items.len(),
+        "sources walked in {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
     let mut items = dedupe(items, &sources)?;
     let dirs = order_items(&mut items, &pool);
 
@@ -276,6 +281,11 @@ pub fn pack(
         &manifest_path,
         &sources,
     )?;
+    info!(
+        shards = plans.len(),
+        "planned at {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
     let removed = shard::remove_partials(&out_dir, &name);
     if removed > 0 {
         info!("removed {removed} temporary file(s) of an interrupted pack");
@@ -365,9 +375,10 @@ pub fn pack(
         return Err(PackError::Aborted);
     }
 
+    info!("shards written at {:.3} s", started.elapsed().as_secs_f64());
     // The index, from what was written.
     let catalog = catalog::build(&images, DuplicatePolicy::Error)?;
-    index::write(&catalog, &index_path)?;
+    index::write_synced(&catalog, &index_path, opts.sync)?;
     let shards: Vec<ShardReport> = plans
         .iter()
         .zip(&images)
@@ -390,6 +401,10 @@ pub fn pack(
         seconds: started.elapsed().as_secs_f64(),
     };
     manifest::write(&report, &name, opts, &sources)?;
+    info!(
+        "index and manifest written at {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
     let extra = shard::extra_shards(&out_dir, &name, plans.len());
     if let Some(first) = extra.first() {
         warn!(

@@ -119,9 +119,15 @@ pub fn is_index(path: &Path) -> bool {
         .is_ok_and(|_| &magic == MAGIC)
 }
 
-/// Writes `catalog` to `dest` atomically (a temporary file renamed into place), image paths
-/// recorded relative to `dest`'s directory as well as absolute.
+/// Writes `catalog` to `dest` atomically (a temporary file renamed into place, synced to disk
+/// first), image paths recorded relative to `dest`'s directory as well as absolute.
 pub fn write(catalog: &Catalog, dest: &Path) -> Result<Written, IndexError> {
+    write_synced(catalog, dest, true)
+}
+
+/// `write`, synced to disk before the rename only if `sync` (a sync on a busy file system may
+/// wait for other files' data: `packfs pack` syncs the index when it syncs the shards).
+pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Written, IndexError> {
     let dest = std::path::absolute(dest).map_err(io_error("bad path", dest))?;
     let dir = dest.parent().unwrap_or(Path::new("/"));
     let (entries, names) = catalog.tables()?;
@@ -187,7 +193,9 @@ pub fn write(catalog: &Catalog, dest: &Path) -> Result<Written, IndexError> {
     // Readable by everybody who can read the images (a temporary file starts as 0600).
     file.set_permissions(std::fs::Permissions::from_mode(0o644))
         .map_err(io_error("cannot write", &dest))?;
-    file.sync_all().map_err(io_error("cannot write", &dest))?;
+    if sync {
+        file.sync_all().map_err(io_error("cannot write", &dest))?;
+    }
     tmp.persist(&dest)
         .map_err(|e| io_error("cannot create", &dest)(e.error))?;
     Ok(Written {
