@@ -575,6 +575,23 @@ with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxcount=100) as sink:
         let found = python(&py, IMAGEFOLDER_SCAN, &[mnt.as_os_str(), os(field)]);
         assert_eq!(found.trim(), "12 360", "{extra:?}");
     }
+    // Converted by pack into class-directory shards: the default layout of those is ImageFolder's.
+    let conv = tmp.path().join("conv");
+    run(packfs()
+        .args([
+            "pack",
+            "--layout",
+            "imagefolder",
+            "--name",
+            "byclass",
+            pattern,
+            "-o",
+        ])
+        .arg(&conv));
+    let mnt = tmp.path().join("mnt-conv");
+    let _c = Mount::new(&[&conv.join("byclass.packfs-index")], &mnt, &[]);
+    let found = python(&py, IMAGEFOLDER_SCAN, &[mnt.as_os_str(), os("cls")]);
+    assert_eq!(found.trim(), "12 360");
     // Baked into an index: mounts as it is; asking again at mount is refused with the reason.
     let index = tmp.path().join("wds.packfs-index");
     run(packfs()
@@ -597,4 +614,42 @@ with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxcount=100) as sink:
 
 fn glob_shards(dir: &Path) -> Vec<PathBuf> {
     shards(dir)
+}
+
+#[test]
+fn shard_size_sets_the_number_of_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 400, 8);
+    let total: u64 = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let out = tmp.path().join("out");
+    // About a quarter of the data per shard: 4 or 5 shards (headers add a little).
+    let size = (total / 4).to_string();
+    pack(&[os(&src), os("-o"), os(&out), os("--shard-size"), os(&size)]);
+    let n = shards(&out).len();
+    assert!((4..=5).contains(&n), "{n} shards");
+    // Smaller than a sample: one shard per sample, not an error.
+    let one = tmp.path().join("one");
+    let small = flat_samples_dir(&tmp.path().join("few"), 3);
+    pack(&[os(&small), os("-o"), os(&one), os("--shard-size"), os("1")]);
+    assert_eq!(shards(&one).len(), 3);
+    // More shards than samples: refused, saying so.
+    let refused = packfs()
+        .arg("pack")
+        .arg(&small)
+        .arg("-o")
+        .arg(tmp.path().join("many"))
+        .args(["--shards", "9"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("9 shards for 3 samples"));
+}
+
+fn flat_samples_dir(dir: &Path, n: usize) -> PathBuf {
+    flat_samples(dir, n, 9);
+    dir.to_path_buf()
 }

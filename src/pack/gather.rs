@@ -45,6 +45,19 @@ pub struct Item {
     pub mtime: i64,
     pub size: u64,
     pub origin: Origin,
+    /// Length of the sample key at the start of `path` (set by `Item::set_key`).
+    pub key_len: u32,
+}
+
+impl Item {
+    /// The sample key (`plan::key_of` of the path), cached for sorting.
+    pub fn key(&self) -> &[u8] {
+        &self.path[..self.key_len as usize]
+    }
+
+    pub fn set_key(&mut self) {
+        self.key_len = crate::archive::name::key_of(&self.path).len() as u32;
+    }
 }
 
 /// A directory given as a source: its members are named from its own name down (as `tar -C
@@ -113,6 +126,7 @@ impl Sources {
                     mtime: e.mtime,
                     size,
                     origin: Origin::Catalog(id),
+                    key_len: 0,
                 });
             }
         }
@@ -272,6 +286,7 @@ fn walk(
         mtime: root_meta.mtime(),
         size: 0,
         origin: Origin::Disk(number),
+        key_len: 0,
     });
     let ctx = WalkContext {
         number,
@@ -366,6 +381,7 @@ fn visit<'s>(scope: &rayon::Scope<'s>, ctx: &'s WalkContext<'s>, dir: PathBuf, r
             mtime: meta.mtime(),
             size,
             origin: Origin::Disk(ctx.number),
+            key_len: 0,
         });
     }
     ctx.items.lock().expect("not poisoned").extend(local);

@@ -209,8 +209,12 @@ pub fn pack(
         "sources walked in {:.3} s",
         started.elapsed().as_secs_f64()
     );
-    let mut items = dedupe(items, &sources)?;
-    let dirs = order_items(&mut items, &pool);
+    {
+        use rayon::prelude::*;
+        pool.install(|| items.par_iter_mut().for_each(Item::set_key));
+    }
+    order_items(&mut items, &pool);
+    let (items, dirs) = dedupe(items, &sources)?;
 
     // Samples, their order and the shards.
     let keys: Vec<&[u8]> = items[dirs..]
@@ -229,7 +233,8 @@ pub fn pack(
     let total_bytes: u64 = samples.iter().map(|s| s.bytes).sum();
     let count = match opts.shards {
         ShardCount::Count(n) => n,
-        ShardCount::Size(size) => total_bytes.div_ceil(size.max(1)) as usize,
+        // A size below one sample's means a shard per sample, not an error.
+        ShardCount::Size(size) => (total_bytes.div_ceil(size.max(1)) as usize).min(samples.len()),
     }
     .max(1);
     if count > samples.len().max(1) {
@@ -557,9 +562,22 @@ fn lock(dir: &Path, name: &str) -> Result<Option<nix::fcntl::Flock<std::fs::File
     }
 }
 
-/// Refuses to merge two sources' members of one name (directories merge, as in a mount).
-fn dedupe(mut items: Vec<Item>, sources: &Sources) -> Result<Vec<Item>, PackError> {
-    items.sort_by(|a, b| a.path.cmp(&b.path));
+/// Refuses to merge two sources' members of one name (directories merge, as in a mount); the
+/// items are in `order_items` order, so equal paths are neighbours. Returns the items kept and
+/// the number of directories (first).
+fn dedupe(items: Vec<Item>, sources: &Sources) -> Result<(Vec<Item>, usize), PackError> {
+    let origin = |i: &Item| match i.origin {
+        gather::Origin::Disk(d) => sources.dirs[d as usize].root.display().to_string(),
+        gather::Origin::Catalog(_) => sources.image_patterns.join(" "),
+    };
+    let clash = |a: &Item, b: &Item| {
+        PackError::Usage(format!(
+            "{:?} is in two sources: {} and {}",
+            String::from_utf8_lossy(&b.path),
+            origin(a),
+            origin(b)
+        ))
+    };
     let mut out: Vec<Item> = Vec::with_capacity(items.len());
     for item in items {
         if let Some(last) = out.last_mut()
@@ -569,25 +587,24 @@ fn dedupe(mut items: Vec<Item>, sources: &Sources) -> Result<Vec<Item>, PackErro
                 *last = item;
                 continue;
             }
-            let origin = |i: &Item| match i.origin {
-                gather::Origin::Disk(d) => sources.dirs[d as usize].root.display().to_string(),
-                gather::Origin::Catalog(_) => sources.image_patterns.join(" "),
-            };
-            return Err(PackError::Usage(format!(
-                "{:?} is in two sources: {} and {}",
-                String::from_utf8_lossy(&item.path),
-                origin(last),
-                origin(&item)
-            )));
+            return Err(clash(last, &item));
         }
         out.push(item);
     }
-    Ok(out)
+    // A file of one source where another has a directory.
+    let dirs = out.iter().take_while(|i| i.kind == ItemKind::Dir).count();
+    let (dir_items, rest) = out.split_at(dirs);
+    for item in rest {
+        if let Ok(d) = dir_items.binary_search_by(|d| d.path.cmp(&item.path)) {
+            return Err(clash(&dir_items[d], item));
+        }
+    }
+    Ok((out, dirs))
 }
 
 /// Directories first (by path), then every other member by (key, path), so a sample's members
-/// are adjacent and sorted; returns the number of directories.
-fn order_items(items: &mut [Item], pool: &rayon::ThreadPool) -> usize {
+/// are adjacent and sorted. Stable: of two directories of one path, the later source's is last.
+fn order_items(items: &mut [Item], pool: &rayon::ThreadPool) {
     use rayon::slice::ParallelSliceMut;
     pool.install(|| {
         items.par_sort_by(|a, b| {
@@ -595,13 +612,10 @@ fn order_items(items: &mut [Item], pool: &rayon::ThreadPool) -> usize {
                 .cmp(&(b.kind != ItemKind::Dir))
                 .then_with(|| match a.kind {
                     ItemKind::Dir => a.path.cmp(&b.path),
-                    _ => plan::key_of(&a.path)
-                        .cmp(plan::key_of(&b.path))
-                        .then_with(|| a.path.cmp(&b.path)),
+                    _ => a.key().cmp(b.key()).then_with(|| a.path.cmp(&b.path)),
                 })
         })
     });
-    items.iter().take_while(|i| i.kind == ItemKind::Dir).count()
 }
 
 /// Bytes a member takes in a shard.
