@@ -177,53 +177,155 @@ pub fn pack(
             });
         }
     }
-    let readers = opts.readers.max(1);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(readers)
+        .num_threads(opts.readers.max(1))
         .thread_name(|i| format!("pack-read-{i}"))
         .build()
         .map_err(|e| PackError::Source(format!("cannot start reader threads: {e}")))?;
 
-    // Gather, with progress from a ticker thread.
-    let found = Found::default();
-    let gathering = AtomicBool::new(true);
-    let (mut items, skipped) = std::thread::scope(|scope| {
+    let (items, dirs, skipped) = gather(opts, &sources, &pool, on_progress)?;
+    info!(
+        members = items.len(),
+        "sources walked and sorted in {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
+    let plans = plan_shards(opts, &items, dirs, &out_dir, &name)?;
+    let index_path = out_dir.join(format!("{name}.packfs-index"));
+    let manifest_path = out_dir.join(format!("{name}.json"));
+    check_outputs(
+        opts,
+        &out_dir,
+        &plans,
+        &index_path,
+        &manifest_path,
+        &sources,
+    )?;
+    let removed = shard::remove_partials(&out_dir, &name);
+    if removed > 0 {
+        info!("removed {removed} temporary file(s) of an interrupted pack");
+    }
+
+    let done = Done::default();
+    let abort = AtomicBool::new(false);
+    let writer = Writer {
+        items: &items,
+        sources: &sources,
+        pool: &pool,
+        done: &done,
+        abort: &abort,
+        force: opts.force,
+        sync: opts.sync,
+    };
+    let total_data: u64 = items.iter().map(|i| i.size).sum();
+    let progress = || {
+        on_progress(Progress::Writing {
+            members: done.members.load(Ordering::Relaxed),
+            bytes: done.bytes.load(Ordering::Relaxed),
+            total_members: items.len() as u64,
+            total_bytes: total_data,
+        })
+    };
+    let (images, resumed) = with_ticker(&progress, || write_shards(opts, &plans, &writer))?;
+    progress();
+    info!("shards written at {:.3} s", started.elapsed().as_secs_f64());
+
+    // The index, from what was written.
+    let catalog = catalog::build(&images, DuplicatePolicy::Error)?;
+    index::write_synced(&catalog, &index_path, opts.sync)?;
+    let shards: Vec<ShardReport> = plans
+        .iter()
+        .zip(&images)
+        .map(|(p, image)| ShardReport {
+            path: p.path.clone(),
+            samples: p.samples,
+            members: p.members.len() as u64,
+            bytes: image.size,
+        })
+        .collect();
+    let report = Report {
+        shards,
+        index: index_path,
+        manifest: manifest_path,
+        samples: plans.iter().map(|p| p.samples).sum(),
+        files: items.iter().filter(|i| i.kind == ItemKind::File).count() as u64,
+        data_bytes: total_data,
+        resumed,
+        skipped,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    manifest::write(&report, &name, opts, &sources)?;
+    let extra = shard::extra_shards(&out_dir, &name, plans.len());
+    if let Some(first) = extra.first() {
+        warn!(
+            "{} other shard(s) named like these are in {} ({} ...), left by an earlier pack: \
+             they are not part of this dataset (the index and {} list the ones that are); \
+             remove them before mounting by pattern",
+            extra.len(),
+            out_dir.display(),
+            first.display(),
+            report.manifest.display()
+        );
+    }
+    Ok(report)
+}
+
+/// Runs `work`, calling `tick` every 100 ms meanwhile (for a progress display).
+fn with_ticker<R: Send>(tick: &(dyn Fn() + Sync), work: impl FnOnce() -> R) -> R {
+    let running = AtomicBool::new(true);
+    std::thread::scope(|scope| {
         scope.spawn(|| {
-            while gathering.load(Ordering::Relaxed) {
-                on_progress(Progress::Gathering {
-                    members: found.members.load(Ordering::Relaxed),
-                    bytes: found.bytes.load(Ordering::Relaxed),
-                });
+            while running.load(Ordering::Relaxed) {
+                tick();
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         });
-        let r = sources.gather(&pool, &found);
-        gathering.store(false, Ordering::Relaxed);
-        r
-    })?;
-    if let Some(mtime) = opts.mtime {
-        items.iter_mut().for_each(|i| i.mtime = mtime);
-    }
-    info!(
-        members = items.len(),
-        "sources walked in {:.3} s",
-        started.elapsed().as_secs_f64()
-    );
-    {
-        use rayon::prelude::*;
-        pool.install(|| items.par_iter_mut().for_each(Item::set_key));
-    }
-    order_items(&mut items, &pool);
-    let (items, dirs) = dedupe(items, &sources)?;
+        let result = work();
+        running.store(false, Ordering::Relaxed);
+        result
+    })
+}
 
-    // Samples, their order and the shards.
-    let keys: Vec<&[u8]> = items[dirs..]
-        .iter()
-        .map(|i| plan::key_of(&i.path))
-        .collect();
+/// Every member of the sources, directories first, then in sample order without duplicates;
+/// returns them, the number of directories and the number of entries left out.
+fn gather(
+    opts: &PackOptions,
+    sources: &Sources,
+    pool: &rayon::ThreadPool,
+    on_progress: &(dyn Fn(Progress) + Sync),
+) -> Result<(Vec<Item>, usize, u64), PackError> {
+    let found = Found::default();
+    let tick = || {
+        on_progress(Progress::Gathering {
+            members: found.members.load(Ordering::Relaxed),
+            bytes: found.bytes.load(Ordering::Relaxed),
+        })
+    };
+    let (mut items, skipped) = with_ticker(&tick, || sources.gather(pool, &found))?;
+    pool.install(|| {
+        use rayon::prelude::*;
+        items.par_iter_mut().for_each(|i| {
+            i.set_key();
+            if let Some(mtime) = opts.mtime {
+                i.mtime = mtime;
+            }
+        })
+    });
+    order_items(&mut items, pool);
+    let (items, dirs) = dedupe(items, sources)?;
+    Ok((items, dirs, skipped))
+}
+
+/// Samples, their order and the shards: what each shard holds, in order.
+fn plan_shards(
+    opts: &PackOptions,
+    items: &[Item],
+    dirs: usize,
+    out_dir: &Path,
+    name: &str,
+) -> Result<Vec<ShardPlan>, PackError> {
+    let keys: Vec<&[u8]> = items[dirs..].iter().map(Item::key).collect();
     let bytes: Vec<u64> = items[dirs..].iter().map(tar_bytes).collect();
     let mut samples = plan::samples(&keys, &bytes);
-    drop(keys);
     for s in &mut samples {
         s.members = (s.members.0 + dirs as u32, s.members.1 + dirs as u32);
     }
@@ -255,7 +357,7 @@ pub fn pack(
             .map(|r| r.collect())
             .collect()
     };
-    let plans: Vec<ShardPlan> = assignment
+    Ok(assignment
         .iter()
         .enumerate()
         .map(|(k, picked)| {
@@ -274,155 +376,62 @@ pub fn pack(
                 samples: picked.len() as u64,
             }
         })
-        .collect();
-    drop(samples);
-    let index_path = out_dir.join(format!("{name}.packfs-index"));
-    let manifest_path = out_dir.join(format!("{name}.json"));
-    check_outputs(
-        opts,
-        &out_dir,
-        &plans,
-        &index_path,
-        &manifest_path,
-        &sources,
-    )?;
-    info!(
-        shards = plans.len(),
-        "planned at {:.3} s",
-        started.elapsed().as_secs_f64()
-    );
-    let removed = shard::remove_partials(&out_dir, &name);
-    if removed > 0 {
-        info!("removed {removed} temporary file(s) of an interrupted pack");
-    }
+        .collect())
+}
 
-    // Write (or, resuming, check) the shards, `jobs` at a time.
-    let done = Done::default();
-    let abort = AtomicBool::new(false);
-    let writer = Writer {
-        items: &items,
-        sources: &sources,
-        pool: &pool,
-        done: &done,
-        abort: &abort,
-        force: opts.force,
-        sync: opts.sync,
-    };
-    let total_members = items.len() as u64;
-    let total_data: u64 = items.iter().map(|i| i.size).sum();
-    let next = AtomicUsize::new(0);
+/// Writes (or, resuming, checks) the shards, `opts.jobs` at a time, in order; a failure stops
+/// the others and is the error returned. Also returns how many shards were kept.
+fn write_shards(
+    opts: &PackOptions,
+    plans: &[ShardPlan],
+    writer: &Writer,
+) -> Result<(Vec<crate::archive::ScannedImage>, usize), PackError> {
+    use rayon::prelude::*;
+    let jobs = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.jobs.clamp(1, plans.len()))
+        .thread_name(|i| format!("pack-write-{i}"))
+        .build()
+        .map_err(|e| PackError::Source(format!("cannot start writer threads: {e}")))?;
     let resumed = AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<Result<crate::archive::ScannedImage, PackError>>>> =
-        plans.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    let writing = AtomicBool::new(true);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while writing.load(Ordering::Relaxed) {
-                on_progress(Progress::Writing {
-                    members: done.members.load(Ordering::Relaxed),
-                    bytes: done.bytes.load(Ordering::Relaxed),
-                    total_members,
-                    total_bytes: total_data,
-                });
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        });
-        let workers: Vec<_> = (0..opts.jobs.clamp(1, plans.len()))
-            .map(|_| {
-                scope.spawn(|| {
-                    loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(plan) = plans.get(k) else { break };
-                        if abort.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let result = if opts.resume && plan.path.exists() {
-                            resumed.fetch_add(1, Ordering::Relaxed);
-                            writer.check_existing(plan)
-                        } else {
-                            writer.write(plan)
-                        };
-                        if result.is_err() {
-                            abort.store(true, Ordering::Relaxed);
-                        }
-                        *results[k].lock().expect("not poisoned") = Some(result);
-                    }
-                })
+    let results: Vec<Result<_, PackError>> = jobs.install(|| {
+        plans
+            .par_iter()
+            .with_max_len(1)
+            .map(|plan| {
+                if writer.abort.load(Ordering::Relaxed) {
+                    return Err(PackError::Aborted);
+                }
+                let result = if opts.resume && plan.path.exists() {
+                    resumed.fetch_add(1, Ordering::Relaxed);
+                    writer.check_existing(plan)
+                } else {
+                    writer.write(plan)
+                };
+                if result.is_err() {
+                    writer.abort.store(true, Ordering::Relaxed);
+                }
+                result
             })
-            .collect();
-        for w in workers {
-            let _ = w.join();
-        }
-        writing.store(false, Ordering::Relaxed);
-    });
-    on_progress(Progress::Writing {
-        members: done.members.load(Ordering::Relaxed),
-        bytes: done.bytes.load(Ordering::Relaxed),
-        total_members,
-        total_bytes: total_data,
+            .collect()
     });
     // The first real failure, not the shards stopped because of it.
     let mut images = Vec::with_capacity(plans.len());
     let mut first_error = None;
-    for slot in results {
-        match slot.into_inner().expect("not poisoned") {
-            Some(Ok(image)) => images.push(image),
-            Some(Err(PackError::Aborted)) | None => {}
-            Some(Err(e)) => {
+    for result in results {
+        match result {
+            Ok(image) => images.push(image),
+            Err(PackError::Aborted) => {}
+            Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => return Err(e),
+        None if images.len() != plans.len() => return Err(PackError::Aborted),
+        None => {}
     }
-    if images.len() != plans.len() {
-        return Err(PackError::Aborted);
-    }
-
-    info!("shards written at {:.3} s", started.elapsed().as_secs_f64());
-    // The index, from what was written.
-    let catalog = catalog::build(&images, DuplicatePolicy::Error)?;
-    index::write_synced(&catalog, &index_path, opts.sync)?;
-    let shards: Vec<ShardReport> = plans
-        .iter()
-        .zip(&images)
-        .map(|(p, image)| ShardReport {
-            path: p.path.clone(),
-            samples: p.samples,
-            members: p.members.len() as u64,
-            bytes: image.size,
-        })
-        .collect();
-    let report = Report {
-        shards,
-        index: index_path,
-        manifest: manifest_path,
-        samples: plans.iter().map(|p| p.samples).sum(),
-        files: items.iter().filter(|i| i.kind == ItemKind::File).count() as u64,
-        data_bytes: total_data,
-        resumed: resumed.into_inner(),
-        skipped,
-        seconds: started.elapsed().as_secs_f64(),
-    };
-    manifest::write(&report, &name, opts, &sources)?;
-    info!(
-        "index and manifest written at {:.3} s",
-        started.elapsed().as_secs_f64()
-    );
-    let extra = shard::extra_shards(&out_dir, &name, plans.len());
-    if let Some(first) = extra.first() {
-        warn!(
-            "{} other shard(s) named like these are in {} ({} ...), left by an earlier pack: \
-             they are not part of this dataset (the index and {} list the ones that are); \
-             remove them before mounting by pattern",
-            extra.len(),
-            out_dir.display(),
-            first.display(),
-            report.manifest.display()
-        );
-    }
-    Ok(report)
+    Ok((images, resumed.into_inner()))
 }
 
 /// Directories become directory sources; everything else is one set of images (or an index).
