@@ -104,13 +104,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             total_members,
             total_bytes,
         } => {
+            bar.set_message(format!("{members}/{total_members} members"));
             if bar.length() != Some(total_bytes) {
-                bar.set_style(writing_style.clone());
                 bar.set_length(total_bytes);
+                bar.set_style(writing_style.clone());
                 bar.reset_eta();
             }
             bar.set_position(bytes);
-            bar.set_message(format!("{members}/{total_members} members"));
         }
     };
     let report = packfs::pack::pack(&opts, &on_progress)?;
