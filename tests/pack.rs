@@ -33,6 +33,17 @@ fn shards(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// No temporary shard file is left in `dir`.
+fn assert_no_partials(dir: &Path) {
+    for e in fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name();
+        assert!(
+            !name.to_string_lossy().ends_with(".partial"),
+            "{name:?} left behind"
+        );
+    }
+}
+
 /// A flat dataset of `n` samples, each `KEY.jpg` (random size), `KEY.cls` and `KEY.json`.
 fn flat_samples(dir: &Path, n: usize, seed: u64) {
     let mut rng = Rng(seed);
@@ -82,12 +93,7 @@ fn packed_tree_mounts_and_extracts_identical_to_the_source() {
     let index = out.join("data.packfs-index");
     assert!(index.exists() && out.join("data.json").exists());
     // No temporary file left behind.
-    assert!(fs::read_dir(&out).unwrap().all(|e| {
-        !e.unwrap()
-            .file_name()
-            .to_string_lossy()
-            .ends_with(".partial")
-    }));
+    assert_no_partials(&out);
 
     // Mounted from the index pack wrote: the same tree, attributes and all (the hard link is
     // packed as a second copy of the data).
@@ -341,12 +347,7 @@ fn an_interrupted_pack_resumes_to_the_same_bytes() {
     assert!(msg.contains("--resume") && msg.contains("--force"), "{msg}");
     let resumed = run(packfs().arg("pack").arg("--resume").args(args(&out)));
     assert!(resumed.contains("complete shard(s) kept"), "{resumed}");
-    assert!(fs::read_dir(&out).unwrap().all(|e| {
-        !e.unwrap()
-            .file_name()
-            .to_string_lossy()
-            .ends_with(".partial")
-    }));
+    assert_no_partials(&out);
     // Byte for byte what an uninterrupted pack writes.
     let fresh = tmp.path().join("fresh");
     pack(
