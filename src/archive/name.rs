@@ -84,6 +84,15 @@ pub fn key_of(path: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    #[test]
+    fn keys_follow_webdataset() {
+        assert_eq!(key_of(b"a/b/x.jpg"), b"a/b/x");
+        assert_eq!(key_of(b"a/b/x.seg.png"), b"a/b/x");
+        assert_eq!(key_of(b"a.d/x"), b"a.d/x");
+        assert_eq!(key_of(b"noext"), b"noext");
+        assert_eq!(key_of(b"dir/.hidden"), b"dir/.hidden");
+    }
+
     fn ok(raw: &str) -> String {
         String::from_utf8(sanitize(raw.as_bytes()).unwrap().into_owned()).unwrap()
     }

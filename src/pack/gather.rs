@@ -50,9 +50,19 @@ pub struct Item {
 }
 
 impl Item {
-    /// The sample key (`plan::key_of` of the path), cached for sorting.
+    /// The sample key (`archive::name::key_of` of the path), cached for sorting.
     pub fn key(&self) -> &[u8] {
         &self.path[..self.key_len as usize]
+    }
+
+    /// What the member's tar header says it is.
+    pub fn header_kind(&self) -> super::tar_writer::HeaderKind<'_> {
+        use super::tar_writer::HeaderKind;
+        match self.kind {
+            ItemKind::File => HeaderKind::File { size: self.size },
+            ItemKind::Dir => HeaderKind::Dir,
+            ItemKind::Symlink => HeaderKind::Symlink { target: &self.link },
+        }
     }
 
     pub fn set_key(&mut self) {
@@ -155,11 +165,6 @@ impl Sources {
                 Ok(MemberFile::Catalog { catalog, files, id })
             }
         }
-    }
-
-    /// Reads a whole member, appending exactly `item.size` bytes to `out`.
-    pub fn read_whole(&self, item: &Item, out: &mut Vec<u8>) -> Result<(), PackError> {
-        self.open(item)?.read(item, 0, item.size as usize, out)
     }
 }
 

@@ -629,11 +629,7 @@ fn order_items(items: &mut [Item], pool: &rayon::ThreadPool) {
 
 /// Bytes a member takes in a shard.
 fn tar_bytes(item: &Item) -> u64 {
-    let kind = match item.kind {
-        ItemKind::File => tar_writer::HeaderKind::File { size: item.size },
-        ItemKind::Dir => tar_writer::HeaderKind::Dir,
-        ItemKind::Symlink => tar_writer::HeaderKind::Symlink { target: &item.link },
-    };
+    let kind = item.header_kind();
     tar_writer::header_len(&item.path, kind, item.mtime)
         + item.size
         + tar_writer::padding(item.size)

@@ -19,8 +19,6 @@ impl Sample {
     }
 }
 
-pub use crate::archive::name::key_of;
-
 /// Cuts members, sorted by (key, path), into samples; `bytes[i]` is what member `i` takes.
 pub fn samples(keys: &[&[u8]], bytes: &[u64]) -> Vec<Sample> {
     let mut out = Vec::new();
@@ -156,15 +154,6 @@ pub fn deal(samples: &[Sample], shards: usize) -> Vec<Vec<usize>> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn keys_follow_webdataset() {
-        assert_eq!(key_of(b"a/b/x.jpg"), b"a/b/x");
-        assert_eq!(key_of(b"a/b/x.seg.png"), b"a/b/x");
-        assert_eq!(key_of(b"a.d/x"), b"a.d/x");
-        assert_eq!(key_of(b"noext"), b"noext");
-        assert_eq!(key_of(b"dir/.hidden"), b"dir/.hidden");
-    }
 
     #[test]
     fn shuffle_is_fixed_by_the_seed() {

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::PackError;
 use super::gather::{Item, ItemKind, Sources};
-use super::tar_writer::{self, HeaderKind};
+use super::tar_writer;
 use crate::archive::layout::crc_record;
 use crate::archive::{self, Encoding, Fingerprint, Member, MemberKind, ScannedImage};
 
@@ -254,11 +254,7 @@ impl Writer<'_> {
     }
 
     fn header(&self, out: &mut Vec<u8>, item: &Item) -> Result<(), PackError> {
-        let kind = match item.kind {
-            ItemKind::File => HeaderKind::File { size: item.size },
-            ItemKind::Dir => HeaderKind::Dir,
-            ItemKind::Symlink => HeaderKind::Symlink { target: &item.link },
-        };
+        let kind = item.header_kind();
         tar_writer::append_header(out, &item.path, kind, item.mode, item.mtime).map_err(|e| {
             PackError::Source(format!(
                 "cannot write a tar header for {:?}: {e}",
