@@ -171,7 +171,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
     let mnt = daemon::check_mountpoint(&mnt, false)?;
     let fs_opts = FsOptions::default();
     let core = Arc::new(Core::new(catalog, Arc::new(files), fs_opts.owner()));
-    let guard = MountGuard(Some(fs::mount(core, &mnt, &fs_opts)?));
+    let guard = MountGuard(Some(fs::mount(core, &mnt, &fs_opts, Arc::default())?));
     std::fs::metadata(&mnt)?;
     let mount_time = started.elapsed();
 

@@ -21,4 +21,5 @@ pub mod read_at;
 pub mod safe_file;
 pub mod size;
 pub mod tiers;
+pub mod trace_summary;
 pub mod verify;

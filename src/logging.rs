@@ -1,19 +1,70 @@
-//! Logging through `tracing`: quiet by default (warnings only), `-v` for more, `RUST_LOG` to pick
-//! per module; optionally copied to a log file, which outlives the daemon's terminal.
+//! Logging through `tracing`. Commands log warnings to stderr (`-v` for more, `-q` for errors
+//! only, `RUST_LOG` to pick per module). A mount daemon, whose stderr goes nowhere once it is
+//! ready, also logs INFO (the ready line, staging, every error) to its log: `--log-file`, or
+//! syslog/journald when none is given, or a file beside its stats file on a node without either.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
-fn default_filter(verbosity: u8) -> &'static str {
+/// Where a daemon's log goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Destination {
+    File(PathBuf),
+    Syslog,
+}
+
+impl Destination {
+    /// `file` if given; else syslog where a syslog daemon or journald listens on /dev/log; else
+    /// `fallback` (a file the user can find: `packfs status` names it).
+    pub fn choose(file: Option<&Path>, fallback: PathBuf) -> Destination {
+        use std::os::unix::fs::FileTypeExt;
+        match file {
+            Some(f) => Destination::File(f.to_path_buf()),
+            None if std::fs::metadata(SYSLOG_SOCKET).is_ok_and(|m| m.file_type().is_socket()) => {
+                Destination::Syslog
+            }
+            None => Destination::File(fallback),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Destination::File(p) => p.display().to_string(),
+            Destination::Syslog => "syslog (journalctl -t packfs)".into(),
+        }
+    }
+}
+
+const SYSLOG_SOCKET: &str = "/dev/log";
+
+/// How to log.
+#[derive(Clone, Debug, Default)]
+pub struct Setup {
+    /// `-v` count.
+    pub verbosity: u8,
+    /// `-q`: errors only on stderr, warnings only in the daemon's log.
+    pub quiet: bool,
+    /// The daemon's log (INFO by default), besides stderr.
+    pub daemon_log: Option<Destination>,
+    /// Before the daemon is ready, its stderr is the launcher's pipe, shown to the user: keep it
+    /// to warnings there, the detail goes to the log.
+    pub stderr_warnings_only: bool,
+}
+
+fn filter_spec(verbosity: u8, quiet: bool) -> &'static str {
     // fuser logs every request at debug level: keep it down unless asked for.
-    match verbosity {
-        0 => "warn,fuser=error",
-        1 => "info,fuser=warn",
-        2 => "debug,fuser=info",
+    match (quiet, verbosity) {
+        (true, _) => "error,fuser=error",
+        (false, 0) => "warn,fuser=error",
+        (false, 1) => "info,fuser=error",
+        (false, 2) => "debug,fuser=info",
         _ => "trace",
     }
 }
@@ -35,31 +86,102 @@ pub enum LogError {
 }
 
 /// Installs the global subscriber. Call once, before any thread starts logging.
-pub fn init(verbosity: u8, log_file: Option<&Path>) -> Result<(), LogError> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.is_empty() => {
-            EnvFilter::try_new(&spec).map_err(|error| LogError::Filter { spec, error })?
-        }
-        _ => EnvFilter::new(default_filter(verbosity)),
+pub fn init(setup: &Setup) -> Result<(), LogError> {
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
+    let filter = |default: &str| match &rust_log {
+        Some(spec) => EnvFilter::try_new(spec).map_err(|error| LogError::Filter {
+            spec: spec.clone(),
+            error,
+        }),
+        None => Ok(EnvFilter::new(default)),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match log_file {
-        Some(path) => {
+    let stderr_spec = if setup.stderr_warnings_only && !setup.quiet {
+        filter_spec(0, false)
+    } else {
+        filter_spec(setup.verbosity, setup.quiet)
+    };
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_filter(filter(stderr_spec)?);
+    // The daemon's log: INFO unless -q (warnings) or -v (more).
+    let log_spec = match (setup.quiet, setup.verbosity) {
+        (true, _) => "warn,fuser=error",
+        (false, v) => filter_spec(v.max(1), false),
+    };
+    let (file, syslog) = match &setup.daemon_log {
+        None => (None, None),
+        Some(Destination::File(path)) => {
             let file = crate::safe_file::append(path).map_err(|error| LogError::File {
                 path: path.to_path_buf(),
                 error,
             })?;
-            builder
+            let layer = tracing_subscriber::fmt::layer()
+                .with_target(false)
                 .with_ansi(false)
-                .with_writer(std::io::stderr.and(Mutex::new(file)))
-                .try_init()
+                .with_writer(Mutex::new(file))
+                .with_filter(filter(log_spec)?);
+            (Some(layer), None)
         }
-        None => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
-            .try_init(),
+        Some(Destination::Syslog) => (None, Some(Syslog::open().with_filter(filter(log_spec)?))),
+    };
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(file)
+        .with(syslog)
+        .try_init()
+        .map_err(|e| LogError::Install(e.to_string()))
+}
+
+/// Events to syslog through the C library's `syslog(3)` (facility daemon, ident `packfs`, with
+/// the pid), which journald and every syslog daemon read from /dev/log.
+struct Syslog;
+
+impl Syslog {
+    fn open() -> Syslog {
+        // SAFETY: the ident is a static C string that lives as long as the process, as openlog
+        // requires; LOG_NDELAY connects now, before the daemon drops privileges or chroots.
+        unsafe {
+            libc::openlog(
+                c"packfs".as_ptr(),
+                libc::LOG_PID | libc::LOG_NDELAY,
+                libc::LOG_DAEMON,
+            )
+        };
+        Syslog
     }
-    .map_err(|e| LogError::Install(e.to_string()))
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Syslog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        let priority = match *event.metadata().level() {
+            Level::ERROR => libc::LOG_ERR,
+            Level::WARN => libc::LOG_WARNING,
+            Level::INFO => libc::LOG_INFO,
+            _ => libc::LOG_DEBUG,
+        };
+        let Ok(text) = std::ffi::CString::new(line.0.replace('\0', "\\0")) else {
+            return;
+        };
+        // SAFETY: "%s" with one NUL-terminated string argument that lives across the call.
+        unsafe { libc::syslog(priority, c"%s".as_ptr(), text.as_ptr()) };
+    }
+}
+
+/// An event as one line: the message, then `key=value` for every other field.
+struct Line(String);
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            let rest = std::mem::take(&mut self.0);
+            let _ = write!(self.0, "{value:?}{rest}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
 }

@@ -9,18 +9,24 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    // As `mount.fuse.packfs`, mount(8)'s arguments stand for a `packfs mount`.
+    let argv = match cli::mount_helper_args() {
+        Ok(Some(argv)) => argv,
+        Ok(None) => std::env::args_os().collect(),
+        Err(code) => return code,
+    };
+    let args = cli::Cli::parse_from(&argv);
     if args.writes_to_pipes() {
         // Like coreutils: `packfs ls | head` ends quietly when head has seen enough, instead of
         // failing with "Broken pipe".
         // SAFETY: restores the default disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    if let Err(e) = packfs::logging::init(args.verbose, args.log_file()) {
+    if let Err(e) = packfs::logging::init(&args.log_setup()) {
         eprintln!("packfs: {e:#}");
         return ExitCode::FAILURE;
     }
-    match cli::run(args) {
+    match cli::run(args, &argv) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("packfs: error: {e:#}");

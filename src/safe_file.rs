@@ -102,14 +102,29 @@ pub fn append(path: &Path) -> io::Result<File> {
         .append(true)
         .mode(0o644)
         .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => io::Error::new(
-                e.kind(),
-                "it is a symbolic link, and packfs does not write through one (whoever can \
+        .map_err(explain_symlink)
+}
+
+/// Creates `path` (or empties the file there) for writing, never through a symlink.
+pub fn create_truncate(path: &Path, mode: u32) -> io::Result<File> {
+    no_follow()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .map_err(explain_symlink)
+}
+
+fn explain_symlink(e: io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => io::Error::new(
+            e.kind(),
+            "it is a symbolic link, and packfs does not write through one (whoever can \
                  change the link could point it anywhere): give the file's own path",
-            ),
-            _ => e,
-        })
+        ),
+        _ => e,
+    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,8 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
     let core = Arc::new(Core::new(catalog.clone(), Arc::new(files), owner));
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let mut mounted = packfs::fs::mount(core, &mnt, &FsOptions::default()).unwrap();
+    let mut mounted =
+        packfs::fs::mount(core, &mnt, &FsOptions::default(), Default::default()).unwrap();
 
     let read = |i: u64, mnt: &Path| std::fs::read(mnt.join(format!("f/{i:03}.bin")));
     let started = Instant::now();

@@ -3,18 +3,20 @@
 mod args;
 mod cat;
 mod demo;
+mod generate;
 mod index;
 mod ls;
 mod mount;
+mod mount_helper;
 mod pack;
 mod progress;
 use packfs::size;
 mod stage;
 mod staging;
+mod status;
+mod trace;
 mod umount;
 mod verify;
-
-use std::path::Path;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,9 @@ pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Less output: errors only, no progress or ready line; a mount's log keeps warnings only.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -51,27 +56,76 @@ enum Command {
     Ls(ls::Args),
     /// Write one file of the merged tree to standard output.
     Cat(cat::Args),
+    /// Show packfs mounts: dataset, uptime, bytes per tier, requests and latencies, staging,
+    /// cache, errors (all of this user's, or root's view of all).
+    Status(status::Args),
+    /// Read a trace written by `packfs mount --trace FILE`.
+    Trace(trace::Args),
     /// Generate a small dataset, pack, mount, verify every byte and report the speed.
     Demo(demo::Args),
+    /// Write the man pages (packfs.1, packfs-mount.1, ...) into a directory.
+    Man(generate::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
 }
 
 impl Cli {
     /// Commands whose output is data for another program (`ls`, `cat`).
     pub fn writes_to_pipes(&self) -> bool {
-        matches!(self.command, Command::Ls(_) | Command::Cat(_))
+        matches!(
+            self.command,
+            Command::Ls(_) | Command::Cat(_) | Command::Status(_) | Command::Trace(_)
+        )
     }
 
-    pub fn log_file(&self) -> Option<&Path> {
-        match &self.command {
-            Command::Mount(args) => args.log_file.as_deref(),
-            _ => None,
+    /// Where and how much to log: a mount daemon also logs INFO to its log.
+    pub fn log_setup(&self) -> packfs::logging::Setup {
+        let mut setup = packfs::logging::Setup {
+            verbosity: self.verbose,
+            quiet: self.quiet,
+            ..Default::default()
+        };
+        if let Command::Mount(args) = &self.command {
+            setup.daemon_log = args.daemon_log();
+            setup.stderr_warnings_only = args.is_daemon();
+        }
+        setup
+    }
+}
+
+/// When run as `mount.fuse.packfs` (by mount(8)): the `packfs` arguments it stands for. `Err`
+/// with the exit status for a call that needs no mount (mount's `-f`) or cannot be understood.
+pub fn mount_helper_args() -> Result<Option<Vec<std::ffi::OsString>>, std::process::ExitCode> {
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let name = std::path::Path::new(&argv0)
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    if !mount_helper::NAMES.contains(&name.as_str()) {
+        return Ok(None);
+    }
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    match mount_helper::translate(&rest) {
+        Ok(Some(packfs_args)) => Ok(Some(
+            std::iter::once(std::ffi::OsString::from("packfs"))
+                .chain(packfs_args)
+                .collect(),
+        )),
+        Ok(None) => Err(std::process::ExitCode::SUCCESS),
+        Err(why) => {
+            eprintln!("{name}: {why}");
+            // mount(8)'s status for a usage error.
+            Err(std::process::ExitCode::from(1))
         }
     }
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; `argv` is what it was parsed from (a mount re-executes itself with it).
+pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
     match cli.command {
-        Command::Mount(args) => mount::run(args),
+        Command::Mount(args) => mount::run(args, cli.quiet, argv),
         Command::Pack(args) => pack::run(args),
         Command::Index(args) => index::run(args),
         Command::Verify(args) => verify::run(args),
@@ -79,6 +133,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Umount(args) => umount::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Cat(args) => cat::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Trace(args) => trace::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Man(args) => generate::man(args),
+        Command::Completions(args) => generate::completions(args),
     }
 }

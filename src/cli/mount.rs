@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use packfs::daemon::{self, MountRequest};
 use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
+use packfs::logging::Destination;
 
 use super::args::{Images, Listings, Merge, Staging, absolute};
 use super::progress::ScanBar;
@@ -70,9 +71,21 @@ pub struct Args {
     /// Save the catalog scanned from the images as an index file, for faster mounts next time.
     #[arg(long, value_name = "PATH")]
     save_index: Option<PathBuf>,
-    /// Append the daemon's log to this file.
+    /// Append the daemon's log (INFO: ready, staging, every error) to this file. Default: syslog
+    /// (journalctl -t packfs) where /dev/log exists, else a file beside the stats file.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Write every FUSE request (operation, path, offset, size, latency, tier, thread) to this
+    /// file as Chrome/Perfetto trace-event JSON; `packfs trace summarize FILE` reads it.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Stop tracing once the trace file reaches this size (K, M, G suffixes).
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = super::size::parse_bytes, requires = "trace")]
+    trace_limit: u64,
+    /// Unmount after no request came in for this long (e.g. 30m, 2h) and no file is open, as
+    /// squashfuse's `-o timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    idle_timeout: Option<std::time::Duration>,
     /// Write the daemon's process id to this file while it runs.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -81,7 +94,33 @@ pub struct Args {
     daemon_child: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+impl Args {
+    /// Whether this process is the re-executed daemon.
+    pub fn is_daemon(&self) -> bool {
+        self.daemon_child
+    }
+
+    /// The daemon's log: the log file, or syslog, or a file beside the default stats file. In
+    /// the foreground, only the log file (stderr is the user's).
+    pub fn daemon_log(&self) -> Option<Destination> {
+        if !self.daemon_child {
+            return self.log_file.clone().map(Destination::File);
+        }
+        let mountpoint = packfs::daemon::mounts::absolute(&self.mountpoint)
+            .unwrap_or_else(|_| self.mountpoint.clone());
+        let fallback = daemon::stats::default_path(&mountpoint).with_extension("log");
+        if self.log_file.is_none() && daemon::stats::check_default_dir().is_err() {
+            // The mount fails on the same check, and says why; log to stderr until then.
+            return None;
+        }
+        Some(Destination::choose(self.log_file.as_deref(), fallback))
+    }
+}
+
+pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
+    let log = args
+        .daemon_log()
+        .map_or_else(|| "stderr".to_string(), |d| d.describe());
     let request = MountRequest {
         images: args.images.images.clone(),
         mountpoint: args.mountpoint.clone(),
@@ -107,6 +146,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pid_file: absolute(&args.pid_file)?,
         save_index: absolute(&args.save_index)?,
         nonempty: args.nonempty,
+        trace: absolute(&args.trace)?.map(|p| (p, args.trace_limit)),
+        idle_timeout: args.idle_timeout,
+        log,
     };
     if args.daemon_child {
         // Its stderr is the launcher's pipe, where no bar is drawn.
@@ -118,12 +160,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.foreground {
         let bar = ScanBar::new();
-        return Ok(daemon::serve(&request, &|p| bar.update(p), || {})?);
+        let ready = |line: String| {
+            if !quiet {
+                eprintln!("packfs: {line}");
+            }
+        };
+        return Ok(daemon::serve(&request, &|p| bar.update(p), ready)?);
     }
     // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
-    let mut child_args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut child_args: Vec<OsString> = argv.iter().skip(1).cloned().collect();
     child_args.push("--daemon-child".into());
-    Ok(daemon::spawn_background(&child_args, &args.mountpoint)?)
+    let ready_line = daemon::spawn_background(&child_args, &args.mountpoint)?;
+    if !quiet {
+        eprintln!("packfs: {ready_line}");
+    }
+    Ok(())
 }
 
 /// The source column of /proc/mounts: the index or first image, absolute, and how many more.

@@ -14,8 +14,9 @@ use super::MountError;
 const READY_MARKER: &[u8] = b"\x01packfs-ready";
 
 /// Re-executes this program with `child_args` as a detached daemon, relays its messages, and
-/// returns once it reports the mount ready, or an error if it exits first.
-pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<(), MountError> {
+/// returns once it reports the mount ready (with the line that says what is mounted where), or an
+/// error if it exits first.
+pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<String, MountError> {
     let exe = std::env::current_exe().map_err(MountError::NoExecutable)?;
     let mut cmd = Command::new(exe);
     cmd.args(child_args)
@@ -33,32 +34,36 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<()
     let mut child = cmd.spawn().map_err(MountError::Spawn)?;
     let stderr = child.stderr.take().expect("piped");
     let mut out = std::io::stderr().lock();
-    let mut ready = false;
+    let mut ready = None;
     for line in BufReader::new(stderr).split(b'\n') {
         let Ok(line) = line else { break };
-        if line == READY_MARKER {
-            ready = true;
+        if let Some(said) = line.strip_prefix(READY_MARKER) {
+            ready = Some(
+                String::from_utf8_lossy(said.strip_prefix(b"\t").unwrap_or(said)).into_owned(),
+            );
             break;
         }
         let _ = out.write_all(&line);
         let _ = out.write_all(b"\n");
     }
     drop(out);
-    if !ready {
+    let Some(ready) = ready else {
         let status = child.wait().map_err(MountError::Spawn)?;
         return Err(MountError::DaemonExited {
             mountpoint: mountpoint.to_path_buf(),
             status,
         });
-    }
-    Ok(())
+    };
+    Ok(ready)
 }
 
-/// Called in the daemon once the mount is ready: tell the launcher, then stop writing to its pipe.
-/// Logs continue in the log file, if one was given.
-pub fn detach_from_launcher() {
+/// Called in the daemon once the mount is ready: tell the launcher (with the line it prints),
+/// then stop writing to its pipe. Logs continue in the daemon's log.
+pub fn detach_from_launcher(line: String) {
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(READY_MARKER);
+    let _ = err.write_all(b"\t");
+    let _ = err.write_all(line.replace('\n', " ").as_bytes());
     let _ = err.write_all(b"\n");
     let _ = err.flush();
     drop(err);

@@ -8,6 +8,7 @@ pub mod mounts;
 mod preflight;
 mod serve;
 pub mod stats;
+pub mod status;
 mod unmount;
 
 use std::io;
@@ -17,7 +18,7 @@ use std::process::ExitStatus;
 pub use launcher::{detach_from_launcher, spawn_background};
 pub use preflight::{check_fuse_available, check_mountpoint};
 pub use serve::{MountRequest, serve};
-pub use unmount::{UnmountError, Unmounted, unmount};
+pub use unmount::{UnmountError, Unmounted, unmount, unmount_if_unused, user_name};
 
 use crate::catalog::index::IndexError;
 use crate::dataset::DatasetError;
@@ -75,6 +76,8 @@ pub enum MountError {
     Index(#[from] IndexError),
     #[error(transparent)]
     Tiers(#[from] crate::tiers::OpenError),
+    #[error("cannot write the trace {}: {error}", path.display())]
+    Trace { path: PathBuf, error: io::Error },
     #[error("cannot write pid file {}: {error}", path.display())]
     PidFile { path: PathBuf, error: io::Error },
     #[error("cannot install signal handlers: {0}")]

@@ -14,6 +14,31 @@ pub struct MountEntry {
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: String,
+    /// The file system's own options (for FUSE: `user_id=`, the mounting user).
+    pub options: String,
+}
+
+impl MountEntry {
+    /// The user who mounted a FUSE file system (`user_id=` of its options).
+    pub fn fuse_owner(&self) -> Option<u32> {
+        self.options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    }
+
+    pub fn is_packfs(&self) -> bool {
+        self.fstype == format!("fuse.{}", crate::fs::SUBTYPE)
+    }
+}
+
+/// Every packfs mount in this mount namespace, in mount order.
+pub fn packfs_mounts() -> io::Result<Vec<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(parse_mountinfo(&text)
+        .into_iter()
+        .filter(MountEntry::is_packfs)
+        .collect())
 }
 
 /// Parses mountinfo text: `id parent major:minor root mount_point options [optional...] - fstype source super`.
@@ -27,6 +52,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fstype: right.next()?.to_string(),
                 source: unescape(right.next().unwrap_or("")),
+                options: right.next().unwrap_or("").to_string(),
             })
         })
         .collect()
@@ -104,6 +130,9 @@ mod tests {
         assert_eq!(mounts[1].mount_point, PathBuf::from("/tmp/with space"));
         assert_eq!(mounts[1].fstype, "fuse.packfs");
         assert_eq!(mounts[1].source, "packfs");
+        assert_eq!(mounts[1].fuse_owner(), Some(0));
+        assert!(mounts[1].is_packfs());
+        assert_eq!(mounts[0].fuse_owner(), None);
     }
 
     #[test]

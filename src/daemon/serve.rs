@@ -43,6 +43,12 @@ pub struct MountRequest {
     pub stats_file: Option<PathBuf>,
     /// Mount over a directory that has files in it (hiding them).
     pub nonempty: bool,
+    /// Write every request to this file (Chrome trace-event JSON), up to the byte limit.
+    pub trace: Option<(PathBuf, u64)>,
+    /// Unmount after no request came in for this long (and no file is open).
+    pub idle_timeout: Option<Duration>,
+    /// Where the log goes, for the stats file and `packfs status`.
+    pub log: String,
 }
 
 /// Has glibc map buffers of 1 MiB or more and unmap them when freed. Its default threshold rises
@@ -69,20 +75,19 @@ fn log_panics() {
 }
 
 /// Serves a mount in this process until it is unmounted or a signal arrives. `on_scan` hears of
-/// a scan's progress; `on_ready` runs once the mount answers a stat of its root.
+/// a scan's progress; `on_ready` runs once the mount answers a stat of its root, with the line
+/// that says what is mounted where.
 pub fn serve(
     req: &MountRequest,
     on_scan: OnScan,
-    on_ready: impl FnOnce(),
+    on_ready: impl FnOnce(String),
 ) -> Result<(), MountError> {
     let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
     if let Some(dest) = &req.save_index {
         crate::catalog::index::check_replaceable(dest, false)?;
     }
     check_fuse_available()?;
-    if req.stats_file.is_none() {
-        stats::check_default_dir().map_err(MountError::StatsDir)?;
-    }
+    stats::check_default_dir().map_err(MountError::StatsDir)?;
     raise_open_file_limit();
     return_large_buffers();
     log_panics();
@@ -96,30 +101,65 @@ pub fn serve(
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(MountError::Signals)?;
 
+    let trace = match &req.trace {
+        Some((path, limit)) => Some(
+            fs::trace::Trace::create(path, *limit, catalog.clone()).map_err(|error| {
+                MountError::Trace {
+                    path: path.clone(),
+                    error,
+                }
+            })?,
+        ),
+        None => None,
+    };
+    let observer = Arc::new(fs::Observer {
+        requests: Arc::default(),
+        trace,
+    });
+
     let core = Arc::new(Core::new(catalog.clone(), files.clone(), req.fs.owner()));
-    let mounted = mount_and_check(core, &mountpoint, &req.fs)?;
-    info!(
-        files = catalog.file_count(),
-        images = catalog.images().len(),
-        "mounted at {}",
-        mountpoint.display()
-    );
+    let mounted = mount_and_check(core, &mountpoint, &req.fs, observer.clone())?;
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
-    let stats_path = req
-        .stats_file
-        .clone()
-        .unwrap_or_else(|| stats::default_path(&mountpoint));
-    info!("counters in {}", stats_path.display());
-    let stats_file = stats::StatsFile::start(stats_path, files.clone(), mountpoint.clone());
-    on_ready();
+    let default_stats = stats::default_path(&mountpoint);
+    let mut stats_paths = vec![default_stats.clone()];
+    stats_paths.extend(req.stats_file.clone().filter(|p| *p != default_stats));
+    let about = about(req, &catalog);
+    info!(
+        "mounted {} at {}: {} files in {} image(s); counters in {} (`packfs status {}`)",
+        about.dataset,
+        mountpoint.display(),
+        about.files,
+        about.images,
+        stats_paths.last().expect("one path").display(),
+        mountpoint.display()
+    );
+    let ready_line = format!(
+        "mounted {} at {}: {} files in {} image(s); `packfs status {}` shows its counters",
+        about.dataset,
+        mountpoint.display(),
+        about.files,
+        about.images,
+        mountpoint.display()
+    );
+    let sources = || stats::Sources {
+        files: files.clone(),
+        requests: observer.requests.clone(),
+        about: about.clone(),
+    };
+    let stats_file = stats::StatsFile::start(stats_paths, sources(), mountpoint.clone());
+    on_ready(ready_line);
     verify_in_background(catalog);
     let watcher = watch_images(files.clone());
     let stage = files.images().stage().cloned();
     // The mount is up: a stager that cannot start leaves it serving from the source.
     let stager = stage.clone().and_then(start_stager);
 
+    let idle = req
+        .idle_timeout
+        .map(|limit| unmount_when_idle(observer.requests.clone(), limit, mountpoint.clone()));
     wait_for_the_end(mounted, signals, &mountpoint)?;
+    drop(idle);
     if let Some(stage) = &stage {
         stage.shut_down();
     }
@@ -128,8 +168,76 @@ pub fn serve(
     }
     drop(stats_file);
     drop(watcher);
-    stats::log_counters(&files);
+    stats::log_counters(&sources());
+    if let Some(trace) = &observer.trace {
+        trace.finish();
+    }
     Ok(())
+}
+
+/// What the stats file says of the mount besides its counters.
+fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
+    stats::About {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        dataset: req.fs.fsname.clone(),
+        images: catalog.images().len() as u64,
+        files: catalog.file_count(),
+        bytes: catalog.file_bytes(),
+        started_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        log: req.log.clone(),
+        trace: req
+            .trace
+            .as_ref()
+            .map(|(p, _)| p.to_string_lossy().into_owned()),
+        idle_timeout_s: req.idle_timeout.map(|d| d.as_secs()),
+        uid: nix::unistd::geteuid().as_raw(),
+    }
+}
+
+/// `--idle-timeout`: checks every second whether no request came in for `limit`, and then
+/// unmounts, unless a file is open under the mount (the unmount fails with EBUSY and is retried
+/// at the next idle period). Stops when the returned sender is dropped.
+fn unmount_when_idle(
+    requests: Arc<fs::requests::Requests>,
+    limit: Duration,
+    mountpoint: PathBuf,
+) -> Option<crossbeam_channel::Sender<()>> {
+    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+    std::thread::Builder::new()
+        .name("packfs-idle".into())
+        .spawn(move || {
+            let mut busy_until = std::time::Instant::now();
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_secs(1))
+            {
+                if requests.idle_for() < limit || std::time::Instant::now() < busy_until {
+                    continue;
+                }
+                match super::unmount_if_unused(&mountpoint) {
+                    Ok(true) => {
+                        info!(
+                            "no request for {} s: unmounted {} (--idle-timeout)",
+                            limit.as_secs(),
+                            mountpoint.display()
+                        );
+                        return;
+                    }
+                    Ok(false) => {
+                        info!("idle, but files are open under the mount; trying again later");
+                        busy_until = std::time::Instant::now() + limit;
+                    }
+                    Err(e) => {
+                        warn!("idle, but cannot unmount: {e}");
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| warn!("cannot start the idle timer: {e}"))
+        .ok()?;
+    Some(stop)
 }
 
 /// The tier stack the request asks for; the stage directory is held in this mount's name.
@@ -152,11 +260,13 @@ fn mount_and_check(
     core: Arc<Core>,
     mountpoint: &Path,
     opts: &FsOptions,
+    observer: Arc<fs::Observer>,
 ) -> Result<Mounted, MountError> {
-    let mounted = fs::mount(core, mountpoint, opts).map_err(|error| MountError::Mount {
-        path: mountpoint.to_path_buf(),
-        error,
-    })?;
+    let mounted =
+        fs::mount(core, mountpoint, opts, observer).map_err(|error| MountError::Mount {
+            path: mountpoint.to_path_buf(),
+            error,
+        })?;
     if let Err(error) = std::fs::metadata(mountpoint) {
         let _ = unmount(mountpoint, true, false);
         return Err(MountError::NotAnswering {

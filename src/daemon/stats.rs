@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::fs::requests::Requests;
 use crate::tiers::stage::StageStats;
 use crate::tiers::{FileReader, RamStats, SourceStats, TierStats};
 
@@ -38,6 +39,25 @@ pub fn default_path(mountpoint: &Path) -> PathBuf {
         })
         .collect();
     dir.join(format!("{name}.{hash:016x}.json"))
+}
+
+/// Where a daemon run by `uid` may have written the stats of `mountpoint` by default, for
+/// `packfs status` (the user's runtime directory is only known to their own processes).
+pub fn candidate_paths(mountpoint: &Path, uid: u32) -> Vec<PathBuf> {
+    let mine = default_path(mountpoint);
+    let name = mine.file_name().expect("a file name").to_os_string();
+    let mut paths = vec![];
+    if uid == nix::unistd::getuid().as_raw() {
+        paths.push(mine);
+    }
+    if uid == 0 {
+        paths.push(Path::new("/run/packfs").join(&name));
+    } else {
+        paths.push(PathBuf::from(format!("/run/user/{uid}/packfs")).join(&name));
+        paths.push(PathBuf::from(format!("/tmp/packfs-{uid}")).join(&name));
+    }
+    paths.dedup();
+    paths
 }
 
 /// The directory of the default stats files and the mode it is made with: readable by all for
@@ -70,16 +90,39 @@ pub fn remove_if_orphaned(mountpoint: &Path) {
     let pid = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("pid").and_then(|p| p.as_i64()));
-    // A killed daemon may stay a zombie for long: its parent is whoever adopted it.
-    let alive = |pid: i64| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z') && !state.starts_with('X')
-        })
-    };
     if pid.is_none_or(|pid| pid > 0 && !alive(pid)) {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Whether process `pid` runs (a killed daemon may stay a zombie for long: its parent is
+/// whoever adopted it).
+pub fn alive(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+/// What a mount is, fixed while it runs: written into every snapshot, so `packfs status` needs
+/// nothing but the stats file.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct About {
+    pub version: String,
+    /// The index or first image, and how many more (the source column of /proc/mounts).
+    pub dataset: String,
+    pub images: u64,
+    pub files: u64,
+    /// Bytes of all files.
+    pub bytes: u64,
+    /// Seconds since the Unix epoch when the mount became ready.
+    pub started_unix: u64,
+    /// Where the daemon logs (`syslog`, a file, or `stderr`).
+    pub log: String,
+    pub trace: Option<String>,
+    pub idle_timeout_s: Option<u64>,
+    /// The uid that owns the daemon (who can unmount it, besides root).
+    pub uid: u32,
 }
 
 /// Every counter of a mount at one moment (docs/metrics.md says what each means).
@@ -89,25 +132,48 @@ pub struct Counters {
     pub mountpoint: String,
     pub pid: u32,
     pub uptime_s: f64,
+    #[serde(flatten)]
+    pub about: About,
     /// Bytes delivered to readers by each tier.
     pub served: TierStats,
     /// Operations on the backing files.
     pub source: SourceStats,
     pub ram: RamStats,
     pub stage: Option<StageStats>,
+    /// FUSE requests by operation: count, errors, bytes and latency percentiles.
+    pub requests: serde_json::Map<String, serde_json::Value>,
+    /// Requests answered with an error (not counting "no such file" and refused ioctls).
+    pub errors: u64,
+}
+
+/// What the counters are read from.
+pub struct Sources {
+    pub files: Arc<FileReader>,
+    pub requests: Arc<Requests>,
+    pub about: About,
 }
 
 impl Counters {
-    pub fn of(files: &FileReader, mountpoint: &Path, started: Instant) -> Counters {
-        let images = files.images();
+    pub fn of(src: &Sources, mountpoint: &Path, started: Instant) -> Counters {
+        let images = src.files.images();
+        let mut requests = serde_json::Map::new();
+        let mut errors = 0;
+        for (op, figures) in src.requests.figures() {
+            errors += figures.errors;
+            let value = serde_json::to_value(figures).expect("figures serialize");
+            requests.insert(op.name().to_string(), value);
+        }
         Counters {
             mountpoint: mountpoint.to_string_lossy().into_owned(),
             pid: std::process::id(),
             uptime_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            about: src.about.clone(),
             served: images.stats(),
             source: images.source().stats(),
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
+            requests,
+            errors,
         }
     }
 
@@ -122,6 +188,9 @@ impl Counters {
         info!("source operations {}", fields(&self.source));
         info!("bytes served by tier {}", fields(&self.served));
         info!("RAM cache {}", fields(&self.ram));
+        for (op, figures) in &self.requests {
+            info!("requests {op} {}", fields(figures));
+        }
         if let Some(st) = &self.stage {
             info!("staging in {}: {} {}", st.dir, st.status, fields(st));
         }
@@ -141,35 +210,40 @@ fn fields(group: &impl Serialize) -> String {
         .join(" ")
 }
 
-/// The final figures of every tier, at exit.
-pub fn log_counters(files: &FileReader) {
-    Counters::of(files, Path::new(""), Instant::now()).log();
+/// The final figures of every tier and operation, at exit.
+pub fn log_counters(src: &Sources) {
+    Counters::of(src, Path::new(""), Instant::now()).log();
 }
 
-/// Rewrites the stats file every second until dropped; then removes it.
+/// Rewrites the stats files every second until dropped; then removes them.
 pub struct StatsFile {
-    path: PathBuf,
+    paths: Vec<PathBuf>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StatsFile {
-    pub fn start(path: PathBuf, files: Arc<FileReader>, mountpoint: PathBuf) -> StatsFile {
+    /// Writes to every path in `paths` (the default one, where `packfs status` looks, and the
+    /// one `--stats-file` asked for).
+    pub fn start(paths: Vec<PathBuf>, src: Sources, mountpoint: PathBuf) -> StatsFile {
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, flag) = (path.clone(), stop.clone());
+        let (ps, flag) = (paths.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("packfs-stats".into())
             .spawn(move || {
                 let started = Instant::now();
-                let mut warned = false;
+                let mut warned = vec![false; ps.len()];
                 while !flag.load(Ordering::Relaxed) {
-                    let text = Counters::of(&files, &mountpoint, started).to_json();
-                    let written = crate::safe_file::replace(&p, text.as_bytes(), 0o644);
-                    if let Err(e) = written
-                        && !warned
-                    {
-                        warn!("cannot write the stats file {}: {e}", p.display());
-                        warned = true;
+                    let counters = Counters::of(&src, &mountpoint, started);
+                    let text = counters.to_json();
+                    for (p, warned) in ps.iter().zip(warned.iter_mut()) {
+                        let written = crate::safe_file::replace(p, text.as_bytes(), 0o644);
+                        if let Err(e) = written
+                            && !*warned
+                        {
+                            warn!("cannot write the stats file {}: {e}", p.display());
+                            *warned = true;
+                        }
                     }
                     let until = Instant::now() + PERIOD;
                     while !flag.load(Ordering::Relaxed) && Instant::now() < until {
@@ -179,7 +253,11 @@ impl StatsFile {
             })
             .map_err(|e| warn!("cannot start the stats writer: {e}"))
             .ok();
-        StatsFile { path, stop, thread }
+        StatsFile {
+            paths,
+            stop,
+            thread,
+        }
     }
 }
 
@@ -189,7 +267,9 @@ impl Drop for StatsFile {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -197,6 +277,7 @@ impl Drop for StatsFile {
 mod tests {
     use super::*;
     use crate::catalog::{DuplicatePolicy, build};
+    use crate::fs::requests::Op;
     use crate::tiers::{Source, TierOptions, assemble};
 
     #[test]
@@ -210,10 +291,19 @@ mod tests {
         )
         .unwrap();
         let odd = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/caf\xe9"));
-        let json = Counters::of(&files, odd, Instant::now()).to_json();
+        let src = Sources {
+            files: Arc::new(files),
+            requests: Arc::new(Requests::default()),
+            about: About::default(),
+        };
+        src.requests.record(Op::Read, Instant::now(), 10, true);
+        let json = Counters::of(&src, odd, Instant::now()).to_json();
         let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(parsed["mountpoint"], "/tmp/caf\u{fffd}");
         assert_eq!(parsed["ram"]["budget"], 1 << 20);
         assert_eq!(parsed["stage"], serde_json::Value::Null);
+        assert_eq!(parsed["requests"]["read"]["count"], 1);
+        assert_eq!(parsed["requests"]["read"]["bytes"], 10);
+        assert_eq!(parsed["errors"], 1);
     }
 }

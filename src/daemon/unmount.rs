@@ -37,6 +37,11 @@ pub enum UnmountError {
         fstype: String,
         from: String,
     },
+    #[error(
+        "{} is a packfs mount of user {owner}: only its owner or root can unmount it",
+        path.display()
+    )]
+    NotOwner { path: PathBuf, owner: String },
     #[error("cannot unmount {}: {error}", path.display())]
     Unmount { path: PathBuf, error: Errno },
     #[error("cannot detach {}: {error}", path.display())]
@@ -60,6 +65,42 @@ pub enum UnmountError {
 /// (lazily unmounted) rather than left behind; `lazy` detaches without trying a plain unmount
 /// first. Other mounts are refused. A stats file left by a daemon that died is removed.
 pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, UnmountError> {
+    let abs = checked_mount(path, any_fuse)?;
+    let done = if nix::unistd::geteuid().is_root() {
+        unmount_as_root(&abs, lazy)
+    } else {
+        unmount_with_fusermount(&abs, lazy)
+    }?;
+    super::stats::remove_if_orphaned(&abs);
+    Ok(done)
+}
+
+/// Unmounts the packfs mount at `path` only if nothing uses it (no open file, no working
+/// directory under it): false if it is busy. For `--idle-timeout`.
+pub fn unmount_if_unused(path: &Path) -> Result<bool, UnmountError> {
+    let abs = checked_mount(path, false)?;
+    if nix::unistd::geteuid().is_root() {
+        return match umount2(&abs, MntFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(Errno::EBUSY) => Ok(false),
+            Err(error) => Err(UnmountError::Unmount { path: abs, error }),
+        };
+    }
+    let helper = ["fusermount3", "fusermount"]
+        .into_iter()
+        .find(|h| which(h))
+        .ok_or(UnmountError::NoFusermount)?;
+    let out = Command::new(helper)
+        .arg("-u")
+        .arg(&abs)
+        .output()
+        .map_err(|error| UnmountError::Helper { helper, error })?;
+    Ok(out.status.success())
+}
+
+/// The absolute path of `path` if it is a packfs mount (any FUSE mount with `any_fuse`) that
+/// this user may unmount.
+fn checked_mount(path: &Path, any_fuse: bool) -> Result<PathBuf, UnmountError> {
     let abs = mounts::absolute(path).map_err(|error| UnmountError::Resolve {
         path: path.to_path_buf(),
         error,
@@ -78,13 +119,25 @@ pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, Unm
             from: entry.source,
         });
     }
-    let done = if nix::unistd::geteuid().is_root() {
-        unmount_as_root(&abs, lazy)
-    } else {
-        unmount_with_fusermount(&abs, lazy)
-    }?;
-    super::stats::remove_if_orphaned(&abs);
-    Ok(done)
+    let me = nix::unistd::geteuid();
+    if let Some(owner) = entry.fuse_owner()
+        && !me.is_root()
+        && owner != me.as_raw()
+    {
+        return Err(UnmountError::NotOwner {
+            path: abs,
+            owner: user_name(owner),
+        });
+    }
+    Ok(abs)
+}
+
+/// `name (uid N)`, or `uid N` for a uid without a name.
+pub fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
 }
 
 fn unmount_as_root(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {

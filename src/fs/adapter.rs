@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use fuser::{
     Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
@@ -16,6 +17,8 @@ use super::attr::{TTL, file_attr, file_type};
 use super::core::{Core, DirEntry, Listing};
 use super::error::{Error, guarded};
 use super::reads::{ReadJob, Reads};
+use super::requests::{Op, Requests};
+use super::trace::Trace;
 use super::{FsOptions, ReaddirPlus};
 
 /// Asynchronous reads (readahead) the kernel keeps in flight. Above the number of reads that may
@@ -27,28 +30,98 @@ pub struct PackFs {
     core: Arc<Core>,
     reads: Reads,
     readdirplus: ReaddirPlus,
+    observer: Arc<Observer>,
+}
+
+/// Where every answered request is recorded: the counters always, the trace with `--trace`.
+#[derive(Default)]
+pub struct Observer {
+    pub requests: Arc<Requests>,
+    pub trace: Option<Trace>,
+}
+
+impl Observer {
+    /// Records a request that started at `started` and replied `result` (bytes, or an errno).
+    #[allow(clippy::too_many_arguments)]
+    pub fn done(
+        &self,
+        op: Op,
+        ino: u64,
+        name: Option<&[u8]>,
+        offset: u64,
+        size: u32,
+        started: Instant,
+        result: Result<u32, Errno>,
+    ) {
+        // A missing name, or an operation the kernel may stop asking, is an answer, not a fault.
+        let failed =
+            result.is_err_and(|e| e != Errno::ENOENT && e != Errno::ENOSYS && e != Errno::ENOTTY);
+        let bytes = *result.as_ref().unwrap_or(&0) as u64;
+        self.requests.record(op, started, bytes, failed);
+        if let Some(trace) = &self.trace {
+            let result = result.map_err(|e| e.code());
+            trace.record(op, ino, name, offset, size, started, result);
+        }
+    }
 }
 
 impl PackFs {
-    pub fn new(core: Arc<Core>, opts: &FsOptions) -> std::io::Result<Self> {
-        let reads = Reads::start(opts.request_threads(), opts.io_threads, core.clone())?;
+    pub fn new(
+        core: Arc<Core>,
+        opts: &FsOptions,
+        observer: Arc<Observer>,
+    ) -> std::io::Result<Self> {
+        let reads = Reads::start(
+            opts.request_threads(),
+            opts.io_threads,
+            core.clone(),
+            observer.clone(),
+        )?;
         Ok(PackFs {
             core,
             reads,
             readdirplus: opts.readdirplus,
+            observer,
         })
     }
 
     /// One listing for READDIR and READDIRPLUS.
     fn list(&self, ino: INodeNo, offset: u64, with_attrs: bool, mut reply: impl DirReply) {
+        let started = Instant::now();
         let listed = guarded(
             || format!("listing of inode {}", ino.0),
             || self.core.list(ino.0, offset, with_attrs, &mut reply),
         );
-        match listed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(failed(e)),
-        }
+        let op = if with_attrs {
+            Op::Readdirplus
+        } else {
+            Op::Readdir
+        };
+        let result = match listed {
+            Ok(()) => {
+                reply.ok();
+                Ok(0)
+            }
+            Err(e) => {
+                let errno = failed(e);
+                reply.error(errno);
+                Err(errno)
+            }
+        };
+        self.observer
+            .done(op, ino.0, None, offset, 0, started, result);
+    }
+
+    /// Records a request with no offset or size.
+    fn done(
+        &self,
+        op: Op,
+        ino: INodeNo,
+        name: Option<&[u8]>,
+        started: Instant,
+        result: Result<u32, Errno>,
+    ) {
+        self.observer.done(op, ino.0, name, 0, 0, started, result);
     }
 }
 
@@ -77,6 +150,28 @@ pub(super) fn failed(err: Error) -> Errno {
         debug!("request failed: {err}");
     }
     Errno::from_i32(err.errno())
+}
+
+/// Any reply that can fail with an errno.
+trait ErrorReply {
+    fn error(self, errno: Errno);
+}
+
+macro_rules! error_reply {
+    ($($t:ty),*) => {$(
+        impl ErrorReply for $t {
+            fn error(self, errno: Errno) {
+                <$t>::error(self, errno)
+            }
+        }
+    )*};
+}
+error_reply!(ReplyEntry, ReplyAttr, ReplyData);
+
+/// Fails `reply` with `errno`, and returns it for the observer.
+fn reply_error(reply: impl ErrorReply, errno: Errno) -> Result<u32, Errno> {
+    reply.error(errno);
+    Err(errno)
 }
 
 /// A FUSE directory reply: a `Listing` that is finished with `ok` or `error`.
@@ -156,44 +251,77 @@ impl Filesystem for PackFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let started = Instant::now();
         let found = guarded(
             || format!("lookup of {name:?} in inode {}", parent.0),
             || self.core.lookup(parent.0, name.as_bytes()),
         );
-        match found {
-            Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
-            Err(e) => reply.error(failed(e)),
-        }
+        let result = match found {
+            Ok(attr) => {
+                reply.entry(&TTL, &file_attr(&attr), Generation(0));
+                Ok(0)
+            }
+            Err(e) => reply_error(reply, failed(e)),
+        };
+        self.done(Op::Lookup, parent, Some(name.as_bytes()), started, result);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match guarded(
+        let started = Instant::now();
+        let result = match guarded(
             || format!("getattr of inode {}", ino.0),
             || self.core.getattr(ino.0),
         ) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
-            Err(e) => reply.error(failed(e)),
-        }
+            Ok(attr) => {
+                reply.attr(&TTL, &file_attr(&attr));
+                Ok(0)
+            }
+            Err(e) => reply_error(reply, failed(e)),
+        };
+        self.done(Op::Getattr, ino, None, started, result);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match guarded(
+        let started = Instant::now();
+        let result = match guarded(
             || format!("readlink of inode {}", ino.0),
             || self.core.readlink(ino.0),
         ) {
-            Ok(target) => reply.data(target),
-            Err(e) => reply.error(failed(e)),
-        }
+            Ok(target) => {
+                let len = target.len() as u32;
+                reply.data(target);
+                Ok(len)
+            }
+            Err(e) => reply_error(reply, failed(e)),
+        };
+        self.done(Op::Readlink, ino, None, started, result);
     }
 
     /// ENOSYS makes the kernel stop sending OPEN and RELEASE for good and keep every file's pages
     /// cached across opens (FOPEN_KEEP_CACHE): one round trip less per sample.
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let started = Instant::now();
         reply.error(Errno::ENOSYS);
+        self.done(Op::Open, ino, None, started, Err(Errno::ENOSYS));
     }
 
     /// As for `open`: no OPENDIR/RELEASEDIR, and listings cached by the kernel (FOPEN_CACHE_DIR).
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let started = Instant::now();
+        reply.error(Errno::ENOSYS);
+        self.done(Op::Opendir, ino, None, started, Err(Errno::ENOSYS));
+    }
+
+    /// Nothing to flush in a read-only file system: ENOSYS makes the kernel stop sending FLUSH
+    /// at every close (and fuser's default would log a warning for it).
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: fuser::ReplyEmpty,
+    ) {
         reply.error(Errno::ENOSYS);
     }
 
@@ -213,6 +341,7 @@ impl Filesystem for PackFs {
             offset,
             size,
             reply,
+            started: Instant::now(),
         });
     }
 
@@ -243,7 +372,7 @@ impl Filesystem for PackFs {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
         _cmd: u32,
@@ -251,14 +380,18 @@ impl Filesystem for PackFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let started = Instant::now();
         reply.error(Errno::ENOTTY);
+        self.done(Op::Ioctl, ino, None, started, Err(Errno::ENOTTY));
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let started = Instant::now();
         const BSIZE: u32 = 4096;
         let usage = self.core.usage();
         let blocks = usage.bytes.div_ceil(BSIZE as u64);
         debug!(blocks, files = usage.entries, "statfs");
         reply.statfs(blocks, 0, 0, usage.entries, 0, BSIZE, 255, BSIZE);
+        self.done(Op::Statfs, ino, None, started, Ok(0));
     }
 }

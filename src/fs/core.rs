@@ -73,7 +73,7 @@ pub fn ino_of(id: EntryId) -> Ino {
 }
 
 /// `None` for inode numbers the catalog never handed out.
-fn id_of(ino: Ino) -> Option<EntryId> {
+pub(crate) fn id_of(ino: Ino) -> Option<EntryId> {
     ino.checked_sub(1).and_then(|id| EntryId::try_from(id).ok())
 }
 

@@ -1,17 +1,20 @@
 //! The file system: `core` answers lookups, attributes, listings and reads from the catalog and
 //! the tiers, with one error type (`error`); `adapter` is the only module that knows fuser, and
 //! only decodes requests and encodes replies; `reads` serves file data inline or from a worker
-//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts.
+//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts;
+//! `requests` counts every request and its latency, `trace` writes each one with `--trace`.
 
 mod adapter;
 mod attr;
 pub mod core;
 pub mod error;
 mod reads;
+pub mod requests;
 mod session;
+pub mod trace;
 
 pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};
-pub use adapter::PackFs;
+pub use adapter::{Observer, PackFs};
 pub use error::Error;
 pub use session::{
     DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, SUBTYPE, mount,

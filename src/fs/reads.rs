@@ -19,19 +19,28 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use fuser::{Errno, ReplyData};
 use tracing::warn;
 
-use super::adapter::failed;
+use super::adapter::{Observer, failed};
 use super::core::{Core, Ino};
 use super::error::guarded;
+use super::requests::Op;
 
 pub struct ReadJob {
     pub ino: Ino,
     pub offset: u64,
     pub size: u32,
     pub reply: ReplyData,
+    /// When the request came in (its latency includes the wait for a worker).
+    pub started: Instant,
+}
+
+/// What a read needs besides the job: the core that answers and the observer that records it.
+struct Server {
+    core: Arc<Core>,
+    observer: Arc<Observer>,
 }
 
 pub struct Reads {
-    core: Arc<Core>,
+    server: Arc<Server>,
     /// Request threads allowed to read inline at once.
     inline_limit: usize,
     inline_now: AtomicUsize,
@@ -73,7 +82,9 @@ impl Reads {
         request_threads: usize,
         io_threads: usize,
         core: Arc<Core>,
+        observer: Arc<Observer>,
     ) -> std::io::Result<Self> {
+        let server = Arc::new(Server { core, observer });
         let (tx, rx) = crossbeam_channel::unbounded::<ReadJob>();
         let base = io_threads.max(1);
         let workers = Arc::new(Workers {
@@ -87,10 +98,10 @@ impl Reads {
             last_done_ms: AtomicU64::new(0),
         });
         for _ in 0..base {
-            spawn_worker(&workers, &core)?;
+            spawn_worker(&workers, &server)?;
         }
         Ok(Reads {
-            core,
+            server,
             inline_limit: request_threads.saturating_sub(1),
             inline_now: AtomicUsize::new(0),
             pool: Some(tx),
@@ -101,7 +112,7 @@ impl Reads {
     /// Serves the read here or in the pool (see the module comment).
     pub fn submit(&self, job: ReadJob) {
         if self.inline_now.fetch_add(1, Ordering::AcqRel) < self.inline_limit {
-            serve(job, &self.core);
+            serve(job, &self.server);
             self.inline_now.fetch_sub(1, Ordering::AcqRel);
             return;
         }
@@ -112,7 +123,7 @@ impl Reads {
         if let Err(unsent) = pool.send(job) {
             return unsent.into_inner().reply.error(Errno::EIO);
         }
-        grow_if_behind(&self.workers, &self.core);
+        grow_if_behind(&self.workers, &self.server);
     }
 
     /// Lets the workers finish the queued reads and exit.
@@ -129,22 +140,22 @@ impl Reads {
 /// for `STALLED`: the others are stuck inside reads. Called on every hand-off and by every worker
 /// that takes a read, so no read stays queued behind stuck ones. (Growing whenever all were busy
 /// doubled the daemon's threads and RSS under 64 readers of compressed data, for nothing.)
-fn grow_if_behind(w: &Arc<Workers>, core: &Arc<Core>) {
+fn grow_if_behind(w: &Arc<Workers>, server: &Arc<Server>) {
     let now_ms = w.epoch.elapsed().as_millis() as u64;
     let stalled =
         now_ms.saturating_sub(w.last_done_ms.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64;
     if stalled
         && w.jobs.len() > w.idle.load(Ordering::Acquire)
         && w.alive.load(Ordering::Acquire) < w.max
-        && let Err(e) = spawn_worker(w, core)
+        && let Err(e) = spawn_worker(w, server)
     {
         warn!("cannot start another read worker: {e}");
     }
 }
 
-fn spawn_worker(workers: &Arc<Workers>, core: &Arc<Core>) -> std::io::Result<()> {
+fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Server>) -> std::io::Result<()> {
     let n = workers.alive.fetch_add(1, Ordering::AcqRel);
-    let (w, core) = (workers.clone(), core.clone());
+    let (w, server) = (workers.clone(), server.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("packfs-read-{n}"))
         .spawn(move || {
@@ -154,8 +165,8 @@ fn spawn_worker(workers: &Arc<Workers>, core: &Arc<Core>) -> std::io::Result<()>
                 w.idle.fetch_sub(1, Ordering::AcqRel);
                 match job {
                     Ok(job) => {
-                        grow_if_behind(&w, &core);
-                        serve(job, &core);
+                        grow_if_behind(&w, &server);
+                        serve(job, &server);
                         let done = w.epoch.elapsed().as_millis() as u64;
                         w.last_done_ms.store(done, Ordering::Relaxed);
                     }
@@ -194,7 +205,8 @@ fn spawn_worker(workers: &Arc<Workers>, core: &Arc<Core>) -> std::io::Result<()>
     }
 }
 
-fn serve(job: ReadJob, core: &Core) {
+fn serve(job: ReadJob, server: &Server) {
+    let core = &server.core;
     BUFFER.with_borrow_mut(|buf| {
         let read = guarded(
             || {
@@ -205,10 +217,27 @@ fn serve(job: ReadJob, core: &Core) {
             },
             || core.read(job.ino, job.offset, job.size, buf),
         );
-        match read {
-            Ok(served) => job.reply.data(served.bytes()),
-            Err(e) => job.reply.error(failed(e)),
-        }
+        let result = match read {
+            Ok(served) => {
+                let len = served.bytes().len() as u32;
+                job.reply.data(served.bytes());
+                Ok(len)
+            }
+            Err(e) => {
+                let errno = failed(e);
+                job.reply.error(errno);
+                Err(errno)
+            }
+        };
+        server.observer.done(
+            Op::Read,
+            job.ino,
+            None,
+            job.offset,
+            job.size,
+            job.started,
+            result,
+        );
         // Keep at most one large request's worth of buffer per thread.
         buf.truncate(job.size as usize);
         buf.shrink_to(2 << 20);

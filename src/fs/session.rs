@@ -9,6 +9,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fuser::{Config, MountOption, Session, SessionACL};
 
+use super::adapter::Observer;
 use super::{Core, Owner, PackFs};
 
 /// Whether directory listings carry attributes (FUSE READDIRPLUS).
@@ -92,8 +93,14 @@ pub struct Mounted {
 
 /// Mounts the file system `core` answers at `mountpoint`. Returns once the kernel handshake is
 /// done, so the mount answers requests as soon as this returns.
-pub fn mount(core: Arc<Core>, mountpoint: &Path, opts: &FsOptions) -> io::Result<Mounted> {
-    let fs = PackFs::new(core, opts)?;
+/// Every request is recorded in `observer`.
+pub fn mount(
+    core: Arc<Core>,
+    mountpoint: &Path,
+    opts: &FsOptions,
+    observer: Arc<Observer>,
+) -> io::Result<Mounted> {
+    let fs = PackFs::new(core, opts, observer)?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,

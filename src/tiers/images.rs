@@ -126,6 +126,7 @@ impl Images {
             let stage = self.stage.as_deref();
             if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) {
                 self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                super::served_by::mark(super::served_by::STAGE);
                 continue;
             }
             if chunked {

@@ -7,6 +7,7 @@ pub mod faults;
 mod file_reader;
 mod images;
 mod ram_cache;
+pub mod served_by;
 mod source;
 pub mod stage;
 

@@ -119,6 +119,8 @@ impl RamCache {
         })?;
         if loaded {
             self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
+        } else {
+            super::served_by::mark(super::served_by::RAM);
         }
         Ok((value, loaded))
     }

@@ -151,6 +151,7 @@ impl Source {
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
     pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        super::served_by::mark(super::served_by::SOURCE);
         self.read_checked(image, offset, buf)?;
         self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())

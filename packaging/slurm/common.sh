@@ -1,0 +1,79 @@
+# Shared by the packfs Slurm scripts (sourced; not run on its own). Slurm runs prologs and
+# epilogs without a search path: everything is called by its full path or with this PATH.
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
+CONF=${PACKFS_SLURM_CONF:-/etc/packfs/slurm.conf}
+PACKFS=/usr/bin/packfs
+MOUNT_ROOT=/tmp/packfs
+STAGE_ROOT=/dev/shm/packfs
+LOG_ROOT=
+ON_ERROR=continue
+
+say() {
+    # To syslog when there is one (slurmd's log otherwise gets stderr).
+    if [ -S /dev/log ]; then
+        logger -t "packfs-${SCRIPT:-slurm}" -- "job ${SLURM_JOB_ID:-?}: $*" 2>/dev/null || true
+    fi
+    echo "packfs-${SCRIPT:-slurm}: job ${SLURM_JOB_ID:-?}: $*" >&2
+}
+
+# The settings of the config file (KEY=VALUE lines; only the known keys are taken).
+read_settings() {
+    [ -r "$CONF" ] || return 0
+    local line key value
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+            PACKFS=*|MOUNT_ROOT=*|STAGE_ROOT=*|LOG_ROOT=*|ON_ERROR=*)
+                key=${line%%=*}
+                value=${line#*=}
+                printf -v "$key" '%s' "$value"
+                ;;
+        esac
+    done < "$CONF"
+}
+
+# Prints `NAME WHEN INDEX STAGE OPTIONS...` for every dataset line.
+datasets() {
+    [ -r "$CONF" ] || return 0
+    local word rest
+    while read -r word rest || [ -n "$word" ]; do
+        [ "$word" = dataset ] && printf '%s\n' "$rest"
+    done < "$CONF"
+}
+
+# Whether dataset NAME with rule WHEN is for this job.
+wanted() {
+    local name=$1 when=$2 p
+    case "$when" in
+        always) return 0 ;;
+        partition=*)
+            local IFS=,
+            for p in ${when#partition=}; do
+                [ "$p" = "${SLURM_JOB_PARTITION:-}" ] && return 0
+            done
+            return 1
+            ;;
+        request)
+            # sbatch --extra=packfs=imagenet+coco (other --extra text around it is fine).
+            local extra=${SLURM_JOB_EXTRA:-} req
+            req=$(printf '%s' "$extra" | sed -n 's/.*packfs=\([A-Za-z0-9_.+-]*\).*/\1/p')
+            local IFS=+
+            for p in $req; do
+                [ "$p" = "$name" ] && return 0
+            done
+            return 1
+            ;;
+    esac
+    return 1
+}
+
+job_dir() {
+    printf '%s/%s' "$MOUNT_ROOT" "$SLURM_JOB_ID"
+}
+
+check_job_id() {
+    case "${SLURM_JOB_ID:-}" in
+        ''|*[!0-9_]*) say "SLURM_JOB_ID is missing or not a number: nothing to do"; exit 0 ;;
+    esac
+}

@@ -1,0 +1,122 @@
+//! `packfs status`: the packfs mounts of this node (the caller's, or everyone's for root), each
+//! with the counters its daemon writes every second, or why it has none (a stale mount whose
+//! daemon died, with the command that cleans it).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::mounts::{self, MountEntry};
+use super::stats;
+
+/// One mount as `packfs status` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MountStatus {
+    pub mountpoint: PathBuf,
+    /// The source column of the mount table: the index or first image.
+    pub source: String,
+    /// The user who mounted it.
+    pub owner_uid: Option<u32>,
+    /// `live`, `stale` or `unknown`.
+    pub state: &'static str,
+    /// What is wrong, and what to do, when not live.
+    pub problem: Option<String>,
+    pub stats_file: Option<PathBuf>,
+    /// The stats file's contents (docs/metrics.md), when live.
+    pub counters: Option<serde_json::Value>,
+}
+
+/// The mounts to show: those at `wanted` (all packfs mounts the caller may see if empty: root
+/// sees everyone's, a user their own). A wanted path that is not a packfs mount is an error.
+pub fn list(wanted: &[PathBuf]) -> std::io::Result<Vec<MountStatus>> {
+    let all = mounts::packfs_mounts()?;
+    let me = nix::unistd::getuid();
+    if wanted.is_empty() {
+        return Ok(all
+            .iter()
+            .filter(|m| me.is_root() || m.fuse_owner() == Some(me.as_raw()))
+            .map(status_of)
+            .collect());
+    }
+    wanted
+        .iter()
+        .map(|path| {
+            let abs = mounts::absolute(path)?;
+            all.iter()
+                .rev()
+                .find(|m| m.mount_point == abs)
+                .map(status_of)
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!(
+                            "{} is not a packfs mount (`packfs status` lists them all)",
+                            abs.display()
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn status_of(m: &MountEntry) -> MountStatus {
+    let mut status = MountStatus {
+        mountpoint: m.mount_point.clone(),
+        source: m.source.clone(),
+        owner_uid: m.fuse_owner(),
+        state: "live",
+        problem: None,
+        stats_file: None,
+        counters: None,
+    };
+    let stale = format!(
+        "its daemon is gone, so every access fails (\"Transport endpoint is not connected\"); \
+         clean it with `packfs umount {}`",
+        m.mount_point.display()
+    );
+    if answers_not_connected(&m.mount_point) {
+        status.state = "stale";
+        status.problem = Some(stale);
+        return status;
+    }
+    let owner = m.fuse_owner().unwrap_or(0);
+    let found = stats::candidate_paths(&m.mount_point, owner)
+        .into_iter()
+        .find_map(|p| read_counters(&p).map(|c| (p, c)));
+    match found {
+        Some((path, counters)) => {
+            let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
+            status.stats_file = Some(path);
+            if pid > 0 && !stats::alive(pid) {
+                status.state = "stale";
+                status.problem = Some(stale);
+            } else {
+                status.counters = Some(counters);
+            }
+        }
+        None => {
+            status.state = "unknown";
+            status.problem = Some(format!(
+                "no counters found for it (looked in {}): its daemon may be another user's \
+                 (root sees all), or from a packfs before 0.2",
+                stats::candidate_paths(&m.mount_point, owner)
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    status
+}
+
+fn read_counters(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// A FUSE mount whose daemon died answers every request with ENOTCONN. (statfs, because a stat
+/// of the root may be answered from the kernel's attribute cache without asking the daemon.)
+fn answers_not_connected(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_err_and(|e| e == nix::errno::Errno::ENOTCONN)
+}

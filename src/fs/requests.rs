@@ -1,0 +1,249 @@
+//! What the mount was asked, per FUSE operation: counts, errors, bytes and a latency histogram,
+//! recorded by the adapter for every request (a few relaxed atomic adds: no lock, no allocation),
+//! read by the stats writer (`packfs status`) and by `--idle-timeout`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// The operations the adapter answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Readlink,
+    Open,
+    Opendir,
+    Read,
+    Readdir,
+    Readdirplus,
+    Ioctl,
+    Statfs,
+}
+
+impl Op {
+    pub const ALL: [Op; 10] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Readlink,
+        Op::Open,
+        Op::Opendir,
+        Op::Read,
+        Op::Readdir,
+        Op::Readdirplus,
+        Op::Ioctl,
+        Op::Statfs,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Readlink => "readlink",
+            Op::Open => "open",
+            Op::Opendir => "opendir",
+            Op::Read => "read",
+            Op::Readdir => "readdir",
+            Op::Readdirplus => "readdirplus",
+            Op::Ioctl => "ioctl",
+            Op::Statfs => "statfs",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+/// Histogram buckets: four per power of two of nanoseconds (an upper edge is at most 19% above
+/// any value in its bucket), up to 2^42 ns (73 min; longer requests land in the last bucket).
+const BUCKETS: usize = 4 * 42;
+
+/// The bucket of a latency in nanoseconds.
+fn bucket(ns: u64) -> usize {
+    if ns < 4 {
+        return ns as usize;
+    }
+    let exp = 63 - ns.leading_zeros() as usize;
+    let sub = ((ns >> (exp - 2)) & 3) as usize;
+    (exp * 4 + sub).min(BUCKETS - 1)
+}
+
+/// The largest latency in nanoseconds that falls in bucket `b`.
+fn bucket_top(b: usize) -> u64 {
+    if b < 4 {
+        return b as u64;
+    }
+    let (exp, sub) = (b / 4, (b % 4) as u64);
+    ((4 + sub + 1) << (exp - 2)) - 1
+}
+
+struct OpCounters {
+    count: AtomicU64,
+    errors: AtomicU64,
+    bytes: AtomicU64,
+    max_ns: AtomicU64,
+    histogram: [AtomicU64; BUCKETS],
+}
+
+impl OpCounters {
+    fn new() -> Self {
+        OpCounters {
+            count: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            max_ns: AtomicU64::new(0),
+            histogram: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// Counters of every operation since the mount started.
+pub struct Requests {
+    ops: [OpCounters; Op::ALL.len()],
+    epoch: Instant,
+    /// When the last request ended, in ms since `epoch`.
+    last_ms: AtomicU64,
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        Requests {
+            ops: std::array::from_fn(|_| OpCounters::new()),
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The figures of one operation, as `packfs status` and the stats file show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct OpFigures {
+    pub count: u64,
+    pub errors: u64,
+    /// Bytes replied (reads only).
+    pub bytes: u64,
+    /// Latency percentiles in µs: the upper edge of the histogram bucket (within 19%).
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Requests {
+    /// Records one answered request that started at `started`.
+    pub fn record(&self, op: Op, started: Instant, bytes: u64, failed: bool) {
+        let now = Instant::now();
+        let ns = now.duration_since(started).as_nanos().min(u64::MAX as u128) as u64;
+        let c = &self.ops[op as usize];
+        c.count.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            c.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if bytes > 0 {
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        c.histogram[bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        c.max_ns.fetch_max(ns, Ordering::Relaxed);
+        let ms = now.duration_since(self.epoch).as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long no request has come in (since the mount started, if none ever did).
+    pub fn idle_for(&self) -> std::time::Duration {
+        let last = std::time::Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// Every operation that was asked at least once, in `Op::ALL` order.
+    pub fn figures(&self) -> Vec<(Op, OpFigures)> {
+        Op::ALL
+            .into_iter()
+            .filter_map(|op| {
+                let f = self.figures_of(op);
+                (f.count > 0).then_some((op, f))
+            })
+            .collect()
+    }
+
+    fn figures_of(&self, op: Op) -> OpFigures {
+        let c = &self.ops[op as usize];
+        let histogram: Vec<u64> = c
+            .histogram
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = histogram.iter().sum();
+        let max_ns = c.max_ns.load(Ordering::Relaxed);
+        let at = |q: f64| {
+            let rank = ((total as f64 * q).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (b, n) in histogram.iter().enumerate() {
+                seen += n;
+                if seen >= rank {
+                    return us(bucket_top(b).min(max_ns));
+                }
+            }
+            us(max_ns)
+        };
+        OpFigures {
+            count: c.count.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            p50_us: at(0.50),
+            p90_us: at(0.90),
+            p99_us: at(0.99),
+            max_us: us(max_ns),
+        }
+    }
+}
+
+/// Nanoseconds as microseconds with one decimal.
+fn us(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_value_is_at_most_its_bucket_top_and_above_the_previous(ns in 0u64..(1 << 41)) {
+            let b = bucket(ns);
+            prop_assert!(ns <= bucket_top(b));
+            if b > 0 {
+                prop_assert!(ns > bucket_top(b - 1));
+            }
+            // Within 25% (a quarter of a power of two) of the value.
+            prop_assert!(bucket_top(b) as f64 <= (ns as f64 * 1.25).max(3.0));
+        }
+    }
+
+    #[test]
+    fn percentiles_follow_the_recorded_latencies() {
+        let r = Requests::default();
+        let t0 = Instant::now();
+        // 90 fast requests and 10 slow ones, recorded with synthetic start times.
+        for _ in 0..90 {
+            r.record(Op::Lookup, t0, 0, false);
+        }
+        let slow = Instant::now() - std::time::Duration::from_millis(20);
+        for _ in 0..10 {
+            r.record(Op::Lookup, slow, 0, true);
+        }
+        r.record(Op::Read, Instant::now(), 4096, false);
+        let figures = r.figures();
+        assert_eq!(figures.len(), 2);
+        let (op, lookup) = figures[0];
+        assert_eq!(op, Op::Lookup);
+        assert_eq!((lookup.count, lookup.errors), (100, 10));
+        assert!(lookup.p50_us < 20_000.0, "{lookup:?}");
+        assert!(lookup.p99_us >= 20_000.0, "{lookup:?}");
+        assert!(lookup.max_us >= 20_000.0 && lookup.max_us < 30_000_000.0);
+        assert_eq!(figures[1].1.bytes, 4096);
+        assert!(r.idle_for() < std::time::Duration::from_secs(5));
+    }
+}

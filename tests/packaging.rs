@@ -1,0 +1,311 @@
+//! What the packages ship, exercised as an admin uses it: the Slurm prolog/epilog run as slurmd
+//! runs them (no PATH, only Slurm's variables), the mount helper through mount(8) and an fstab,
+//! the man pages through man(1), the bash completion through bash.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_packfs");
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A world-traversable temporary directory (the job's user must reach the mounts in it).
+fn open_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A tar of three files and its index.
+fn dataset(dir: &Path) -> (PathBuf, PathBuf) {
+    let src = dir.join("src");
+    let names = ["d/a.bin", "d/b.bin", "d/c.bin"];
+    for (i, name) in names.iter().enumerate() {
+        write_file(&src.join(name), &bytes(i as u64, 5000 + i * 100), 0o644);
+    }
+    let tar = dir.join("a.tar");
+    tar_members(&src, &tar, &names);
+    let index = dir.join("a.packfs-index");
+    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
+    (src, index)
+}
+
+/// Runs a Slurm script as slurmd does: no PATH, Slurm's variables, the config in `conf`.
+fn slurm_script(script: &str, conf: &Path, vars: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new("/usr/bin/env");
+    cmd.arg("-i");
+    for (k, v) in vars {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg(format!("PACKFS_SLURM_CONF={}", conf.display()))
+        .arg(repo(&format!("packaging/slurm/{script}")));
+    cmd.output().unwrap()
+}
+
+fn as_user(uid: u32, args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+            "--clear-groups",
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
+    let dir = open_tempdir();
+    let (src, index) = dataset(dir.path());
+    let (mounts, stages) = (dir.path().join("mnt"), dir.path().join("stage"));
+    let conf = dir.path().join("slurm.conf");
+    let index = index.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "PACKFS={BIN}\nMOUNT_ROOT={}\nSTAGE_ROOT={}\n\
+             dataset always always {index} eager\n\
+             dataset gpu partition=cpu,gpu {index} no --cache-size 16M\n\
+             dataset other partition=cpu {index} no\n\
+             dataset asked request {index} lazy\n\
+             dataset unasked request {index} no\n\
+             dataset broken always {}/missing.packfs-index no\n",
+            mounts.display(),
+            stages.display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let vars = [
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_JOB_UID", "65534"),
+        ("SLURM_JOB_GID", "65534"),
+        ("SLURM_JOB_USER", "nobody"),
+        ("SLURM_JOB_PARTITION", "gpu"),
+        ("SLURM_JOB_EXTRA", "packfs=asked"),
+        ("SLURMD_NODENAME", "node1"),
+        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmd"),
+    ];
+    let out = slurm_script("prolog.sh", &conf, &vars);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "prolog failed: {said}");
+    let job = mounts.join("4242");
+    for name in ["always", "gpu", "asked"] {
+        assert!(is_mounted(&job.join(name)), "{name} not mounted: {said}");
+    }
+    for name in ["other", "unasked", "broken"] {
+        assert!(!is_mounted(&job.join(name)), "{name} mounted");
+    }
+    let error = std::fs::read_to_string(job.join("broken.error")).unwrap();
+    assert!(error.contains("missing.packfs-index"), "{error}");
+    assert!(stages.join("4242/always").is_dir());
+
+    // The job's user reads the files (and owns them); another user cannot even list the job.
+    let file = job.join("always/d/b.bin");
+    let read = as_user(65534, &["cat", file.to_str().unwrap()]);
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(read.stdout, std::fs::read(src.join("d/b.bin")).unwrap());
+    let owner = as_user(65534, &["stat", "-c", "%u", file.to_str().unwrap()]);
+    assert_eq!(String::from_utf8_lossy(&owner.stdout).trim(), "65534");
+    let other = as_user(65533, &["ls", job.to_str().unwrap()]);
+    assert!(
+        !other.status.success(),
+        "another user listed the job's mounts"
+    );
+
+    // The task prolog, as the user, exports where each dataset is.
+    let task = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "/usr/bin/env",
+            "-i",
+        ])
+        .args(vars.iter().map(|(k, v)| format!("{k}={v}")))
+        .arg(format!("PACKFS_SLURM_CONF={}", conf.display()))
+        .arg(repo("packaging/slurm/task_prolog.sh"))
+        .output()
+        .unwrap();
+    let exports = String::from_utf8_lossy(&task.stdout);
+    assert!(
+        exports.contains(&format!(
+            "export PACKFS_ALWAYS={}",
+            job.join("always").display()
+        )),
+        "{exports}"
+    );
+
+    // A daemon that died leaves a stale mount: the epilog cleans it too.
+    let stats = packfs()
+        .args(["status", "--json"])
+        .arg(job.join("gpu"))
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let pid = status[0]["counters"]["pid"].as_i64().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    for round in 1..=2 {
+        let out = slurm_script("epilog.sh", &conf, &vars);
+        assert!(
+            out.status.success(),
+            "epilog round {round} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for name in ["always", "gpu", "asked"] {
+            assert!(
+                !is_mounted(&job.join(name)),
+                "round {round}: {name} still mounted"
+            );
+        }
+        assert!(!job.exists(), "round {round}: the job's directory is left");
+        assert!(
+            !stages.join("4242").exists(),
+            "round {round}: staged data is left"
+        );
+    }
+}
+
+#[test]
+fn fstab_lines_mount_through_mount_8_and_the_helper() {
+    let dir = open_tempdir();
+    let (src, index) = dataset(dir.path());
+    // mount(8) runs /sbin/mount.fuse.packfs; in a private mount namespace, a directory holding
+    // only that link stands in for /usr/sbin, so the test installs nothing on the machine.
+    let helpers = dir.path().join("sbin");
+    std::fs::create_dir(&helpers).unwrap();
+    std::os::unix::fs::symlink(BIN, helpers.join("mount.fuse.packfs")).unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let fstab = dir.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# a test fstab\n\
+             {} {} fuse.packfs ro,nofail,_netdev,allow_other,uid=65534,gid=65534,cache_size=32M,pid_file={} 0 0\n",
+            index.display(),
+            a.display(),
+            dir.path().join("a.pid").display()
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -eu
+mount --make-rprivate /
+sbin=$(readlink -f /sbin)
+mount --bind {helpers} "$sbin"
+mount -a -T {fstab} -t fuse.packfs
+mount -t fuse.packfs -o ro,cache_size=16M {index} {b}
+umount "$sbin"
+cat {pid}
+grep -E ' ({a}|{b}) fuse.packfs ' /proc/self/mounts | wc -l
+stat -c '%u %a' {a}/d/a.bin
+cmp {a}/d/a.bin {src}/d/a.bin
+cmp {b}/d/c.bin {src}/d/c.bin
+umount {a}
+umount {b}
+grep -c fuse.packfs /proc/self/mounts || true
+"#,
+        helpers = helpers.display(),
+        fstab = fstab.display(),
+        index = index.display(),
+        a = a.display(),
+        b = b.display(),
+        src = src.display(),
+        pid = dir.path().join("a.pid").display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[1..], ["2", "65534 644", "0"], "{stderr}");
+    // The daemons end with their mounts.
+    let pid: u32 = lines[0].trim().parse().unwrap();
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(gone, "the daemon of the fstab mount still runs");
+}
+
+#[test]
+fn man_pages_render_and_bash_completes_subcommands() {
+    let dir = tempfile::tempdir().unwrap();
+    run(packfs().arg("man").arg(dir.path()));
+    for page in [
+        "packfs",
+        "packfs-mount",
+        "packfs-status",
+        "packfs-pack",
+        "packfs-trace",
+    ] {
+        let path = dir.path().join(format!("{page}.1"));
+        assert!(path.is_file(), "{page}.1 missing");
+    }
+    let rendered = Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(dir.path().join("packfs-mount.1"))
+        .env("MANWIDTH", "100")
+        .output();
+    match rendered {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("--stage") && text.contains("--idle-timeout"),
+                "{text}"
+            );
+        }
+        _ => eprintln!("SKIPPED (man rendering): man(1) is not installed"),
+    }
+
+    let script = dir.path().join("packfs.bash");
+    std::fs::write(&script, run(packfs().args(["completions", "bash"]))).unwrap();
+    let words = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(packfs st); COMP_CWORD=1; COMP_LINE='packfs st'; \
+             COMP_POINT=9; _packfs packfs st packfs; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        ))
+        .output()
+        .unwrap();
+    let got = String::from_utf8_lossy(&words.stdout);
+    assert!(
+        got.lines().any(|w| w == "status") && got.lines().any(|w| w == "stage"),
+        "{got}"
+    );
+    for shell in ["zsh", "fish"] {
+        let text = run(packfs().args(["completions", shell]));
+        assert!(
+            text.contains("status"),
+            "{shell} completion lacks subcommands"
+        );
+    }
+}
