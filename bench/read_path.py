@@ -3,7 +3,7 @@
 a change that should not change speed.
 
     sudo python3 bench/read_path.py --before /tmp/packfs-before [--after target/release/packfs]
-        [--files 6000] [--rounds 3] [--work /tmp/packfs-bench]
+        [--before-args OPTS] [--after-args OPTS] [--files 6000] [--rounds 3] [--work /tmp/packfs-bench]
 
 Makes a dataset of incompressible sample files (lognormal sizes, median 60 KB) once, packed as 4
 tar shards, one zstd squashfs image (128 KiB blocks) and one deflated zip. For each round, each
@@ -15,7 +15,7 @@ files/s over the rounds per cell (with the range), and the ratio of the medians 
 (above 1: after is faster). Single passes on a small VM vary by +-20%; the median of interleaved
 rounds is what to compare.
 """
-import argparse, json, os, random, statistics, subprocess, sys, time
+import argparse, json, os, random, shlex, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -60,8 +60,8 @@ def samples(tree, work, n):
     return lists
 
 
-def measure(binary, images, mnt, lists, deadline):
-    subprocess.run([binary, "mount", *images, mnt], check=True, capture_output=True)
+def measure(binary, extra, images, mnt, lists, deadline):
+    subprocess.run([binary, "mount", *extra, *images, mnt], check=True, capture_output=True)
     while not harness.is_mounted(mnt):
         time.sleep(0.005)
     out = {}
@@ -80,6 +80,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True)
     ap.add_argument("--after", default=harness.PACKFS)
+    # Mount options of each side: the same build with and without an option, e.g.
+    # --before target/release/packfs --after-args "--trace /tmp/t.json" (the cost of tracing).
+    ap.add_argument("--before-args", default="")
+    ap.add_argument("--after-args", default="")
     ap.add_argument("--files", type=int, default=6000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=60)
@@ -98,13 +102,14 @@ def main():
         "squashfs-zstd": [os.path.join(root, "image.sqfs")],
         "zip-deflate": [os.path.join(root, "image.zip")],
     }
-    builds = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
+    builds = {"before": (os.path.abspath(args.before), shlex.split(args.before_args)),
+              "after": (os.path.abspath(args.after), shlex.split(args.after_args))}
     rates = {}
     for rnd in range(args.rounds):
         for kind, images in kinds.items():
             order = list(builds.items()) if rnd % 2 == 0 else list(builds.items())[::-1]
-            for name, binary in order:
-                got = measure(binary, images, mnt, lists, args.deadline)
+            for name, (binary, extra) in order:
+                got = measure(binary, extra, images, mnt, lists, args.deadline)
                 for cell, rate in got.items():
                     rates.setdefault(f"{kind} {cell} {name}", []).append(rate)
                 print(f"round {rnd + 1} {kind:14} {name:6} "
@@ -121,7 +126,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, f"read-path-{time.strftime('%Y%m%dT%H%M%S')}.json")
     with open(out, "w") as f:
-        json.dump({"files": args.files, "rounds": args.rounds, "rates": rates}, f, indent=1)
+        json.dump({"files": args.files, "rounds": args.rounds, "before": builds["before"],
+                   "after": builds["after"], "rates": rates}, f, indent=1)
     print(f"\nJSON: {out}")
 
 

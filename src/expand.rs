@@ -127,6 +127,73 @@ fn split_top_level(body: &str) -> Vec<&str> {
     parts
 }
 
+/// Brace patterns that expand back to `paths`, in order: paths that differ only by a number
+/// counting up by one (`train-000000.tar`, `train-000001.tar`, ...) become one
+/// `train-{000000..000127}.tar`. For commands in messages: a rebuild command that names every
+/// one of 1024 shards helps nobody.
+pub fn as_patterns(paths: &[PathBuf]) -> Vec<String> {
+    // (head, digits, tail) of each path: the last run of digits in its file name.
+    let split = |p: &PathBuf| {
+        let s = p.to_string_lossy().into_owned();
+        let name_start = s.rfind('/').map_or(0, |i| i + 1);
+        let end = s[name_start..]
+            .rfind(|c: char| c.is_ascii_digit())
+            .map(|i| name_start + i + 1);
+        match end {
+            Some(end) => {
+                let start = s[..end]
+                    .rfind(|c: char| !c.is_ascii_digit())
+                    .map_or(0, |i| i + 1)
+                    .max(name_start);
+                (
+                    s[..start].to_string(),
+                    s[start..end].to_string(),
+                    s[end..].to_string(),
+                )
+            }
+            None => (s, String::new(), String::new()),
+        }
+    };
+    let mut out: Vec<String> = Vec::new();
+    // The run being built: head, first digits, last digits, last number, tail.
+    let mut run: Option<(String, String, String, u64, String)> = None;
+    let finish = |run: (String, String, String, u64, String), out: &mut Vec<String>| {
+        let (head, first, last, _, tail) = run;
+        if first == last {
+            out.push(format!("{head}{first}{tail}"));
+        } else {
+            out.push(format!("{head}{{{first}..{last}}}{tail}"));
+        }
+    };
+    for p in paths {
+        let (head, digits, tail) = split(p);
+        let number = digits.parse::<u64>().ok().filter(|_| digits.len() <= 18);
+        let extends = match (&run, number) {
+            (Some((h, f, _, n, t)), Some(k)) => {
+                *h == head && *t == tail && f.len() == digits.len() && k == n + 1
+            }
+            _ => false,
+        };
+        if extends {
+            let r = run.as_mut().expect("a run");
+            r.2 = digits;
+            r.3 += 1;
+            continue;
+        }
+        if let Some(done) = run.take() {
+            finish(done, &mut out);
+        }
+        match number {
+            Some(n) => run = Some((head, digits.clone(), digits, n, tail)),
+            None => out.push(format!("{head}{digits}{tail}")),
+        }
+    }
+    if let Some(done) = run {
+        finish(done, &mut out);
+    }
+    out
+}
+
 /// `first..last[..step]` with integer bounds, or `None` if `body` is not a range.
 fn range(body: &str) -> Result<Option<Vec<String>>, ExpandError> {
     let parts: Vec<&str> = body.split("..").collect();
@@ -169,6 +236,44 @@ fn range(body: &str) -> Result<Option<Vec<String>>, ExpandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_fold_into_brace_ranges_that_expand_back() {
+        let paths: Vec<PathBuf> = [
+            "/d/train-000008.tar",
+            "/d/train-000009.tar",
+            "/d/train-000010.tar",
+            "/d/train-000011.tar",
+            "/d/val-7.tar",
+            "/d/val-9.tar",
+            "/d/extra.zip",
+            "/d9/x.tar",
+            "/d/99.tar",
+            "/d/100.tar",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let patterns = as_patterns(&paths);
+        assert_eq!(
+            patterns,
+            [
+                "/d/train-{000008..000011}.tar",
+                "/d/val-7.tar",
+                "/d/val-9.tar",
+                "/d/extra.zip",
+                "/d9/x.tar",
+                "/d/99.tar",
+                "/d/100.tar"
+            ]
+        );
+        let back: Vec<PathBuf> = patterns
+            .iter()
+            .flat_map(|p| expand_braces(p).unwrap())
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(back, paths);
+    }
 
     fn ex(w: &str) -> Vec<String> {
         expand_braces(w).unwrap()

@@ -96,6 +96,15 @@ fn status_shows_counters_that_grow_as_files_are_read() {
     assert!(c["requests"]["read"]["p99_us"].as_f64().unwrap() > 0.0);
     assert_eq!(c["errors"], 0);
 
+    // The same for Prometheus (node_exporter's textfile collector), beside the stats file.
+    let stats = PathBuf::from(after["stats_file"].as_str().unwrap());
+    let prom = std::fs::read_to_string(stats.with_extension("prom")).unwrap();
+    assert!(
+        prom.contains("# TYPE packfs_requests_total counter"),
+        "{prom}"
+    );
+    assert!(prom.contains("op=\"read\"}"), "{prom}");
+
     let text = run(packfs().arg("status").arg(&mnt));
     for want in ["live", "30 files", "requests", "read", "p99", "counters"] {
         assert!(text.contains(want), "{want:?} missing from:\n{text}");
@@ -315,4 +324,58 @@ fn another_users_mount_is_refused_naming_its_owner() {
         "{err}"
     );
     assert!(is_mounted(&mnt));
+}
+
+#[test]
+fn moved_and_changed_shards_say_how_to_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let shards = dir.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let mut images = Vec::new();
+    for i in 0..3 {
+        let name = format!("f{i}.bin");
+        write_file(&src.join(&name), &bytes(i, 3000), 0o644);
+        let shard = shards.join(format!("train-{i:06}.tar"));
+        tar_members(&src, &shard, &[&name]);
+        images.push(shard);
+    }
+    let index = dir.path().join("train.packfs-index");
+    run(packfs()
+        .arg("index")
+        .arg(shards.join("train-{000000..000002}.tar"))
+        .arg("-o")
+        .arg(&index));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+
+    // A rewritten shard: the rebuild command names the shards as one pattern, and works.
+    set_mtime(&images[1], 1_000_000_000);
+    let out = mount_cmd(&[&index], &mnt, &[], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let pattern = format!("{}/train-{{000000..000002}}.tar", shards.display());
+    assert!(err.contains(&pattern), "{err}");
+    let command = err
+        .split('`')
+        .find(|s| s.starts_with("packfs index -o"))
+        .unwrap_or_else(|| panic!("no rebuild command in: {err}"));
+    let rebuilt = Command::new("sh")
+        .arg("-c")
+        .arg(command.replacen("packfs", env!("CARGO_BIN_EXE_packfs"), 1))
+        .output()
+        .unwrap();
+    assert_ok(&rebuilt);
+
+    // Shards moved elsewhere: the message names each place once and the option that helps.
+    let moved = dir.path().join("elsewhere");
+    std::fs::rename(&shards, &moved).unwrap();
+    let out = mount_cmd(&[&index], &mnt, &[], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--images-dir"), "{err}");
+    let shown = format!("{}/train-000000.tar", shards.display());
+    assert_eq!(err.matches(&shown).count(), 1, "{err}");
+    let m = Mount::new(&[&index], &mnt, &["--images-dir", moved.to_str().unwrap()]);
+    assert_eq!(std::fs::read(m.dir.join("f2.bin")).unwrap(), bytes(2, 3000));
 }

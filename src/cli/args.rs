@@ -33,6 +33,10 @@ pub struct Merge {
     /// member instead of its `.cls` member.
     #[arg(long, value_name = "FIELD")]
     pub class_field: Option<String>,
+    /// Look for the images of an index in this directory (by file name) first: for shards that
+    /// moved since the index was written.
+    #[arg(long, value_name = "DIR")]
+    pub images_dir: Option<PathBuf>,
 }
 
 impl Merge {
@@ -49,6 +53,7 @@ impl Merge {
         packfs::dataset::Merge {
             duplicates,
             classes,
+            images_dir: self.images_dir.clone(),
         }
     }
 }

@@ -44,6 +44,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let end: &[u8] = if args.null { b"\0" } else { b"\n" };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in catalog.walk(ROOT) {
         let e = catalog.entry(id)?;
@@ -57,9 +60,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let size = if e.is_dir() { 0 } else { e.size };
             write!(
                 out,
-                "{kind}{:04o} {size:>12} {:>11} ",
-                e.permissions(),
-                e.mtime
+                "{kind}{} {size:>12} {} ",
+                symbolic(e.permissions()),
+                ls_date(e.mtime, now)
             )?;
         }
         out.write_all(&path)?;
@@ -76,6 +79,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// `rwxr-xr-x` for mode bits (with setuid, setgid and sticky as ls shows them).
+fn symbolic(mode: u16) -> String {
+    let bit = |mask: u16, c: char| if mode & mask != 0 { c } else { '-' };
+    let special = |exec: bool, set: bool, on: char, off: char| match (exec, set) {
+        (true, true) => on,
+        (false, true) => off,
+        (true, false) => 'x',
+        (false, false) => '-',
+    };
+    [
+        bit(0o400, 'r'),
+        bit(0o200, 'w'),
+        special(mode & 0o100 != 0, mode & 0o4000 != 0, 's', 'S'),
+        bit(0o040, 'r'),
+        bit(0o020, 'w'),
+        special(mode & 0o010 != 0, mode & 0o2000 != 0, 's', 'S'),
+        bit(0o004, 'r'),
+        bit(0o002, 'w'),
+        special(mode & 0o001 != 0, mode & 0o1000 != 0, 't', 'T'),
+    ]
+    .iter()
+    .collect()
+}
+
+/// A modification time as `ls -l` shows it, in local time: `Nov 23 07:15` within six months of
+/// `now`, `Nov 23  2024` otherwise.
+fn ls_date(mtime: i64, now: i64) -> String {
+    const SIX_MONTHS: i64 = 183 * 24 * 3600;
+    let recent = (now - SIX_MONTHS..=now + 3600).contains(&mtime);
+    let format = if recent { c"%b %e %H:%M" } else { c"%b %e  %Y" };
+    let t: libc::time_t = mtime as libc::time_t;
+    // SAFETY: localtime_r fills the zeroed struct we own; strftime writes at most buf.len()
+    // bytes and returns how many.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return mtime.to_string();
+        }
+        let mut buf = [0u8; 64];
+        let n = libc::strftime(buf.as_mut_ptr().cast(), buf.len(), format.as_ptr(), &tm);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
 }
 
 /// `name` as GNU ls shows it on a terminal (its shell-escape style) when it holds control
@@ -139,7 +186,7 @@ fn shell_quoted(name: &[u8]) -> Cow<'_, [u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::shell_quoted;
+    use super::{ls_date, shell_quoted, symbolic};
 
     fn q(name: &[u8]) -> String {
         String::from_utf8(shell_quoted(name).into_owned()).unwrap()
@@ -152,5 +199,18 @@ mod tests {
         assert_eq!(q(b"x\n/etc/passwd"), "'x'$'\\n''/etc/passwd'");
         assert_eq!(q(b"\x1b[31mred"), "$'\\033''[31mred'");
         assert_eq!(q(b"caf\xe9's"), "'caf'$'\\351''\'\\'\'s'");
+    }
+
+    #[test]
+    fn long_listing_shows_modes_and_dates_as_ls_does() {
+        assert_eq!(symbolic(0o644), "rw-r--r--");
+        assert_eq!(symbolic(0o4755), "rwsr-xr-x");
+        assert_eq!(symbolic(0o1777), "rwxrwxrwt");
+        assert_eq!(symbolic(0o2640), "rw-r-S---");
+        let now = 1_795_400_000;
+        let recent = ls_date(now - 3600, now);
+        assert!(recent.contains(':'), "{recent}");
+        let old = ls_date(1_000_000_000, now);
+        assert!(old.ends_with("2001"), "{old}");
     }
 }

@@ -92,6 +92,8 @@ pub fn remove_if_orphaned(mountpoint: &Path) {
         .and_then(|v| v.get("pid").and_then(|p| p.as_i64()));
     if pid.is_none_or(|pid| pid > 0 && !alive(pid)) {
         let _ = std::fs::remove_file(&path);
+        // Metrics of a dead daemon would show it up to a dashboard forever.
+        let _ = std::fs::remove_file(path.with_extension("prom"));
     }
 }
 
@@ -183,6 +185,134 @@ impl Counters {
         text
     }
 
+    /// The counters in Prometheus' text format, for node_exporter's textfile collector (one file
+    /// per mount beside the stats file; docs/metrics.md).
+    pub fn to_prometheus(&self) -> String {
+        use std::fmt::Write;
+        let mp = prometheus_label(&self.mountpoint);
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+            let _ = writeln!(
+                out,
+                "# HELP packfs_{name} {help}\n# TYPE packfs_{name} {kind}"
+            );
+            for (labels, value) in samples {
+                let _ = writeln!(out, "packfs_{name}{{mountpoint=\"{mp}\"{labels}}} {value}");
+            }
+        };
+        let one = |v: u64| vec![(String::new(), v as f64)];
+        family("up", "gauge", "1 while the mount's daemon runs.", &one(1));
+        family(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the mount started.",
+            &[(String::new(), self.uptime_s)],
+        );
+        family(
+            "files",
+            "gauge",
+            "Regular files in the mount.",
+            &one(self.about.files),
+        );
+        family(
+            "images",
+            "gauge",
+            "Images the mount serves.",
+            &one(self.about.images),
+        );
+        let tiers = [
+            ("ram", self.served.ram_bytes),
+            ("stage", self.served.staged_bytes),
+            ("source", self.served.source_bytes),
+        ];
+        let by_tier: Vec<_> = tiers
+            .iter()
+            .map(|(t, v)| (format!(",tier=\"{t}\""), *v as f64))
+            .collect();
+        family(
+            "served_bytes_total",
+            "counter",
+            "Bytes delivered to readers, by the tier that had them.",
+            &by_tier,
+        );
+        family(
+            "source_reads_total",
+            "counter",
+            "Reads issued on the images for the mount.",
+            &one(self.source.reads),
+        );
+        family(
+            "source_read_bytes_total",
+            "counter",
+            "Bytes read from the images for the mount.",
+            &one(self.source.bytes),
+        );
+        family(
+            "ram_cache_bytes",
+            "gauge",
+            "Bytes held by the RAM cache.",
+            &one(self.ram.held),
+        );
+        family(
+            "ram_cache_budget_bytes",
+            "gauge",
+            "The RAM cache's budget.",
+            &one(self.ram.budget),
+        );
+        let per_op = |key: &str| -> Vec<(String, f64)> {
+            self.requests
+                .iter()
+                .map(|(op, f)| (format!(",op=\"{op}\""), f[key].as_f64().unwrap_or(0.0)))
+                .collect()
+        };
+        family(
+            "requests_total",
+            "counter",
+            "FUSE requests answered, by operation.",
+            &per_op("count"),
+        );
+        family(
+            "request_errors_total",
+            "counter",
+            "FUSE requests answered with an error, by operation.",
+            &per_op("errors"),
+        );
+        let mut quantiles = Vec::new();
+        for (op, f) in &self.requests {
+            for (q, key) in [("0.5", "p50_us"), ("0.9", "p90_us"), ("0.99", "p99_us")] {
+                let seconds = f[key].as_f64().unwrap_or(0.0) / 1e6;
+                quantiles.push((format!(",op=\"{op}\",quantile=\"{q}\""), seconds));
+            }
+        }
+        family(
+            "request_latency_seconds",
+            "gauge",
+            "Request latency quantiles since the mount started, by operation.",
+            &quantiles,
+        );
+        if let Some(st) = &self.stage {
+            family(
+                "stage_present_bytes",
+                "gauge",
+                "Bytes staged and complete on local storage.",
+                &one(st.present_bytes),
+            );
+            family(
+                "stage_total_bytes",
+                "gauge",
+                "Bytes to stage.",
+                &one(st.total_bytes),
+            );
+            family(
+                "stage_failed_checks_total",
+                "counter",
+                "Staged chunks that failed their check.",
+                &one(st.failed_checks),
+            );
+        }
+        out
+    }
+
     /// One log line per group, `title key=value ...`, with the same names as the JSON.
     pub fn log(&self) {
         info!("source operations {}", fields(&self.source));
@@ -195,6 +325,14 @@ impl Counters {
             info!("staging in {}: {} {}", st.dir, st.status, fields(st));
         }
     }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the text format wants.
+fn prometheus_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The numeric fields of a group as `key=value` pairs.
@@ -236,6 +374,16 @@ impl StatsFile {
                 while !flag.load(Ordering::Relaxed) {
                     let counters = Counters::of(&src, &mountpoint, started);
                     let text = counters.to_json();
+                    // Beside the default stats file: node_exporter's textfile collector reads
+                    // every *.prom of the directory it is given.
+                    if let Some(default) = ps.first() {
+                        let prom = default.with_extension("prom");
+                        let _ = crate::safe_file::replace(
+                            &prom,
+                            counters.to_prometheus().as_bytes(),
+                            0o644,
+                        );
+                    }
                     for (p, warned) in ps.iter().zip(warned.iter_mut()) {
                         let written = crate::safe_file::replace(p, text.as_bytes(), 0o644);
                         if let Err(e) = written
@@ -269,6 +417,9 @@ impl Drop for StatsFile {
         }
         for p in &self.paths {
             let _ = std::fs::remove_file(p);
+        }
+        if let Some(default) = self.paths.first() {
+            let _ = std::fs::remove_file(default.with_extension("prom"));
         }
     }
 }
@@ -305,5 +456,14 @@ mod tests {
         assert_eq!(parsed["requests"]["read"]["count"], 1);
         assert_eq!(parsed["requests"]["read"]["bytes"], 10);
         assert_eq!(parsed["errors"], 1);
+        let counters = Counters::of(&src, odd, Instant::now());
+        let prom = counters.to_prometheus();
+        assert!(
+            prom.contains("packfs_requests_total{mountpoint=\"/tmp/caf\u{fffd}\",op=\"read\"} 1\n"),
+            "{prom}"
+        );
+        assert!(prom.contains("# TYPE packfs_served_bytes_total counter\n"));
+        assert!(prom.contains("tier=\"source\"} 0\n"));
+        assert_eq!(prometheus_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

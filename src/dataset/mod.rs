@@ -53,6 +53,8 @@ pub struct Merge {
     pub duplicates: DuplicatePolicy,
     /// `None`: as stored; else samples moved under a directory named by their class.
     pub classes: Option<classes::ClassSource>,
+    /// Where the images of an index are now, if they moved since it was written.
+    pub images_dir: Option<std::path::PathBuf>,
 }
 
 impl From<DuplicatePolicy> for Merge {
@@ -60,6 +62,7 @@ impl From<DuplicatePolicy> for Merge {
         Merge {
             duplicates,
             classes: None,
+            images_dir: None,
         }
     }
 }
@@ -109,7 +112,7 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
             });
         }
         let started = std::time::Instant::now();
-        let catalog = index::open(path)?;
+        let catalog = index::open_with(path, merge.images_dir.as_deref())?;
         info!(
             entries = catalog.len(),
             files = catalog.file_count(),

@@ -68,17 +68,36 @@ pub enum OpenError {
 pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenError> {
     let source = Source::open(catalog.images()).map_err(|error| {
         let hint = match (&error, catalog.index_path()) {
-            (SourceError::Changed { .. }, Some(index)) => format!(
-                "; the index {} no longer describes it: rebuild it with `packfs index -o {} {}`",
-                index.display(),
-                index.display(),
-                crate::dataset::show_paths(catalog.images().iter().map(|i| i.path.as_path()))
-            ),
+            (SourceError::Changed { .. }, Some(index)) => {
+                let paths: Vec<_> = catalog.images().iter().map(|i| i.path.clone()).collect();
+                let patterns: Vec<String> = crate::expand::as_patterns(&paths)
+                    .iter()
+                    .map(|p| shell_quoted(p))
+                    .collect();
+                format!(
+                    "; the index {} no longer describes it: rebuild it with `packfs index -o {} {}`",
+                    index.display(),
+                    shell_quoted(&index.to_string_lossy()),
+                    patterns.join(" ")
+                )
+            }
             _ => String::new(),
         };
         OpenError::Source { error, hint }
     })?;
     assemble(Arc::new(source), catalog, opts)
+}
+
+/// `word` as one shell word: single-quoted unless it is plain.
+fn shell_quoted(word: &str) -> String {
+    let plain = word
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// Stacks the tiers over an opened source (any `ReadAt` images, e.g. a fault injector in tests).

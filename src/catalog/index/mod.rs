@@ -39,18 +39,18 @@ pub enum IndexError {
     #[error("index {} is damaged: {what}; rebuild it with `packfs index`", path.display())]
     Damaged { path: PathBuf, what: &'static str },
     #[error(
-        "index {}: image {} is missing: it is neither at {} (relative to the index) nor at {} \
-         (where it was indexed)",
+        "index {}: image {} is missing: it is not at {}; if the images moved, pass \
+         --images-dir DIR (the directory that holds them now), or rebuild the index with \
+         `packfs index`",
         index.display(),
         relative.display(),
-        beside.display(),
-        absolute.display()
+        places
     )]
     MissingImage {
         index: PathBuf,
         relative: PathBuf,
-        beside: PathBuf,
-        absolute: PathBuf,
+        /// Where it was looked for, each place once.
+        places: String,
     },
     #[error("cannot write an index from a damaged one: {0}")]
     DamagedCatalog(#[from] CatalogError),
@@ -226,6 +226,12 @@ fn chunk_hash(parts: &[&[u8]], mut offset: usize, mut len: usize) -> u64 {
 /// Maps an index and checks everything whose size does not grow with the number of files; the
 /// images are resolved (relative to the index first) but not opened.
 pub fn open(path: &Path) -> Result<Catalog, IndexError> {
+    open_with(path, None)
+}
+
+/// As `open`, looking for the images in `images_dir` first (by file name) when given: for
+/// images that moved since the index was written.
+pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, IndexError> {
     let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
     let file = crate::read_at::open_regular(&path).map_err(io_error("cannot open index", &path))?;
     let len = file
@@ -245,7 +251,7 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
     // SAFETY: the mapping is read-only. Index files are replaced by rename, never rewritten in
     // place; a file truncated under a running daemon would fault (documented).
     let map = unsafe { Mmap::map(&file) }.map_err(io_error("cannot map index", &path))?;
-    let locate_beside = |r: &ImageRecord| locate(&path, r);
+    let locate_beside = |r: &ImageRecord| locate(&path, r, images_dir);
     from_map(map, &path, locate_beside)
 }
 
@@ -356,7 +362,17 @@ fn from_map(
 }
 
 /// An image's current path: beside the index as recorded, else where it was when indexed.
-fn locate(index: &Path, record: &ImageRecord) -> Result<PathBuf, IndexError> {
+fn locate(
+    index: &Path,
+    record: &ImageRecord,
+    images_dir: Option<&Path>,
+) -> Result<PathBuf, IndexError> {
+    if let Some(dir) = images_dir {
+        let moved = dir.join(record.relative.file_name().unwrap_or_default());
+        if moved.exists() {
+            return Ok(moved);
+        }
+    }
     let dir = index.parent().unwrap_or(Path::new("/"));
     let beside = dir.join(&record.relative);
     if beside.exists() {
@@ -368,9 +384,21 @@ fn locate(index: &Path, record: &ImageRecord) -> Result<PathBuf, IndexError> {
     Err(IndexError::MissingImage {
         index: index.to_path_buf(),
         relative: record.relative.clone(),
-        beside,
-        absolute: record.absolute.clone(),
+        places: missing_places(&beside, &record.absolute, images_dir),
     })
+}
+
+/// Where a missing image was looked for, each place once.
+fn missing_places(beside: &Path, absolute: &Path, images_dir: Option<&Path>) -> String {
+    let mut places = Vec::new();
+    if let Some(dir) = images_dir {
+        places.push(format!("in {} (--images-dir)", dir.display()));
+    }
+    places.push(format!("at {} (relative to the index)", beside.display()));
+    if absolute != beside {
+        places.push(format!("at {} (where it was indexed)", absolute.display()));
+    }
+    places.join(", nor ")
 }
 
 #[cfg(test)]
