@@ -24,15 +24,19 @@ deb() {
     ls -l target/debian/*.deb
 }
 
-# A build venv with maturin (from PyPI as a binary wheel: nothing to compile).
+# A build venv with maturin and zig (both from PyPI as binary wheels: nothing to compile).
+# Linked by zig against glibc 2.17 symbols (manylinux2014), the wheel installs on RHEL/Rocky 8
+# and other clusters whose glibc is older than this machine's (a plain build here needs 2.34).
 wheel() {
     local venv=target/pkg-venv
-    [ -x "$venv/bin/maturin" ] || {
+    [ -x "$venv/bin/maturin" ] && "$venv/bin/python" -c "import ziglang" 2>/dev/null || {
         python3 -m venv "$venv"
-        "$venv/bin/pip" install -q "maturin>=1.5,<2"
+        "$venv/bin/pip" install -q "maturin>=1.5,<2" ziglang
     }
     rm -rf target/wheels
-    "$venv/bin/maturin" build --release --locked --out target/wheels
+    # maturin finds zig through the python on PATH.
+    PATH="$PWD/$venv/bin:$PATH" maturin build --release --locked --zig \
+        --compatibility manylinux2014 --out target/wheels
     ls -l target/wheels/
 }
 
@@ -43,6 +47,10 @@ check() {
     rm -rf "$venv" && python3 -m venv "$venv"
     "$venv/bin/pip" install -q target/wheels/packfs-*.whl
     "$venv/bin/packfs" --version
+    local newest
+    newest=$(objdump -T "$venv/bin/packfs" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    echo "the wheel's binary needs glibc symbols up to $newest"
+    [ "$(printf '%s\n' "$newest" GLIBC_2.17 | sort -V | tail -1)" = GLIBC_2.17 ]
     (cd /tmp && "$OLDPWD/$venv/bin/packfs" demo --files 300)
 
     echo "== .deb with dpkg"
