@@ -7,6 +7,8 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
+use crate::fs::requests::counts_as_error;
+
 /// Per operation: the figures the mount's counters have (exact percentiles here), and the sum
 /// of the requests' durations.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -77,7 +79,8 @@ pub fn summarize(input: impl BufRead, top: usize) -> std::io::Result<Summary> {
                 op.count += 1;
                 let bytes = args["bytes"].as_u64().unwrap_or(0);
                 op.bytes += bytes;
-                if args.get("errno").is_some_and(|e| !e.is_null()) && is_failure(args) {
+                let errno = args["errno"].as_i64();
+                if errno.is_some_and(|e| counts_as_error(e as i32)) {
                     op.errors += 1;
                 }
                 durations.entry(name.to_string()).or_default().push(dur);
@@ -114,12 +117,6 @@ pub fn summarize(input: impl BufRead, top: usize) -> std::io::Result<Summary> {
     top_paths.truncate(top);
     s.top_paths = top_paths;
     Ok(s)
-}
-
-/// As the mount's counters count errors: not "no such file", nor refused open or ioctl.
-fn is_failure(args: &serde_json::Value) -> bool {
-    let errno = args["errno"].as_i64().unwrap_or(0) as i32;
-    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
 }
 
 #[cfg(test)]

@@ -74,39 +74,36 @@ fn status_of(m: &MountEntry) -> MountStatus {
          clean it with `packfs umount {}`",
         m.mount_point.display()
     );
-    if answers_not_connected(&m.mount_point) {
+    // The stats file first: a live daemon's mount is not touched (a statfs of a mount whose
+    // daemon is stuck would hang the status command).
+    let owner = m.fuse_owner().unwrap_or(0);
+    let candidates = stats::candidate_paths(&m.mount_point, owner);
+    let found = candidates
+        .iter()
+        .find_map(|p| read_counters(p).map(|c| (p.clone(), c)));
+    if let Some((path, counters)) = found {
+        let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
+        status.stats_file = Some(path);
+        if pid > 0 && stats::alive(pid) {
+            status.counters = Some(counters);
+            return status;
+        }
+    }
+    if answers_not_connected(&m.mount_point) || status.stats_file.is_some() {
         status.state = "stale";
         status.problem = Some(stale);
         return status;
     }
-    let owner = m.fuse_owner().unwrap_or(0);
-    let found = stats::candidate_paths(&m.mount_point, owner)
-        .into_iter()
-        .find_map(|p| read_counters(&p).map(|c| (p, c)));
-    match found {
-        Some((path, counters)) => {
-            let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
-            status.stats_file = Some(path);
-            if pid > 0 && !stats::alive(pid) {
-                status.state = "stale";
-                status.problem = Some(stale);
-            } else {
-                status.counters = Some(counters);
-            }
-        }
-        None => {
-            status.state = "unknown";
-            status.problem = Some(format!(
-                "no counters found for it (looked in {}): its daemon may be another user's \
-                 (root sees all), or from a packfs before 0.2",
-                stats::candidate_paths(&m.mount_point, owner)
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-    }
+    status.state = "unknown";
+    status.problem = Some(format!(
+        "no counters found for it (looked in {}): its daemon may be another user's (root sees \
+         all), or from a packfs before 0.2",
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     status
 }
 

@@ -86,10 +86,7 @@ pub fn unmount_if_unused(path: &Path) -> Result<bool, UnmountError> {
             Err(error) => Err(UnmountError::Unmount { path: abs, error }),
         };
     }
-    let helper = ["fusermount3", "fusermount"]
-        .into_iter()
-        .find(|h| which(h))
-        .ok_or(UnmountError::NoFusermount)?;
+    let helper = fusermount()?;
     let out = Command::new(helper)
         .arg("-u")
         .arg(&abs)
@@ -163,10 +160,7 @@ fn unmount_as_root(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
 }
 
 fn unmount_with_fusermount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
-    let helper = ["fusermount3", "fusermount"]
-        .into_iter()
-        .find(|h| which(h))
-        .ok_or(UnmountError::NoFusermount)?;
+    let helper = fusermount()?;
     let failed_to_run = |error| UnmountError::Helper { helper, error };
     let run = |lazy: bool| {
         let mut cmd = Command::new(helper);
@@ -193,6 +187,14 @@ fn unmount_with_fusermount(path: &Path, lazy: bool) -> Result<Unmounted, Unmount
         });
     }
     Ok(Unmounted::Detached)
+}
+
+/// The FUSE unmount helper of this machine.
+fn fusermount() -> Result<&'static str, UnmountError> {
+    ["fusermount3", "fusermount"]
+        .into_iter()
+        .find(|h| which(h))
+        .ok_or(UnmountError::NoFusermount)
 }
 
 pub(crate) fn which(program: &str) -> bool {

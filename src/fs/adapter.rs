@@ -53,9 +53,7 @@ impl Observer {
         started: Instant,
         result: Result<u32, Errno>,
     ) {
-        // A missing name, or an operation the kernel may stop asking, is an answer, not a fault.
-        let failed =
-            result.is_err_and(|e| e != Errno::ENOENT && e != Errno::ENOSYS && e != Errno::ENOTTY);
+        let failed = result.is_err_and(|e| super::requests::counts_as_error(e.code()));
         let bytes = *result.as_ref().unwrap_or(&0) as u64;
         self.requests.record(op, started, bytes, failed);
         if let Some(trace) = &self.trace {

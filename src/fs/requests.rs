@@ -56,6 +56,12 @@ impl Op {
     }
 }
 
+/// Whether a reply with `errno` counts as an error: "no such file" is an answer, and packfs
+/// refuses `open`, `opendir` (ENOSYS) and `ioctl` (ENOTTY) on purpose.
+pub fn counts_as_error(errno: i32) -> bool {
+    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
+}
+
 /// Histogram buckets: four per power of two of nanoseconds (an upper edge is at most 19% above
 /// any value in its bucket), up to 2^42 ns (73 min; longer requests land in the last bucket).
 const BUCKETS: usize = 4 * 42;
