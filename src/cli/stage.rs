@@ -22,10 +22,15 @@ pub struct Args {
     to: PathBuf,
     #[command(flatten)]
     staging: StageFlags,
+    /// Look for the images of an index in this directory (by file name) first: for shards that
+    /// moved since the index was written.
+    #[arg(long, value_name = "DIR")]
+    images_dir: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let (source, infos) = packfs::dataset::open_images(&args.images.images)?;
+    let (source, infos) =
+        packfs::dataset::open_images(&args.images.images, args.images_dir.as_deref())?;
     let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
     let holder = format!("pid {}: packfs stage", std::process::id());
     let stage = Stage::open(opts, Arc::new(source), &infos, &holder)?;

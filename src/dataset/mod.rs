@@ -132,11 +132,14 @@ pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catal
 }
 
 /// The images of `patterns` opened for reading without a catalog (for staging): as one index
-/// recorded them (fingerprints checked), or as found.
-pub fn open_images(patterns: &[String]) -> Result<(Source, Vec<ImageInfo>), DatasetError> {
+/// recorded them (fingerprints checked; looked for in `images_dir` first), or as found.
+pub fn open_images(
+    patterns: &[String],
+    images_dir: Option<&std::path::Path>,
+) -> Result<(Source, Vec<ImageInfo>), DatasetError> {
     let paths = image_paths(patterns)?;
     if let Some(path) = the_index(&paths) {
-        let infos = index::open(path)?.images().to_vec();
+        let infos = index::open_with(path, images_dir)?.images().to_vec();
         return Ok((Source::open(&infos)?, infos));
     }
     Ok(Source::open_as_is(&paths)?)
