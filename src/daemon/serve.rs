@@ -125,21 +125,17 @@ pub fn serve(
     let mut stats_paths = vec![default_stats.clone()];
     stats_paths.extend(req.stats_file.clone().filter(|p| *p != default_stats));
     let about = about(req, &catalog);
-    info!(
-        "mounted {} at {}: {} files in {} image(s); counters in {} (`packfs status {}`)",
+    let what = format!(
+        "mounted {} at {}: {} files in {} image(s)",
         about.dataset,
         mountpoint.display(),
         about.files,
-        about.images,
-        stats_paths.last().expect("one path").display(),
-        mountpoint.display()
+        about.images
     );
+    let counters_at = stats_paths.last().expect("one path");
+    info!("{what}; counters in {}", counters_at.display());
     let ready_line = format!(
-        "mounted {} at {}: {} files in {} image(s); `packfs status {}` shows its counters",
-        about.dataset,
-        mountpoint.display(),
-        about.files,
-        about.images,
+        "{what}; `packfs status {}` shows its counters",
         mountpoint.display()
     );
     let sources = || stats::Sources {
