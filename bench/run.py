@@ -237,8 +237,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", choices=DATASETS, default="smoke")
     ap.add_argument("--peers", default="all")
-    ap.add_argument("--deadline", type=float, default=60, help="seconds per pass at most")
-    ap.add_argument("--work", default="/tmp/packfs-bench")
+XX, default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--chart", metavar="JSON", help="only redraw the table and chart of a saved run")
     ap.add_argument("--markdown", action="store_true", help="with --chart: the table as Markdown")
@@ -282,6 +281,8 @@ def main():
             entry.update(peer.extra)
             for kind, readers in WORKLOADS:
                 if kind == "loader" and not have_torch:
+                    continue
+                if args.workloads != "all" and label(kind, readers) not in args.workloads.split(","):
                     continue
                 w = {}
                 for mode in ("cold", "warm"):

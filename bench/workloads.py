@@ -108,6 +108,13 @@ def main():
     if args.list:
         with open(args.list) as f:
             paths = [os.path.join(args.root, line.rstrip("\n")) for line in f]
+    if args.workload in ("scan", "loader"):
+        # Imported before the clock starts: importing torch takes seconds, the pass does not.
+        try:
+            import torchvision.datasets  # noqa: F401
+            from torch.utils.data import DataLoader  # noqa: F401
+        except ImportError:
+            pass
     start = time.perf_counter()
     deadline = start + args.deadline
     if args.workload in ("walk", "stat"):

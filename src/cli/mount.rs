@@ -43,6 +43,11 @@ pub struct Args {
     /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
     #[arg(long, value_enum, default_value_t = Listings::Never)]
     readdirplus: Listings,
+    /// Kernel readahead for the mount (K, M suffixes; 0 keeps the kernel's 128K): a sample up to
+    /// this size is fetched with one request, one round trip to a parallel file system instead
+    /// of one per 128 KiB. Needs root; otherwise the mount keeps 128K and the log says so.
+    #[arg(long, value_name = "BYTES", default_value = "1M", value_parser = super::size::parse_bytes)]
+    readahead: u64,
     /// RAM budget (K, M, G suffixes) for decompressed squashfs blocks, inflated zip members and
     /// chunks of stored bytes read from the source. It only has to hold data in short-term use:
     /// file pages, once read, live in the kernel's page cache.
@@ -135,6 +140,7 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             fsname: dataset_name(&args.images.images),
         },
         cache_size: args.cache_size,
+        readahead: args.readahead,
         chunk_size: args.staging.chunk_size,
         ram_chunks: args.ram_chunks.unwrap_or(args.stage.is_some()),
         stage: args

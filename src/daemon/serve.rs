@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::preflight::{check_fuse_available, check_mountpoint, raise_open_file_limit};
 use super::{MountError, stats, unmount};
@@ -34,6 +34,8 @@ pub struct MountRequest {
     pub save_index: Option<PathBuf>,
     /// Byte budget of the RAM tier (decoded blocks and source chunks).
     pub cache_size: u64,
+    /// Kernel readahead for the mount in bytes (0: the kernel's default).
+    pub readahead: u64,
     /// Size of the source chunks kept in RAM and of the staged chunks.
     pub chunk_size: u64,
     /// Read stored bytes in whole chunks through the RAM tier.
@@ -119,6 +121,7 @@ pub fn serve(
 
     let core = Arc::new(Core::new(catalog.clone(), files.clone(), req.fs.owner()));
     let mounted = mount_and_check(core, &mountpoint, &req.fs, observer.clone())?;
+    set_readahead(&mountpoint, req.readahead);
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
     let default_stats = stats::default_path(&mountpoint);
@@ -271,6 +274,25 @@ fn mount_and_check(
         });
     }
     Ok(mounted)
+}
+
+/// Raises the kernel's readahead for the mount where allowed; the mount works either way.
+fn set_readahead(mountpoint: &Path, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    match fs::readahead::set(mountpoint, bytes) {
+        Ok(now) => debug!(bytes = now, "kernel readahead set"),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => info!(
+            "kernel readahead stays at {} KiB (raising it to {} KiB needs root): samples over              that size take one request per {0} KiB",
+            fs::readahead::get(mountpoint).map_or(128, |b| b / 1024),
+            bytes / 1024
+        ),
+        Err(e) => warn!(
+            "cannot set the kernel readahead for {}: {e}",
+            mountpoint.display()
+        ),
+    }
 }
 
 fn start_stager(stage: Arc<Stage>) -> Option<JoinHandle<()>> {

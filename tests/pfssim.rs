@@ -1,0 +1,237 @@
+//! Smoke test of the benchmarks' parallel-file-system simulator (bench/pfssim): it builds, serves
+//! a tree byte for byte, counts what it is asked, holds replies back by its latency, and packfs
+//! over tar shards on it makes no metadata operation per sample.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The simulator's binary, built once per test process (its own crate, its own target dir).
+fn pfssim() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let target = root.join("target/pfssim");
+        run(Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--manifest-path"])
+            .arg(root.join("bench/pfssim/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target));
+        target.join("debug/pfssim")
+    })
+}
+
+struct Sim {
+    child: Child,
+    mnt: PathBuf,
+    stats: PathBuf,
+}
+
+impl Sim {
+    fn start(backing: &Path, mnt: &Path, args: &[&str]) -> Sim {
+        fs::create_dir_all(mnt).unwrap();
+        let stats = mnt.with_extension("json");
+        let child = Command::new(pfssim())
+            .args(args)
+            .arg("--allow-other")
+            .arg("--stats")
+            .arg(&stats)
+            .arg(backing)
+            .arg(mnt)
+            .spawn()
+            .expect("start pfssim");
+        let start = Instant::now();
+        while !(is_fuse_mount(mnt) && stats.exists()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "pfssim did not mount"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Sim {
+            child,
+            mnt: mnt.to_path_buf(),
+            stats,
+        }
+    }
+
+    /// The counters once every reply sent so far is in them (rewritten every 100 ms).
+    fn counters(&self) -> serde_json::Value {
+        std::thread::sleep(Duration::from_millis(300));
+        serde_json::from_slice(&fs::read(&self.stats).unwrap()).unwrap()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = self.child.wait();
+    }
+}
+
+fn is_fuse_mount(path: &Path) -> bool {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_str().unwrap();
+    text.lines()
+        .any(|l| l.split(' ').nth(4) == Some(path) && l.contains("fuse.pfssim"))
+}
+
+fn op(c: &serde_json::Value, name: &str) -> u64 {
+    c["ops"][name].as_u64().unwrap()
+}
+
+fn sample_tree(root: &Path, files: usize) -> u64 {
+    let mut total = 0;
+    for i in 0..files {
+        let data = bytes(i as u64, 1000 + 37 * i);
+        total += data.len() as u64;
+        write_file(
+            &root.join(format!("train/c{}/s{i:03}.jpg", i % 4)),
+            &data,
+            0o644,
+        );
+    }
+    total
+}
+
+#[test]
+fn serves_the_tree_and_counts_every_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    let total = sample_tree(&backing, 40);
+    let sim = Sim::start(&backing, &dir.path().join("pfs"), &["--profile", "none"]);
+    let before = sim.counters();
+    assert_same_tree(&backing, &sim.mnt, &[]);
+    let after = sim.counters();
+    let delta = |name| op(&after, name) - op(&before, name);
+    // diff opened and read every file once: one open and one release each, all bytes read.
+    assert_eq!(delta("open"), 40);
+    assert_eq!(delta("release"), 40);
+    assert!(delta("lookup") >= 40, "lookups: {}", delta("lookup"));
+    assert_eq!(
+        after["read_bytes"].as_u64().unwrap() - before["read_bytes"].as_u64().unwrap(),
+        total
+    );
+    assert_eq!(after["errors"], 0);
+    // Read-only, like a dataset directory should be mounted.
+    assert!(fs::write(sim.mnt.join("train/new"), b"x").is_err());
+}
+
+#[test]
+fn replies_wait_for_their_simulated_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    sample_tree(&backing, 8);
+    // One metadata RPC in flight at a time, 50 ms each: four parallel stats of new names take at
+    // least four round trips, whatever the machine's speed (replies are never early).
+    let sim = Sim::start(
+        &backing,
+        &dir.path().join("pfs"),
+        &[
+            "--profile",
+            "none",
+            "--meta-us",
+            "50000",
+            "--meta-in-flight",
+            "1",
+        ],
+    );
+    let _ = fs::metadata(sim.mnt.join("train/c0")).unwrap();
+    let start = Instant::now();
+    let stats: Vec<_> = (0..4)
+        .map(|i| {
+            let p = sim.mnt.join(format!("train/c{}/s{i:03}.jpg", i % 4));
+            std::thread::spawn(move || fs::metadata(p).unwrap().len())
+        })
+        .collect();
+    for s in stats {
+        assert!(s.join().unwrap() > 0);
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(200),
+        "4 queued lookups took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn packfs_over_shards_on_it_asks_no_metadata_per_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src, 60);
+    let backing = dir.path().join("backing");
+    fs::create_dir_all(&backing).unwrap();
+    tar_members(
+        &src,
+        &backing.join("train-0.tar"),
+        &["train/c0", "train/c1"],
+    );
+    tar_members(
+        &src,
+        &backing.join("train-1.tar"),
+        &["train/c2", "train/c3"],
+    );
+    let sim = Sim::start(&backing, &dir.path().join("pfs"), &["--profile", "fast"]);
+    let shards: Vec<PathBuf> = ["train-0.tar", "train-1.tar"]
+        .iter()
+        .map(|s| sim.mnt.join(s))
+        .collect();
+    let index = dir.path().join("ds.packfs-index");
+    run(packfs()
+        .args(["index", "-q", "-o"])
+        .arg(&index)
+        .args(&shards));
+    let mnt = Mount::new(&[&index], &dir.path().join("mnt"), &[]);
+    let before = sim.counters();
+    assert_same_tree(&src, &mnt.dir, &[]);
+    let after = sim.counters();
+    let meta = |c: &serde_json::Value| c["metadata_ops"].as_u64().unwrap();
+    // 60 samples read whole through packfs: the shards stay open, so the simulated file system
+    // sees reads only; a plain tree would have cost at least 3 metadata RPCs per sample.
+    assert_eq!(meta(&after) - meta(&before), 0, "{after:#}");
+    assert!(op(&after, "read") > op(&before, "read"));
+    assert_eq!(after["errors"], 0);
+}
+
+#[test]
+fn a_sample_over_128k_costs_one_source_read() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: raising the kernel readahead needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let samples: Vec<String> = (0..10).map(|i| format!("train/big{i}.jpg")).collect();
+    for (i, s) in samples.iter().enumerate() {
+        write_file(&src.join(s), &bytes(100 + i as u64, 300_000), 0o644);
+    }
+    let backing = dir.path().join("backing");
+    fs::create_dir_all(&backing).unwrap();
+    tar_members(&src, &backing.join("train-0.tar"), &["train"]);
+    let sim = Sim::start(&backing, &dir.path().join("pfs"), &["--profile", "none"]);
+    let mnt = Mount::new(
+        &[&sim.mnt.join("train-0.tar")],
+        &dir.path().join("mnt"),
+        &[],
+    );
+    let before = sim.counters();
+    for s in &samples {
+        // One read(2) of the whole file, as Python's f.read() does.
+        assert_eq!(
+            fs::read(mnt.dir.join(s)).unwrap(),
+            fs::read(src.join(s)).unwrap()
+        );
+    }
+    let after = sim.counters();
+    // With the kernel's 128 KiB readahead each 300 kB sample took three READs, each one a read
+    // of the shard: three round trips to a parallel file system instead of one.
+    assert_eq!(
+        op(&after, "read") - op(&before, "read"),
+        samples.len() as u64
+    );
+}
