@@ -237,7 +237,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", choices=DATASETS, default="smoke")
     ap.add_argument("--peers", default="all")
-XX, default="/tmp/packfs-bench")
+    ap.add_argument("--deadline", type=float, default=60, help="seconds per pass at most")
+    ap.add_argument("--workloads", default="all",
+                    help="comma-separated labels, e.g. loader-2,loader-8 (default: all)")
+    ap.add_argument("--work", default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--chart", metavar="JSON", help="only redraw the table and chart of a saved run")
     ap.add_argument("--markdown", action="store_true", help="with --chart: the table as Markdown")

@@ -238,8 +238,9 @@ fn serve(job: ReadJob, server: &Server) {
             job.started,
             result,
         );
-        // Keep at most one large request's worth of buffer per thread.
-        buf.truncate(job.size as usize);
+        // Keep at most one large request's worth of buffer per thread (its bytes stay: the next
+        // read overwrites them instead of clearing them first).
+        buf.truncate(2 << 20);
         buf.shrink_to(2 << 20);
     });
 }
