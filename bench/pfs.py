@@ -22,7 +22,7 @@ epoch 2 of a shuffled read of every file with N readers (no decode), or one Data
 read from the PFS (the simulator's counters), and the daemon's peak RSS. Results: a table,
 JSON and a chart in bench/out/. See docs/benchmarks.md, "On a parallel file system".
 """
-import argparse, json, os, platform, random, shutil, subprocess, sys, time
+import argparse, json, os, platform, shutil, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -270,13 +270,7 @@ def main():
         ds, meta = peers.ensure_dataset(dsname, args.work)
         pfs = Pfs(ds, args.work, args.profile, args.sim_args.split())
         listing = os.path.join(args.work, f"{dsname}.pfs.list")
-        files = []
-        for d, _, names in os.walk(os.path.join(ds, "tree")):
-            files += [os.path.relpath(os.path.join(d, n), os.path.join(ds, "tree")) for n in names]
-        files.sort()
-        random.Random(7).shuffle(files)
-        with open(listing, "w") as f:
-            f.write("\n".join(files) + "\n")
+        files = peers.write_reading_order(ds, listing)
         entry = {"meta": meta, "shards": len(os.listdir(pfs.path("shards"))), "configs": {}}
         try:
             for name in args.configs.split(","):

@@ -210,6 +210,19 @@ def ensure_dataset(name, work):
         return ds, json.load(f)
 
 
+def write_reading_order(ds, listing):
+    """One shuffled reading order for every peer (paths relative to the plain tree, fixed seed);
+    returns it."""
+    files = []
+    for dirpath, _, names in os.walk(os.path.join(ds, "tree")):
+        files += [os.path.relpath(os.path.join(dirpath, n), os.path.join(ds, "tree")) for n in names]
+    files.sort()
+    random.Random(7).shuffle(files)
+    with open(listing, "w") as f:
+        f.write("\n".join(files) + "\n")
+    return files
+
+
 def log_fields(log, marker):
     """The key=value integers of the last line of a packfs log that contains `marker`."""
     try:
@@ -257,15 +270,8 @@ def main():
     peers = PEERS if args.peers == "all" else args.peers.split(",")
     os.makedirs(args.out, exist_ok=True)
     ds, meta = ensure_dataset(args.dataset, args.work)
-    # One shuffled reading order for every peer (relative paths, from the plain tree).
     listing = os.path.join(args.work, f"{args.dataset}.list")
-    files = []
-    for dirpath, _, names in os.walk(os.path.join(ds, "tree")):
-        files += [os.path.relpath(os.path.join(dirpath, n), os.path.join(ds, "tree")) for n in names]
-    files.sort()
-    random.Random(7).shuffle(files)
-    with open(listing, "w") as f:
-        f.write("\n".join(files) + "\n")
+    write_reading_order(ds, listing)
     have_torch = torch_available()
     results = {"dataset": args.dataset, "meta": meta, "deadline_s": args.deadline,
                "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
