@@ -362,12 +362,8 @@ def report(results):
 
 
 def chart(results, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no chart")
+    plt = peers.pyplot()
+    if plt is None:
         return
     dsets = list(results["datasets"].items())
     fig, axes = plt.subplots(1, len(dsets), figsize=(7 * len(dsets), 4.5), squeeze=False)

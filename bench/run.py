@@ -414,13 +414,21 @@ def print_markdown(results):
         print(f"| {n} | {v.get('mount_s', 0):.3f} s | {f'{rss / 1024:.1f} MB' if rss else '-'} | {'; '.join(notes)} |")
 
 
-def chart(results, path):
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (with a message) when it is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib missing: no chart")
+        return None
+    return plt
+
+
+def chart(results, path):
+    plt = pyplot()
+    if plt is None:
         return
     peers = {k: v for k, v in results["peers"].items() if "workloads" in v}
     workloads = [w for w in next(iter(peers.values()))["workloads"]]

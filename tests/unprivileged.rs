@@ -90,6 +90,7 @@ fn ordinary_user_mounts_reads_and_unmounts() {
     let pid_file = dir.path().join("run");
     fs::create_dir(&pid_file).unwrap();
     chown(&pid_file, Some(NOBODY), Some(NOBODY)).unwrap();
+    let log = pid_file.join("mount.log");
     let pid_file = pid_file.join("pid");
 
     let out = as_nobody(
@@ -98,11 +99,22 @@ fn ordinary_user_mounts_reads_and_unmounts() {
             "mount",
             "--pid-file",
             pid_file.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
             shard_s,
             mnt_s,
         ],
     );
     assert_ok(&out);
+    // Only root may raise the kernel's readahead: the user is told, in one readable line.
+    let logged = fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains(
+            "kernel readahead stays at 128 KiB (raising it to 1024 KiB needs root): samples over \
+             that size take one request per 128 KiB"
+        ),
+        "{logged}"
+    );
     let line = fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()

@@ -284,7 +284,8 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
     match fs::readahead::set(mountpoint, bytes) {
         Ok(now) => debug!(bytes = now, "kernel readahead set"),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => info!(
-            "kernel readahead stays at {} KiB (raising it to {} KiB needs root): samples over              that size take one request per {0} KiB",
+            "kernel readahead stays at {} KiB (raising it to {} KiB needs root): samples over that \
+             size take one request per {0} KiB",
             fs::readahead::get(mountpoint).map_or(128, |b| b / 1024),
             bytes / 1024
         ),

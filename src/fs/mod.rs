@@ -1,8 +1,8 @@
 //! The file system: `core` answers lookups, attributes, listings and reads from the catalog and
 //! the tiers, with one error type (`error`); `adapter` is the only module that knows fuser, and
 //! only decodes requests and encodes replies; `reads` serves file data inline or from a worker
-//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts (`readahead` sets the kernel's readahead for it);
-//! `requests` counts every request and its latency, `trace` writes each one with `--trace`.
+//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts
+//! and `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its latency, `trace` writes each one with `--trace`.
 
 mod adapter;
 mod attr;

@@ -9,12 +9,8 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The default: one FUSE request can carry 1 MiB (256 pages), so a sample of up to 1 MiB is read
-/// with one request.
-pub const DEFAULT_READAHEAD: u64 = 1 << 20;
-
 /// The sysfs file of the backing device of the file system mounted at `mountpoint`.
-pub fn sysfs_path(mountpoint: &Path) -> io::Result<PathBuf> {
+fn sysfs_path(mountpoint: &Path) -> io::Result<PathBuf> {
     let dev = std::fs::metadata(mountpoint)?.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     Ok(PathBuf::from(format!(
