@@ -86,6 +86,7 @@ fn ordinary_user_mounts_reads_and_unmounts() {
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     chown(&mnt, Some(NOBODY), Some(NOBODY)).unwrap();
+    let _cleanup = UnmountOnDrop(mnt.clone());
     let (shard_s, mnt_s) = (shard.to_str().unwrap(), mnt.to_str().unwrap());
     let pid_file = dir.path().join("run");
     fs::create_dir(&pid_file).unwrap();
@@ -227,6 +228,7 @@ fn default_runtime_dir_made_by_another_user_is_refused() {
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     chown(&mnt, Some(uid), Some(uid)).unwrap();
+    let _cleanup = UnmountOnDrop(mnt.clone());
     let squatted = Path::new("/tmp").join(format!("packfs-{uid}"));
     let _ = fs::remove_dir_all(&squatted);
     fs::create_dir(&squatted).unwrap();

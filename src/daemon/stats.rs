@@ -362,41 +362,26 @@ pub struct StatsFile {
 
 impl StatsFile {
     /// Writes to every path in `paths` (the default one, where `packfs status` looks, and the
-    /// one `--stats-file` asked for).
+    /// one `--stats-file` asked for). The first write is done before returning, so a `packfs
+    /// status` right after the mount's ready line finds the counters.
     pub fn start(paths: Vec<PathBuf>, src: Sources, mountpoint: PathBuf) -> StatsFile {
         let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let mut warned = vec![false; paths.len()];
+        write_once(&paths, &src, &mountpoint, started, &mut warned);
         let (ps, flag) = (paths.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("packfs-stats".into())
             .spawn(move || {
-                let started = Instant::now();
-                let mut warned = vec![false; ps.len()];
-                while !flag.load(Ordering::Relaxed) {
-                    let counters = Counters::of(&src, &mountpoint, started);
-                    let text = counters.to_json();
-                    // Beside the default stats file: node_exporter's textfile collector reads
-                    // every *.prom of the directory it is given.
-                    if let Some(default) = ps.first() {
-                        let prom = default.with_extension("prom");
-                        let _ = crate::safe_file::replace(
-                            &prom,
-                            counters.to_prometheus().as_bytes(),
-                            0o644,
-                        );
-                    }
-                    for (p, warned) in ps.iter().zip(warned.iter_mut()) {
-                        let written = crate::safe_file::replace(p, text.as_bytes(), 0o644);
-                        if let Err(e) = written
-                            && !*warned
-                        {
-                            warn!("cannot write the stats file {}: {e}", p.display());
-                            *warned = true;
-                        }
-                    }
+                loop {
                     let until = Instant::now() + PERIOD;
                     while !flag.load(Ordering::Relaxed) && Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(50));
                     }
+                    if flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    write_once(&ps, &src, &mountpoint, started, &mut warned);
                 }
             })
             .map_err(|e| warn!("cannot start the stats writer: {e}"))
@@ -405,6 +390,34 @@ impl StatsFile {
             paths,
             stop,
             thread,
+        }
+    }
+}
+
+/// One rewrite of the stats files (and the Prometheus file beside the default one); a path that
+/// cannot be written is warned of once.
+fn write_once(
+    paths: &[PathBuf],
+    src: &Sources,
+    mountpoint: &Path,
+    started: Instant,
+    warned: &mut [bool],
+) {
+    let counters = Counters::of(src, mountpoint, started);
+    let text = counters.to_json();
+    // Beside the default stats file: node_exporter's textfile collector reads every *.prom of
+    // the directory it is given.
+    if let Some(default) = paths.first() {
+        let prom = default.with_extension("prom");
+        let _ = crate::safe_file::replace(&prom, counters.to_prometheus().as_bytes(), 0o644);
+    }
+    for (p, warned) in paths.iter().zip(warned.iter_mut()) {
+        let written = crate::safe_file::replace(p, text.as_bytes(), 0o644);
+        if let Err(e) = written
+            && !*warned
+        {
+            warn!("cannot write the stats file {}: {e}", p.display());
+            *warned = true;
         }
     }
 }
@@ -431,9 +444,8 @@ mod tests {
     use crate::fs::requests::Op;
     use crate::tiers::{Source, TierOptions, assemble};
 
-    #[test]
-    fn counters_of_a_mount_with_a_non_utf8_path_are_json() {
-        use std::os::unix::ffi::OsStrExt;
+    /// The counters of an empty dataset with a 1 MiB RAM budget.
+    fn empty_sources() -> Sources {
         let catalog = build(&[], DuplicatePolicy::Error).unwrap();
         let files = assemble(
             Arc::new(Source::new(Vec::new())),
@@ -441,12 +453,18 @@ mod tests {
             &TierOptions::direct(1 << 20),
         )
         .unwrap();
-        let odd = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/caf\xe9"));
-        let src = Sources {
+        Sources {
             files: Arc::new(files),
             requests: Arc::new(Requests::default()),
             about: About::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn counters_of_a_mount_with_a_non_utf8_path_are_json() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/caf\xe9"));
+        let src = empty_sources();
         src.requests.record(Op::Read, Instant::now(), 10, true);
         let json = Counters::of(&src, odd, Instant::now()).to_json();
         let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -465,5 +483,20 @@ mod tests {
         assert!(prom.contains("# TYPE packfs_served_bytes_total counter\n"));
         assert!(prom.contains("tier=\"source\"} 0\n"));
         assert_eq!(prometheus_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+    /// `packfs mount && packfs status MNT` in a prologue: the counters are there when the ready
+    /// line is (the first file used to be written by the thread, a moment later).
+    #[test]
+    fn the_stats_file_exists_when_start_returns() {
+        let src = empty_sources();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mnt.json");
+        let file = StatsFile::start(vec![path.clone()], src, dir.path().join("mnt"));
+        let parsed: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(parsed["pid"], std::process::id());
+        assert!(path.with_extension("prom").exists());
+        drop(file);
+        assert!(!path.exists(), "removed when the mount ends");
     }
 }

@@ -95,6 +95,18 @@ impl Drop for Mount {
     }
 }
 
+/// Unmounts `dir` (lazily, as root) when dropped if something is still mounted there: a test that
+/// mounts by hand and fails half-way must not leave a (stale) mount on the node for later tests.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = packfs().arg("umount").arg("--lazy").arg(&self.0).output();
+        }
+    }
+}
+
 /// Runs `packfs mount` in the background mode and returns its output (the mount may have failed).
 pub fn mount_cmd(images: &[&Path], dir: &Path, extra: &[&str], pid_file: Option<&Path>) -> Output {
     let mut cmd = packfs();
