@@ -17,6 +17,11 @@ pub enum ExpandError {
         pattern: String,
         error: glob::GlobError,
     },
+    #[error("cannot expand {pattern:?}: {error}")]
+    Remote {
+        pattern: String,
+        error: std::io::Error,
+    },
     #[error("no file matches {0:?}")]
     NoMatch(String),
     #[error("bad step in range {{{0}}}")]
@@ -31,7 +36,22 @@ pub fn expand_images(patterns: &[String]) -> Result<Vec<PathBuf>, ExpandError> {
     let mut out = Vec::new();
     for pattern in patterns {
         for word in expand_braces(pattern)? {
-            if word.contains(['*', '?', '[']) {
+            if crate::remote::is_url(std::path::Path::new(&word)) {
+                // A URL is never a local glob; an s3:// glob is expanded by listing the bucket.
+                if word.contains(['*', '?', '[']) {
+                    let matched =
+                        crate::remote::expand_glob(&word).map_err(|error| ExpandError::Remote {
+                            pattern: word.clone(),
+                            error,
+                        })?;
+                    if matched.is_empty() {
+                        return Err(ExpandError::NoMatch(word));
+                    }
+                    out.extend(matched);
+                } else {
+                    out.push(PathBuf::from(word));
+                }
+            } else if word.contains(['*', '?', '[']) {
                 let mut matched: Vec<PathBuf> = glob::glob(&word)
                     .map_err(|error| ExpandError::BadPattern {
                         pattern: word.clone(),

@@ -18,6 +18,7 @@ pub mod fs;
 pub mod logging;
 pub mod pack;
 pub mod read_at;
+pub mod remote;
 pub mod safe_file;
 pub mod size;
 pub mod tiers;

@@ -6,6 +6,39 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+thread_local! {
+    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with reads that would wait for a device or the network refused: a file read not in
+/// the page cache (`RWF_NOWAIT`), an object-store request, an injected stall. They fail with
+/// `WouldBlock`, and the caller retries where waiting is allowed. A FUSE ring queue reads this
+/// way, so that data already in memory is answered at once and a slow read never holds up the
+/// other requests of its CPU.
+pub fn without_waiting<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_WAIT.set(self.0);
+        }
+    }
+    let _restore = Restore(NO_WAIT.replace(true));
+    f()
+}
+
+/// Whether this thread is inside `without_waiting`.
+pub fn waiting_refused() -> bool {
+    NO_WAIT.get()
+}
+
+/// The error of a read that would have waited, inside `without_waiting`.
+pub fn would_block() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::WouldBlock,
+        "the read would wait for its device",
+    )
+}
+
 pub trait ReadAt: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`. Fewer bytes than asked are not an error (a
     /// backing store may answer short); 0 means `offset` is at or past the end.
@@ -58,6 +91,49 @@ pub trait ReadAt: Send + Sync {
     }
 }
 
+/// A `Read + Seek` view of `len` bytes readable through a `ReadAt`, for parsers that want a stream
+/// (zip's and backhand's): each holds its own position, so several can read one image.
+pub struct Cursor<'a> {
+    data: &'a dyn ReadAt,
+    len: u64,
+    pos: u64,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(data: &'a dyn ReadAt, len: u64) -> Cursor<'a> {
+        Cursor { data, len, pos: 0 }
+    }
+}
+
+impl io::Read for Cursor<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let room = self.len.saturating_sub(self.pos).min(buf.len() as u64) as usize;
+        if room == 0 {
+            return Ok(0);
+        }
+        let n = self.data.read_at(&mut buf[..room], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl io::Seek for Cursor<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::End(d) => self.len.checked_add_signed(d),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = target.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the image",
+            )
+        })?;
+        Ok(self.pos)
+    }
+}
+
 /// An image's size and modification time as its store reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
@@ -97,6 +173,9 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
 
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if waiting_refused() {
+            return read_nowait(self, buf, offset);
+        }
         FileExt::read_at(self, buf, offset)
     }
 
@@ -145,6 +224,39 @@ impl ReadAt for Vec<u8> {
     }
 }
 
+/// preadv2 with RWF_NOWAIT: only what the page cache holds. EAGAIN (not cached) and EOPNOTSUPP (a
+/// file system that cannot tell, as some parallel file systems) both mean "would wait", and so
+/// does ENOSYS (a kernel before 4.6). Made as a raw system call: glibc has `preadv2` only since
+/// 2.26, and the wheel links against 2.17 (manylinux2014).
+fn read_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over `buf`, which outlives the call, on a descriptor this File owns. The
+    // kernel takes the offset as two words, low then high; on 64-bit the low one holds it all.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_preadv2,
+            file.as_raw_fd(),
+            &iov as *const libc::iovec,
+            1,
+            offset as libc::c_long,
+            0 as libc::c_long,
+            libc::RWF_NOWAIT,
+        )
+    };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS) => Err(would_block()),
+        _ => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +279,22 @@ mod tests {
     }
 
     #[test]
+    fn a_cursor_reads_and_seeks_within_its_length_only() {
+        use std::io::{Read, Seek, SeekFrom};
+        let data: Vec<u8> = (0..100).collect();
+        let mut cursor = Cursor::new(&data, 60);
+        let mut buf = [0u8; 8];
+        assert_eq!(cursor.seek(SeekFrom::End(-4)).unwrap(), 56);
+        assert_eq!(cursor.read(&mut buf).unwrap(), 4, "the view ends at 60");
+        assert_eq!(&buf[..4], &data[56..60]);
+        assert_eq!(cursor.read(&mut buf).unwrap(), 0);
+        assert_eq!(cursor.seek(SeekFrom::Current(-10)).unwrap(), 50);
+        cursor.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[..], &data[50..58]);
+        assert!(cursor.seek(SeekFrom::Current(-100)).is_err());
+    }
+
+    #[test]
     fn exact_reads_retry_short_and_interrupted_reads() {
         let data: Vec<u8> = (0..100).collect();
         let stingy = Stingy(data.clone(), Default::default());
@@ -176,5 +304,22 @@ mod tests {
         let err = stingy.read_exact_at(&mut buf, 80).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
         assert_eq!(data.read_at(&mut buf, 1 << 40).unwrap(), 0);
+    }
+
+    #[test]
+    fn reads_that_refuse_to_wait_get_cached_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"in the page cache").unwrap();
+        let file = File::open(&path).unwrap();
+        let mut buf = [0u8; 6];
+        assert!(!waiting_refused());
+        let got = without_waiting(|| {
+            assert!(waiting_refused());
+            ReadAt::read_exact_at(&file, &mut buf, 3)
+        });
+        got.unwrap();
+        assert_eq!(&buf, b"the pa");
+        assert!(!waiting_refused(), "restored after the closure");
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use packfs::catalog::DuplicatePolicy;
-use packfs::fs::{Core, FsOptions, Owner};
+use packfs::fs::{Core, Owner};
 use packfs::read_at::ReadAt;
 use packfs::tiers::faults::{Fault, Faulty, Gate};
 use packfs::tiers::{self, Source, TierOptions};
@@ -56,8 +56,7 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
     let core = Arc::new(Core::new(catalog.clone(), Arc::new(files), owner));
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let mut mounted =
-        packfs::fs::mount(core, &mnt, &FsOptions::default(), Default::default()).unwrap();
+    let mut mounted = packfs::fs::mount(core, &mnt, &fs_options(), Default::default()).unwrap();
 
     let read = |i: u64, mnt: &Path| std::fs::read(mnt.join(format!("f/{i:03}.bin")));
     let started = Instant::now();

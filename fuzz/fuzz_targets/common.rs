@@ -33,7 +33,7 @@ pub fn memory_file(bytes: &[u8]) -> File {
 
 /// Scans `bytes` with `scan`; a catalog built from what it found must be consistent and every
 /// file readable without a panic.
-pub fn run(bytes: &[u8], scan: fn(&File, &mut ScannedImage) -> Result<(), ArchiveError>) {
+pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), ArchiveError>) {
     let file = memory_file(bytes);
     let fingerprint = Fingerprint::of(&file).expect("fingerprint of a memory file");
     let path = PathBuf::from("fuzz-image");

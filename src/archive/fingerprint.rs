@@ -5,11 +5,11 @@
 //! costs a stat and two reads, whatever the image size.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::read_at::Stamp;
+use crate::read_at::{ReadAt, Stamp};
 
 /// Bytes hashed at each end of an image.
 pub const EDGE: u64 = 64 * 1024;
@@ -28,17 +28,27 @@ pub struct Fingerprint {
 impl Fingerprint {
     pub fn of(file: &File) -> std::io::Result<Fingerprint> {
         let meta = file.metadata()?;
-        let size = meta.len();
+        Fingerprint::of_read_at(file, meta.len(), meta.mtime(), meta.mtime_nsec() as u32)
+    }
+
+    /// The fingerprint of `size` bytes readable through `data` (a file or an object), modified at
+    /// `mtime`: the ends are read and hashed.
+    pub fn of_read_at(
+        data: &dyn ReadAt,
+        size: u64,
+        mtime: i64,
+        mtime_nsec: u32,
+    ) -> std::io::Result<Fingerprint> {
         let edge = EDGE.min(size);
         let mut buf = vec![0u8; edge as usize];
-        file.read_exact_at(&mut buf, 0)?;
+        data.read_exact_at(&mut buf, 0)?;
         let head = xxh3_64(&buf);
-        file.read_exact_at(&mut buf, size - edge)?;
+        data.read_exact_at(&mut buf, size - edge)?;
         let tail = xxh3_64(&buf);
         Ok(Fingerprint {
             size,
-            mtime: meta.mtime(),
-            mtime_nsec: meta.mtime_nsec() as u32,
+            mtime,
+            mtime_nsec,
             head,
             tail,
         })
@@ -95,6 +105,7 @@ pub fn show_time(secs: i64, nsec: u32) -> String {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn detects_changes_at_either_end_and_in_size() {

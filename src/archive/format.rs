@@ -1,8 +1,8 @@
 //! Telling image formats apart by content, never by file name.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+
+use crate::read_at::ReadAt;
 
 /// The first bytes of a packfs index file.
 pub const INDEX_MAGIC: &[u8; 8] = b"PACKFSIX";
@@ -80,9 +80,9 @@ impl Format {
     /// (self-extracting zips, padded ones) and the start is no tar header; squashfs by its
     /// superblock magic; compressed streams by their magic; anything else is scanned as tar
     /// (whose scanner names what is wrong).
-    pub fn detect(file: &File) -> io::Result<Format> {
+    pub fn detect(file: &dyn ReadAt, len: u64) -> io::Result<Format> {
         let mut head = [0u8; 512];
-        let n = file.read_at(&mut head, 0)?;
+        let n = file.read_up_to(&mut head, 0)?;
         let head = &head[..n];
         if head.starts_with(INDEX_MAGIC) {
             return Ok(Format::PackfsIndex);
@@ -102,7 +102,7 @@ impl Format {
         if n == 512 && super::tar::is_header(head) || head.iter().all(|&b| b == 0) {
             return Ok(Format::Tar);
         }
-        Ok(if has_zip_end(file)? {
+        Ok(if has_zip_end(file, len)? {
             Format::Zip
         } else {
             Format::Tar
@@ -111,8 +111,7 @@ impl Format {
 }
 
 /// Whether a zip end-of-central-directory record lies within reach of the end of the file.
-fn has_zip_end(file: &File) -> io::Result<bool> {
-    let len = file.metadata()?.len();
+fn has_zip_end(file: &dyn ReadAt, len: u64) -> io::Result<bool> {
     let start = len.saturating_sub(EOCD_REACH);
     let mut tail = vec![0u8; (len - start) as usize];
     file.read_exact_at(&mut tail, start)?;

@@ -197,17 +197,27 @@ impl ArchiveError {
     }
 }
 
-/// Scans an image, detecting its format from its content.
+/// Scans an image, detecting its format from its content: a file, or an object named by URL
+/// (read in large blocks, so the scan costs few requests).
 pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    let file = crate::read_at::open_regular(path).map_err(|e| ArchiveError::io(path, e))?;
-    let fingerprint = Fingerprint::of(&file).map_err(|e| ArchiveError::io(path, e))?;
+    let (data, fingerprint) =
+        crate::remote::open_scannable(path).map_err(|e| ArchiveError::io(path, e))?;
+    scan_data(path, &*data, fingerprint)
+}
+
+/// Scans the image at `path` whose bytes `file` reads and whose fingerprint is `fingerprint`.
+pub fn scan_data(
+    path: &Path,
+    file: &dyn crate::read_at::ReadAt,
+    fingerprint: Fingerprint,
+) -> Result<ScannedImage, ArchiveError> {
     let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
-    match Format::detect(&file).map_err(|e| ArchiveError::io(path, e))? {
-        Format::Zip => zip::scan(&file, &mut image)?,
-        Format::Squashfs => squashfs::scan(&file, &mut image)?,
-        Format::Tar => tar::scan(&file, &mut image)?,
+    match Format::detect(file, image.size).map_err(|e| ArchiveError::io(path, e))? {
+        Format::Zip => zip::scan(file, &mut image)?,
+        Format::Squashfs => squashfs::scan(file, &mut image)?,
+        Format::Tar => tar::scan(file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
-        Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(&file, &mut image)?,
+        Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(file, &mut image)?,
         Format::Compressed(c) => {
             return Err(ArchiveError::malformed(
                 path,

@@ -2,7 +2,6 @@
 //! member's local header for its data offset and timestamps, and records stored members as plain
 //! extents and deflated members as deflate streams.
 
-use std::fs::File;
 use std::io::Read;
 
 use zip::CompressionMethod;
@@ -12,6 +11,7 @@ use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::layout::crc_record;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
+use crate::read_at::{Cursor, ReadAt};
 
 /// Deflated members up to this size are inflated whole (one `layout::Unit`) into the RAM cache;
 /// larger ones are inflated once at scan time to place restart checkpoints (`inflate`), and read
@@ -40,7 +40,7 @@ const DOS_DIRECTORY: u32 = 0x10;
 /// sticky bits and type included; for members made elsewhere (MS-DOS, Windows), 0644, 0444 when
 /// read-only, 0755 for directories, and for a DOS directory attribute without a trailing '/'
 /// (which unzip extracts as a file).
-fn mode_of(member: &zip::read::ZipFile<'_, &File>) -> u32 {
+fn mode_of(member: &zip::read::ZipFile<'_, Cursor<'_>>) -> u32 {
     let attrs = member.external_attributes();
     if UNIX_HOSTS.contains(&(member.system() as u8)) {
         match attrs >> 16 {
@@ -56,10 +56,10 @@ fn mode_of(member: &zip::read::ZipFile<'_, &File>) -> u32 {
     }
 }
 
-pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
     let malformed = |e: zip::result::ZipError| ArchiveError::malformed(&path, 0, e.to_string());
-    let mut archive = zip::ZipArchive::new(file).map_err(malformed)?;
+    let mut archive = zip::ZipArchive::new(Cursor::new(file, image.size)).map_err(malformed)?;
     let directory = archive.central_directory_start();
     for i in 0..archive.len() {
         let mut unreadable = None;
@@ -252,7 +252,7 @@ pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
 /// Inflates a deflated member once (its compressed bytes lie in `start..end`) and returns its
 /// checkpoint table, after checking its length and CRC-32 against the central directory's.
 fn checkpoint(
-    file: &File,
+    file: &dyn ReadAt,
     start: u64,
     end: u64,
     size: u64,

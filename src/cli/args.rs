@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use packfs::catalog::DuplicatePolicy;
 use packfs::dataset::classes::ClassSource;
-use packfs::fs::ReaddirPlus;
+use packfs::fs::{ReaddirPlus, Transport};
 use packfs::tiers::stage::StageMode;
 
 /// The images a command works on.
@@ -92,6 +92,25 @@ impl From<Listings> for ReaddirPlus {
             Listings::Never => ReaddirPlus::Never,
             Listings::Auto => ReaddirPlus::Auto,
             Listings::Always => ReaddirPlus::Always,
+        }
+    }
+}
+
+/// How FUSE requests reach the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transports {
+    /// read(2) and write(2) on /dev/fuse: every kernel.
+    Classic,
+    /// FUSE over io_uring: Linux 6.14+ with fuse's enable_uring=Y (falls back to classic, and
+    /// says so, elsewhere).
+    Uring,
+}
+
+impl From<Transports> for Transport {
+    fn from(t: Transports) -> Self {
+        match t {
+            Transports::Classic => Transport::Classic,
+            Transports::Uring => Transport::Uring,
         }
     }
 }

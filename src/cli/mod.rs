@@ -33,6 +33,10 @@ pub struct Cli {
     /// Less output: errors only, no progress or ready line; a mount's log keeps warnings only.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
+    /// S3 endpoint for `s3://` images and indexes (AIStore, MinIO, Ceph RGW): the same as
+    /// AWS_ENDPOINT_URL, which it overrides.
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint_url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -124,6 +128,11 @@ pub fn mount_helper_args() -> Result<Option<Vec<std::ffi::OsString>>, std::proce
 
 /// Runs the command; `argv` is what it was parsed from (a mount re-executes itself with it).
 pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    if let Some(url) = &cli.endpoint_url {
+        // SAFETY: set before any thread starts; the store client reads it on first use, and a
+        // daemon started from here inherits it.
+        unsafe { std::env::set_var("AWS_ENDPOINT_URL_S3", url) };
+    }
     match cli.command {
         Command::Mount(args) => mount::run(args, cli.quiet, argv),
         Command::Pack(args) => pack::run(args),

@@ -7,7 +7,7 @@ use packfs::daemon::{self, MountRequest};
 use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
 use packfs::logging::Destination;
 
-use super::args::{Images, Listings, Merge, Staging, absolute};
+use super::args::{Images, Listings, Merge, Staging, Transports, absolute};
 use super::progress::ScanBar;
 use super::staging::StageFlags;
 
@@ -43,6 +43,11 @@ pub struct Args {
     /// `always` for stat-heavy walks (ls -l, du, rsync); `auto` lets the kernel decide.
     #[arg(long, value_enum, default_value_t = Listings::Never)]
     readdirplus: Listings,
+    /// How requests travel from the kernel: `classic` (/dev/fuse) or `uring` (FUSE over io_uring,
+    /// Linux 6.14+ with /sys/module/fuse/parameters/enable_uring = Y; otherwise the mount uses
+    /// `classic` and its log says why). See docs/benchmarks.md for what each costs.
+    #[arg(long, value_enum, default_value_t = Transports::Classic, env = "PACKFS_TRANSPORT")]
+    transport: Transports,
     /// Kernel readahead for the mount (K, M suffixes; 0 keeps the kernel's 128K): a sample up to
     /// this size is fetched with one request, one round trip to a parallel file system instead
     /// of one per 128 KiB. Needs root; otherwise the mount keeps 128K and the log says so.
@@ -54,8 +59,10 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = super::size::parse_bytes)]
     cache_size: u64,
     /// Read stored bytes from the source in whole chunks kept in the RAM cache, and hand them to
-    /// the stager. Default: on with --stage, off without (measured: with shuffled reads, exact
-    /// reads are faster when nothing is staged; see docs/benchmarks.md).
+    /// the stager. Default: on with --stage, or for images in an object store that fit in half
+    /// the RAM cache; off otherwise
+    /// (measured: with shuffled reads from files, exact reads are faster when nothing is staged;
+    /// see docs/benchmarks.md).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     ram_chunks: Option<bool>,
     /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and
@@ -137,12 +144,13 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             uid: args.uid,
             gid: args.gid,
             readdirplus: args.readdirplus.into(),
+            transport: args.transport.into(),
             fsname: dataset_name(&args.images.images),
         },
         cache_size: args.cache_size,
         readahead: args.readahead,
         chunk_size: args.staging.chunk_size,
-        ram_chunks: args.ram_chunks.unwrap_or(args.stage.is_some()),
+        ram_chunks: args.ram_chunks,
         stage: args
             .stage
             .clone()
@@ -186,6 +194,9 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
 /// The source column of /proc/mounts: the index or first image, absolute, and how many more.
 fn dataset_name(images: &[String]) -> String {
     let first = images.first().map_or(String::new(), |p| {
+        if packfs::remote::is_url(std::path::Path::new(p)) {
+            return p.clone();
+        }
         std::path::absolute(p).map_or_else(|_| p.clone(), |a| a.display().to_string())
     });
     match images.len() {

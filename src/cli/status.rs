@@ -93,10 +93,14 @@ fn render(m: &MountStatus) -> String {
     let int = |v: &Value, key: &str| num(v, key) as u64;
     let _ = writeln!(
         out,
-        "{}  live, pid {}, up {}{owner}",
+        "{}  live, pid {}, up {}{owner}{}",
         m.mountpoint.display(),
         int(c, "pid"),
-        duration(num(c, "uptime_s"))
+        duration(num(c, "uptime_s")),
+        match c.get("transport").and_then(Value::as_str) {
+            Some("uring") => ", FUSE over io_uring",
+            _ => "",
+        }
     );
     let _ = writeln!(
         out,
@@ -145,6 +149,17 @@ fn render(m: &MountStatus) -> String {
             human(int(st, "total_bytes")),
             int(st, "verified_chunks"),
             int(st, "failed_checks")
+        );
+    }
+    for store in c["remote"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  store     {}: {} requests, {}, {} retries, {} failed",
+            store["store"].as_str().unwrap_or("?"),
+            int(store, "requests"),
+            human(int(store, "bytes")),
+            int(store, "retries"),
+            int(store, "errors")
         );
     }
     let errors = int(c, "errors");

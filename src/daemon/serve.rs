@@ -38,8 +38,9 @@ pub struct MountRequest {
     pub readahead: u64,
     /// Size of the source chunks kept in RAM and of the staged chunks.
     pub chunk_size: u64,
-    /// Read stored bytes in whole chunks through the RAM tier.
-    pub ram_chunks: bool,
+    /// Read stored bytes in whole chunks through the RAM tier; unset: when staging, or when an
+    /// image is in an object store (where every request costs a round trip and is billed).
+    pub ram_chunks: Option<bool>,
     pub stage: Option<StageOptions>,
     /// Where the counters are written while the mount runs (`stats::default_path` when unset).
     pub stats_file: Option<PathBuf>,
@@ -98,7 +99,10 @@ pub fn serve(
         let written = crate::catalog::index::write(&catalog, dest)?;
         info!(bytes = written.bytes, "index saved to {}", dest.display());
     }
-    let files = Arc::new(tiers::open(&catalog, &tier_options(req, &mountpoint))?);
+    let files = Arc::new(tiers::open(
+        &catalog,
+        &tier_options(req, &catalog, &mountpoint),
+    )?);
     let _pid_file = req.pid_file.as_deref().map(PidFile::create).transpose()?;
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(MountError::Signals)?;
@@ -127,7 +131,8 @@ pub fn serve(
     let default_stats = stats::default_path(&mountpoint);
     let mut stats_paths = vec![default_stats.clone()];
     stats_paths.extend(req.stats_file.clone().filter(|p| *p != default_stats));
-    let about = about(req, &catalog);
+    let mut about = about(req, &catalog);
+    about.transport = mounted.transport().name().to_string();
     let what = format!(
         "mounted {} at {}: {} files in {} image(s)",
         about.dataset,
@@ -192,6 +197,8 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
             .map(|(p, _)| p.to_string_lossy().into_owned()),
         idle_timeout_s: req.idle_timeout.map(|d| d.as_secs()),
         uid: nix::unistd::geteuid().as_raw(),
+        // Known once mounted.
+        transport: String::new(),
     }
 }
 
@@ -240,7 +247,26 @@ fn unmount_when_idle(
 }
 
 /// The tier stack the request asks for; the stage directory is held in this mount's name.
-fn tier_options(req: &MountRequest, mountpoint: &Path) -> TierOptions {
+fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> TierOptions {
+    let remote = catalog
+        .images()
+        .iter()
+        .any(|i| crate::remote::is_url(&i.path));
+    // Whole chunks from a store pay off only while they stay in RAM until their neighbours are
+    // read: measured with 441 MB of shards behind a 64 MiB cache, shuffled reads fetched 9.6x the
+    // bytes in as many requests as samples (docs/benchmarks.md, "From an object store").
+    let bytes: u64 = catalog.images().iter().map(|i| i.fingerprint.size).sum();
+    let fits = bytes <= req.cache_size / 2;
+    if remote && req.stage.is_none() && req.ram_chunks.is_none() && !fits {
+        info!(
+            "the images ({} MB) are more than half the RAM cache ({} MB): each sample is read \
+             from the store with its own request; --stage DIR (node-local NVMe or /dev/shm, \
+             --stage-mode lazy to copy only what is read) reads whole chunks and keeps them, \
+             for far fewer requests and none in later epochs",
+            bytes / 1_000_000,
+            req.cache_size / 1_000_000
+        );
+    }
     let holder = format!(
         "pid {}: mount at {}",
         std::process::id(),
@@ -249,7 +275,9 @@ fn tier_options(req: &MountRequest, mountpoint: &Path) -> TierOptions {
     TierOptions {
         cache_size: req.cache_size,
         chunk_size: req.chunk_size,
-        ram_chunks: req.ram_chunks,
+        ram_chunks: req
+            .ram_chunks
+            .unwrap_or(req.stage.is_some() || (remote && fits)),
         stage: req.stage.clone().map(|opts| (opts, holder)),
     }
 }

@@ -125,6 +125,10 @@ pub struct About {
     pub idle_timeout_s: Option<u64>,
     /// The uid that owns the daemon (who can unmount it, besides root).
     pub uid: u32,
+    /// How FUSE requests reach the daemon: `classic` or `uring` (the one in use, after any
+    /// fallback).
+    #[serde(default)]
+    pub transport: String,
 }
 
 /// Every counter of a mount at one moment (docs/metrics.md says what each means).
@@ -142,10 +146,14 @@ pub struct Counters {
     pub source: SourceStats,
     pub ram: RamStats,
     pub stage: Option<StageStats>,
+    /// Requests to object stores and HTTP servers, per store (empty for files).
+    pub remote: Vec<crate::remote::StoreStats>,
     /// FUSE requests by operation: count, errors, bytes and latency percentiles.
     pub requests: serde_json::Map<String, serde_json::Value>,
     /// Requests answered with an error (not counting "no such file" and refused ioctls).
     pub errors: u64,
+    /// Requests that came through FUSE-over-io_uring rings (0 with the classic transport).
+    pub ring_requests: u64,
 }
 
 /// What the counters are read from.
@@ -174,8 +182,10 @@ impl Counters {
             source: images.source().stats(),
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
+            remote: crate::remote::stats(),
             requests,
             errors,
+            ring_requests: src.requests.through_rings(),
         }
     }
 
@@ -259,6 +269,41 @@ impl Counters {
             "The RAM cache's budget.",
             &one(self.ram.budget),
         );
+        let per_store = |value: fn(&crate::remote::StoreStats) -> u64| -> Vec<(String, f64)> {
+            self.remote
+                .iter()
+                .map(|s| {
+                    let store = prometheus_label(&s.store);
+                    (format!(",store=\"{store}\""), value(s) as f64)
+                })
+                .collect()
+        };
+        if !self.remote.is_empty() {
+            family(
+                "remote_requests_total",
+                "counter",
+                "Requests sent to an object store or HTTP server (retries included), by store.",
+                &per_store(|s| s.requests),
+            );
+            family(
+                "remote_bytes_total",
+                "counter",
+                "Bytes received from an object store or HTTP server, by store.",
+                &per_store(|s| s.bytes),
+            );
+            family(
+                "remote_retries_total",
+                "counter",
+                "Requests retried after a 5xx, 429, timeout or dropped connection, by store.",
+                &per_store(|s| s.retries),
+            );
+            family(
+                "remote_errors_total",
+                "counter",
+                "Requests that failed for good (the read failed with EIO), by store.",
+                &per_store(|s| s.errors),
+            );
+        }
         let per_op = |key: &str| -> Vec<(String, f64)> {
             self.requests
                 .iter()

@@ -89,7 +89,12 @@ pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
     }
     paths
         .into_iter()
-        .map(|p| std::path::absolute(&p).map_err(|error| DatasetError::BadPath { path: p, error }))
+        .map(|p| match crate::remote::is_url(&p) {
+            true => Ok(p),
+            false => {
+                std::path::absolute(&p).map_err(|error| DatasetError::BadPath { path: p, error })
+            }
+        })
         .collect()
 }
 

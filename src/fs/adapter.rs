@@ -6,6 +6,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Sender;
+
 use fuser::{
     Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
     LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
@@ -16,7 +18,7 @@ use tracing::{debug, error, info};
 use super::attr::{TTL, file_attr, file_type};
 use super::core::{Core, DirEntry, Listing};
 use super::error::{Error, guarded};
-use super::reads::{ReadJob, Reads};
+use super::reads::{ReadJob, ReadReply, Reads};
 use super::requests::{Op, Requests};
 use super::trace::Trace;
 use super::{FsOptions, ReaddirPlus};
@@ -31,6 +33,8 @@ pub struct PackFs {
     reads: Reads,
     readdirplus: ReaddirPlus,
     observer: Arc<Observer>,
+    /// With `--transport uring`: told at INIT whether the kernel agreed to the rings.
+    uring: Option<Sender<bool>>,
 }
 
 /// Where every answered request is recorded: the counters always, the trace with `--trace`.
@@ -68,6 +72,7 @@ impl PackFs {
         core: Arc<Core>,
         opts: &FsOptions,
         observer: Arc<Observer>,
+        uring: Option<Sender<bool>>,
     ) -> std::io::Result<Self> {
         let reads = Reads::start(
             opts.request_threads(),
@@ -80,6 +85,7 @@ impl PackFs {
             reads,
             readdirplus: opts.readdirplus,
             observer,
+            uring,
         })
     }
 
@@ -241,6 +247,16 @@ impl Filesystem for PackFs {
         }
         let _ = config.set_max_background(MAX_BACKGROUND);
         let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        if let Some(agreed) = self.uring.take() {
+            let offered = config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+            if offered {
+                // Every ring entry's payload buffer is `max_write` long: 1 MiB, not fuser's 16.
+                let _ = config.set_max_write(super::ring::MAX_PAYLOAD);
+            }
+            let _ = agreed.send(offered);
+        }
         Ok(())
     }
 
@@ -338,7 +354,7 @@ impl Filesystem for PackFs {
             ino: ino.0,
             offset,
             size,
-            reply,
+            reply: ReadReply::Fuse(reply),
             started: Instant::now(),
         });
     }

@@ -12,7 +12,7 @@ use crate::catalog::Kind;
 pub const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Block size reported by stat: large enough that stdio and `cp` read in big requests.
-const BLKSIZE: u32 = 128 * 1024;
+pub const BLKSIZE: u32 = 128 * 1024;
 
 pub fn file_type(kind: Kind) -> FileType {
     match kind {

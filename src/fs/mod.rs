@@ -11,6 +11,7 @@ pub mod error;
 pub mod readahead;
 mod reads;
 pub mod requests;
+mod ring;
 mod session;
 pub mod trace;
 
@@ -18,5 +19,5 @@ pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};
 pub use adapter::{Observer, PackFs};
 pub use error::Error;
 pub use session::{
-    DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, SUBTYPE, mount,
+    DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, SUBTYPE, Transport, mount,
 };

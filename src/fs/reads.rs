@@ -28,9 +28,32 @@ pub struct ReadJob {
     pub ino: Ino,
     pub offset: u64,
     pub size: u32,
-    pub reply: ReplyData,
+    pub reply: ReadReply,
     /// When the request came in (its latency includes the wait for a worker).
     pub started: Instant,
+}
+
+/// Where a read's answer goes: fuser's reply on the classic loop, or a ring entry's payload
+/// buffer (`ring`), whose queue commits it.
+pub enum ReadReply {
+    Fuse(ReplyData),
+    Ring(super::ring::RingReply),
+}
+
+impl ReadReply {
+    fn data(self, bytes: &[u8]) {
+        match self {
+            ReadReply::Fuse(reply) => reply.data(bytes),
+            ReadReply::Ring(reply) => reply.data(bytes),
+        }
+    }
+
+    fn error(self, errno: Errno) {
+        match self {
+            ReadReply::Fuse(reply) => reply.error(errno),
+            ReadReply::Ring(reply) => reply.error(errno.code()),
+        }
+    }
 }
 
 /// What a read needs besides the job: the core that answers and the observer that records it.

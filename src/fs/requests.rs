@@ -111,6 +111,8 @@ pub struct Requests {
     epoch: Instant,
     /// When the last request ended, in ms since `epoch`.
     last_ms: AtomicU64,
+    /// Requests that came through FUSE-over-io_uring rings (the rest came through /dev/fuse).
+    through_rings: AtomicU64,
 }
 
 impl Default for Requests {
@@ -119,6 +121,7 @@ impl Default for Requests {
             ops: std::array::from_fn(|_| OpCounters::new()),
             epoch: Instant::now(),
             last_ms: AtomicU64::new(0),
+            through_rings: AtomicU64::new(0),
         }
     }
 }
@@ -138,6 +141,15 @@ pub struct OpFigures {
 }
 
 impl Requests {
+    /// Counts a request that came through a ring.
+    pub fn through_ring(&self) {
+        self.through_rings.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn through_rings(&self) -> u64 {
+        self.through_rings.load(Ordering::Relaxed)
+    }
+
     /// Records one answered request that started at `started`.
     pub fn record(&self, op: Op, started: Instant, bytes: u64, failed: bool) {
         let now = Instant::now();

@@ -9,7 +9,12 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fuser::{Config, MountOption, Session, SessionACL};
 
+use std::os::fd::AsFd;
+
+use tracing::warn;
+
 use super::adapter::Observer;
+use super::ring::{self, Rings};
 use super::{Core, Owner, PackFs};
 
 /// Whether directory listings carry attributes (FUSE READDIRPLUS).
@@ -28,6 +33,26 @@ pub enum ReaddirPlus {
     Auto,
     /// Always attributes: fastest for stat-heavy walks (ls -l, du, rsync).
     Always,
+}
+
+/// How requests travel between the kernel and packfs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// read(2) and write(2) on /dev/fuse by `threads` request threads.
+    #[default]
+    Classic,
+    /// FUSE over io_uring (Linux 6.14+, fuse's `enable_uring` = Y): per-CPU rings, no system
+    /// call per request. Falls back to `Classic`, with a log line, where the kernel lacks it.
+    Uring,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Classic => "classic",
+            Transport::Uring => "uring",
+        }
+    }
 }
 
 /// The file system type's suffix: /proc/mounts shows `fuse.packfs`, and `packfs umount` touches
@@ -53,6 +78,7 @@ pub struct FsOptions {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub readdirplus: ReaddirPlus,
+    pub transport: Transport,
 }
 
 impl Default for FsOptions {
@@ -65,6 +91,7 @@ impl Default for FsOptions {
             uid: None,
             gid: None,
             readdirplus: ReaddirPlus::default(),
+            transport: Transport::default(),
         }
     }
 }
@@ -87,6 +114,8 @@ impl FsOptions {
 /// A mounted file system whose session runs on background threads.
 pub struct Mounted {
     mountpoint: PathBuf,
+    /// The transport in use (after any fallback).
+    transport: Transport,
     ended: Receiver<io::Result<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -100,7 +129,21 @@ pub fn mount(
     opts: &FsOptions,
     observer: Arc<Observer>,
 ) -> io::Result<Mounted> {
-    let fs = PackFs::new(core, opts, observer)?;
+    let uring = opts.transport == Transport::Uring
+        && match ring::unavailable() {
+            None => true,
+            Some(why) => {
+                warn!("--transport uring: {why}; serving with the classic loop");
+                false
+            }
+        };
+    let (inited, init_done) = crossbeam_channel::bounded(1);
+    let fs = PackFs::new(
+        core.clone(),
+        opts,
+        observer.clone(),
+        uring.then_some(inited),
+    )?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -120,22 +163,80 @@ pub fn mount(
     };
     config.n_threads = Some(opts.request_threads());
     let session = Session::new(fs, mountpoint, &config)?;
+    // The rings' own descriptor of the connection: fuser closes its own when its loop ends,
+    // and a number the rings still used could by then name another file.
+    let ring_fd = match uring {
+        true => Some(session.as_fd().try_clone_to_owned()?),
+        false => None,
+    };
     let (tx, ended) = crossbeam_channel::bounded(1);
+    let (rings_tx, rings_rx) = crossbeam_channel::bounded::<Option<Rings>>(1);
     let thread = std::thread::Builder::new()
         .name("packfs-session".into())
         .spawn(move || {
-            let _ = tx.send(session.run());
+            let result = session.run();
+            // The queues end with the connection; join them before saying the session ended.
+            if let Ok(Some(rings)) = rings_rx.recv() {
+                rings.join();
+            }
+            let _ = tx.send(result);
         })?;
+    let rings = ring_fd.and_then(|fd| start_rings(fd, &init_done, core, observer, opts.io_threads));
+    let transport = match rings {
+        Some(_) => Transport::Uring,
+        None => Transport::Classic,
+    };
+    let _ = rings_tx.send(rings);
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
+        transport,
         ended,
         thread: Some(thread),
     })
 }
 
+/// Starts the rings once INIT is answered, if the kernel agreed to them; logs why not otherwise
+/// (the classic loop then serves everything).
+fn start_rings(
+    fd: std::os::fd::OwnedFd,
+    init_done: &Receiver<bool>,
+    core: Arc<Core>,
+    observer: Arc<Observer>,
+    io_threads: usize,
+) -> Option<Rings> {
+    match init_done.recv_timeout(Duration::from_secs(10)) {
+        Ok(true) => {}
+        Ok(false) => {
+            warn!(
+                "--transport uring: the kernel did not offer FUSE over io_uring at INIT; serving with the classic loop"
+            );
+            return None;
+        }
+        Err(_) => {
+            warn!(
+                "--transport uring: no INIT from the kernel in 10 s; serving with the classic loop"
+            );
+            return None;
+        }
+    }
+    match Rings::start(fd, core, observer, io_threads) {
+        Ok(rings) => Some(rings),
+        Err(e) => {
+            warn!(
+                "--transport uring: the kernel refused the rings ({e}); serving with the classic loop"
+            );
+            None
+        }
+    }
+}
+
 impl Mounted {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// Waits for the session to end (after an unmount), at most `timeout`. `None` if it has not.

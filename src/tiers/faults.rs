@@ -74,6 +74,12 @@ impl ReadAt for Faulty {
             if range.start >= asked.end || asked.start >= range.end {
                 continue;
             }
+            // A slow or stuck region is what a no-wait read must not wait for.
+            if matches!(fault, Fault::Latency(_) | Fault::Stall(_))
+                && crate::read_at::waiting_refused()
+            {
+                return Err(crate::read_at::would_block());
+            }
             self.injected.fetch_add(1, Ordering::Relaxed);
             match fault {
                 Fault::Eio => return Err(io::Error::from_raw_os_error(libc::EIO)),
@@ -128,5 +134,31 @@ mod tests {
         assert!(!reader.is_finished());
         gate.open();
         assert_eq!(reader.join().unwrap(), 4);
+    }
+
+    #[test]
+    fn stalls_refuse_reads_that_will_not_wait() {
+        let gate = Arc::new(Gate::default());
+        let faulty = Faulty::new(
+            Arc::new(vec![7u8; 300]),
+            vec![(100..200, Fault::Stall(gate.clone()))],
+        );
+        // Opened late: a read that waited would succeed after it, and fail the test.
+        let opener = std::thread::spawn({
+            let gate = gate.clone();
+            move || {
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                gate.open();
+            }
+        });
+        let mut buf = [0u8; 50];
+        let err =
+            crate::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 120)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(faulty.injected(), 0, "a refusal is not an injected fault");
+        // Outside the region, and once allowed to wait, reads go on.
+        crate::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 0)).unwrap();
+        opener.join().unwrap();
+        faulty.read_exact_at(&mut buf, 120).unwrap();
     }
 }

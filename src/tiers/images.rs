@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Source;
 use super::ram_cache::{CHUNK_TAG, RamCache, RamStats};
+use super::read_ahead::ReadAhead;
 use super::stage::{Stage, chunk_len};
 
 /// How a read wants its bytes fetched when they are not staged.
@@ -26,13 +27,17 @@ pub enum Fetch {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub ram_bytes: u64,
+    /// Source chunks fetched ahead of sequential readers.
+    pub read_ahead_chunks: u64,
     pub staged_bytes: u64,
     pub source_bytes: u64,
 }
 
 pub struct Images {
     source: Arc<Source>,
-    ram: RamCache,
+    ram: Arc<RamCache>,
+    /// Fetches ahead of readers that walk an image in order (when chunked).
+    read_ahead: Option<ReadAhead>,
     stage: Option<Arc<Stage>>,
     chunk_size: u64,
     /// Fetch stored bytes in chunks through the RAM tier.
@@ -59,12 +64,16 @@ impl Images {
                 "one chunk size for all tiers"
             );
         }
+        let chunked = chunked && ram_budget > 0;
+        let ram = Arc::new(RamCache::new(ram_budget));
+        let read_ahead = chunked.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size));
         Images {
             source,
-            ram: RamCache::new(ram_budget),
+            ram,
+            read_ahead,
             stage,
             chunk_size,
-            chunked: chunked && ram_budget > 0,
+            chunked,
             ram_bytes: AtomicU64::new(0),
             staged_bytes: AtomicU64::new(0),
             source_bytes: AtomicU64::new(0),
@@ -93,6 +102,7 @@ impl Images {
 
     pub fn stats(&self) -> TierStats {
         TierStats {
+            read_ahead_chunks: self.read_ahead.as_ref().map_or(0, ReadAhead::fetched),
             ram_bytes: self.ram_bytes.load(Ordering::Relaxed),
             staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
@@ -137,6 +147,10 @@ impl Images {
                     self.source.read_exact_at(image, start, &mut bytes)?;
                     Ok(bytes)
                 });
+                if let (Some(ahead), Ok((_, true))) = (&self.read_ahead, &fetched) {
+                    let chunks = self.image_size(image).div_ceil(self.chunk_size);
+                    ahead.missed(&self.ram, image, i, chunks, self.chunk_size);
+                }
                 let Ok((chunk, loaded)) = fetched else {
                     // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
                     // these bytes, so an error is this read's own.

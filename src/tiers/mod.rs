@@ -7,6 +7,7 @@ pub mod faults;
 mod file_reader;
 mod images;
 mod ram_cache;
+mod read_ahead;
 pub mod served_by;
 mod source;
 pub mod stage;

@@ -11,7 +11,7 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::sync::{Cache, DefaultLifecycle, GuardResult};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
 /// A decoded block or member, shared with the readers that are copying out of it.
@@ -108,6 +108,9 @@ impl RamCache {
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if crate::read_at::waiting_refused() {
+            return self.fetch_without_waiting(image, offset, load);
+        }
         let mut loaded = false;
         let value = self.cache.get_or_insert_with(&(image, offset), || {
             loaded = true;
@@ -123,6 +126,41 @@ impl RamCache {
             super::served_by::mark(super::served_by::RAM);
         }
         Ok((value, loaded))
+    }
+
+    /// `fetch` inside `read_at::without_waiting`: a unit another thread is loading is not waited
+    /// for (`WouldBlock`); one nobody loads is loaded here, by reads that refuse to wait too.
+    fn fetch_without_waiting(
+        &self,
+        image: u32,
+        offset: u64,
+        load: impl FnOnce() -> io::Result<Vec<u8>>,
+    ) -> io::Result<(Decoded, bool)> {
+        match self
+            .cache
+            .get_value_or_guard(&(image, offset), Some(std::time::Duration::ZERO))
+        {
+            GuardResult::Value(value) => {
+                super::served_by::mark(super::served_by::RAM);
+                Ok((value, false))
+            }
+            GuardResult::Timeout => Err(crate::read_at::would_block()),
+            GuardResult::Guard(guard) => {
+                self.loads.fetch_add(1, Ordering::Relaxed);
+                // A failed load drops the guard: waiting loaders then load themselves.
+                let bytes = Arc::new(load()?);
+                self.loaded_bytes
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                let _ = guard.insert(bytes.clone());
+                self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
+                Ok((bytes, true))
+            }
+        }
+    }
+
+    /// Whether `(image, offset)` is held now (without touching its recency).
+    pub fn contains(&self, image: u32, offset: u64) -> bool {
+        self.cache.contains_key(&(image, offset))
     }
 
     pub fn stats(&self) -> RamStats {

@@ -5,7 +5,6 @@
 //! of an error. Anything else that implements `ReadAt` (a fault-injecting wrapper in tests, later
 //! an object store) can stand in for a file.
 
-use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::archive::Fingerprint;
 use crate::archive::fingerprint::{show_time, stamp_differences};
 use crate::catalog::ImageInfo;
-use crate::read_at::{ReadAt, Stamp, open_regular};
+use crate::read_at::{ReadAt, Stamp};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -84,14 +82,13 @@ impl Source {
                 path: path.clone(),
                 error,
             };
-            let file = open_regular(path).map_err(open_error)?;
-            let fingerprint = Fingerprint::of(&file).map_err(open_error)?;
+            let (data, fingerprint) = crate::remote::open_any(path).map_err(open_error)?;
             let info = ImageInfo {
                 path: path.clone(),
                 fingerprint,
                 stream: None,
             };
-            Ok((image(path.clone(), file, fingerprint.size), info))
+            Ok((image(path.clone(), data, fingerprint.size), info))
         })?;
         let (images, infos): (Vec<_>, Vec<ImageInfo>) = opened.into_iter().unzip();
         let stamps = infos.iter().map(|i| Some(i.fingerprint.stamp())).collect();
@@ -133,6 +130,10 @@ impl Source {
             })
             .collect();
         Source::with_stamps(images, self.stamps)
+    }
+
+    pub fn image_count(&self) -> usize {
+        self.images.len()
     }
 
     /// Size of an image as fingerprinted when opened (0 for an unknown image).
@@ -253,12 +254,8 @@ impl Source {
     }
 }
 
-fn image(path: PathBuf, file: File, size: u64) -> SourceImage {
-    SourceImage {
-        path,
-        data: Arc::new(file),
-        size,
-    }
+fn image(path: PathBuf, data: Arc<dyn ReadAt>, size: u64) -> SourceImage {
+    SourceImage { path, data, size }
 }
 
 /// `open` applied to every item, `OPEN_THREADS` at a time; results keep the items' order.
@@ -283,16 +280,21 @@ fn open_parallel<I: Sync, T: Send>(
 
 fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
     let path = info.path.clone();
-    let opened = open_regular(&path).and_then(|f| Fingerprint::of(&f).map(|fp| (f, fp)));
-    let (file, now) = match opened {
+    let (data, now) = match crate::remote::open_any(&path) {
         Ok(v) => v,
         Err(error) => return Err(SourceError::Open { path, error }),
     };
     let was = &info.fingerprint;
     match was.differences(&now) {
-        None => Ok(image(path, file, now.size)),
+        None => Ok(image(path, data, now.size)),
         Some(mut what) => {
-            if (was.size, was.head, was.tail) == (now.size, now.head, now.tail) {
+            let same_bytes = (was.size, was.head, was.tail) == (now.size, now.head, now.tail);
+            if same_bytes && crate::remote::is_url(&path) {
+                what.push_str(
+                    "; size and both ends are unchanged: the object was probably uploaded again \
+                     with the same bytes, rebuild the index to serve it",
+                );
+            } else if same_bytes {
                 // Typically a copy that did not keep times (cp without -p, rsync without -t).
                 what.push_str(&format!(
                     "; size and both ends are unchanged: if the image was only copied, \

@@ -409,3 +409,16 @@ pub fn python_with(module: &str, package: &str) -> Option<PathBuf> {
 pub fn python(interpreter: &Path, script: &str, args: &[&std::ffi::OsStr]) -> String {
     run(Command::new(interpreter).arg("-c").arg(script).args(args))
 }
+
+/// The file-system options of a mount made in the test process: the default, with the transport
+/// `PACKFS_TRANSPORT` names (as `packfs mount` reads it), so the uring pass of CI covers these
+/// mounts too.
+pub fn fs_options() -> packfs::fs::FsOptions {
+    packfs::fs::FsOptions {
+        transport: match std::env::var("PACKFS_TRANSPORT").as_deref() {
+            Ok("uring") => packfs::fs::Transport::Uring,
+            _ => packfs::fs::Transport::Classic,
+        },
+        ..Default::default()
+    }
+}

@@ -6,33 +6,30 @@
 pub mod block_map;
 mod superblock;
 
-use std::fs::File;
 use std::io::BufReader;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 
 use backhand::{FilesystemReader, InnerNode, SquashfsFileReader};
 
 use super::codec::Codec;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
+use crate::read_at::{Cursor, ReadAt};
 use block_map::{BlockMap, Extent, STORED, Tail};
 use superblock::Superblock;
 
 /// `frag_index` of a file without a tail fragment.
 const NO_FRAGMENT: usize = u32::MAX as usize;
 
-pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
     let mut head = [0u8; superblock::LEN];
     let n = file
-        .read_at(&mut head, 0)
+        .read_up_to(&mut head, 0)
         .map_err(|e| ArchiveError::io(&path, e))?;
     let sb = Superblock::decode(&head[..n], image.size)
         .map_err(|(offset, why)| ArchiveError::malformed(&path, offset, why))?;
-    // A clone shares the file position: start from 0 whatever the caller did with the file.
-    let mut reader = file.try_clone().map_err(|e| ArchiveError::io(&path, e))?;
-    std::io::Seek::rewind(&mut reader).map_err(|e| ArchiveError::io(&path, e))?;
+    let reader = Cursor::new(file, image.size);
     // The parser is given untrusted metadata: a panic inside it is a corrupt image, not a crash.
     let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         FilesystemReader::from_reader(BufReader::with_capacity(64 * 1024, reader))

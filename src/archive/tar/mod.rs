@@ -9,9 +9,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 
 use tar::{EntryType, Header};
 use tracing::{debug, warn};
@@ -23,6 +21,7 @@ use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::name::sanitize;
 use super::sparse_map;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
+use crate::read_at::ReadAt;
 use fields::{Field, apply_pax, number, signed, trim_nul, verify_checksum};
 
 const BLOCK: u64 = 512;
@@ -78,7 +77,7 @@ trait Stream {
 
 /// Positioned reads through a buffer whose size follows the gaps between headers.
 struct Window<'a> {
-    file: &'a File,
+    file: &'a dyn ReadAt,
     len: u64,
     buf: Vec<u8>,
     start: u64,
@@ -87,7 +86,7 @@ struct Window<'a> {
 }
 
 impl<'a> Window<'a> {
-    fn new(file: &'a File, len: u64) -> Self {
+    fn new(file: &'a dyn ReadAt, len: u64) -> Self {
         Window {
             file,
             len,
@@ -137,14 +136,14 @@ pub fn is_header(block: &[u8]) -> bool {
 /// Scans a tar image into `image` (whose path and size are set). Fails on anything that makes the
 /// member table untrustworthy; skips (with a warning naming image and offset) members that cannot
 /// be served.
-pub fn scan(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let mut window = Window::new(file, image.size);
     walk(&mut window, image)
 }
 
 /// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and
 /// the checkpoint table that serves the members' bytes later is kept in `image.stream`.
-pub fn scan_gzip(file: &File, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
     let failed = |e: InflateError| match e {
         InflateError::Io(e) => ArchiveError::io(&path, e),

@@ -83,7 +83,8 @@ pub fn check_replaceable(dest: &Path, force: bool) -> Result<(), IndexError> {
         "not a regular file".to_string()
     } else {
         use crate::archive::Format;
-        let format = crate::read_at::open_regular(dest).and_then(|f| Format::detect(&f));
+        let format =
+            crate::read_at::open_regular(dest).and_then(|f| Format::detect(&f, meta.len()));
         match format {
             Ok(Format::Zip) => "a zip image".into(),
             Ok(Format::Squashfs) => "a squashfs image".into(),
@@ -114,6 +115,11 @@ pub struct Written {
 pub fn is_index(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 8];
+    if crate::remote::is_url(path) {
+        return crate::remote::RemoteObject::open(path)
+            .and_then(|o| crate::read_at::ReadAt::read_exact_at(&o, &mut magic, 0))
+            .is_ok_and(|_| &magic == MAGIC);
+    }
     crate::read_at::open_regular(path)
         .and_then(|mut f| f.read_exact(&mut magic))
         .is_ok_and(|_| &magic == MAGIC)
@@ -142,7 +148,12 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     let mut images = Vec::new();
     for image in catalog.images() {
         ImageRecord {
-            relative: format::relative_to(&image.path, dir),
+            // An object's URL is its own name wherever the index goes.
+            relative: if crate::remote::is_url(&image.path) {
+                image.path.clone()
+            } else {
+                format::relative_to(&image.path, dir)
+            },
             absolute: image.path.clone(),
             fingerprint: image.fingerprint,
             stream: image.stream,
@@ -232,6 +243,9 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
 /// As `open`, looking for the images in `images_dir` first (by file name) when given: for
 /// images that moved since the index was written.
 pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, IndexError> {
+    if crate::remote::is_url(path) {
+        return open_remote(path);
+    }
     let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
     let file = crate::read_at::open_regular(&path).map_err(io_error("cannot open index", &path))?;
     let len = file
@@ -260,6 +274,34 @@ pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, Inde
 #[doc(hidden)]
 pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
     let path = PathBuf::from("(in memory)");
+    let map = map_copy(bytes, &path)?;
+    from_map(map, &path, |r| Ok(r.absolute.clone()))
+}
+
+/// Largest index read from a store whole (a 2 M-file index is ~150 MB).
+const MAX_REMOTE_INDEX: u64 = 4 << 30;
+
+/// An index kept in an object store (`s3://bucket/train.packfs-index`), read whole into memory.
+/// Its images are taken as recorded: URLs, or absolute paths on this node.
+fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
+    let read = crate::remote::RemoteObject::open(url).and_then(|o| o.read_all(MAX_REMOTE_INDEX));
+    let bytes = read.map_err(io_error("cannot read index", url))?;
+    let map = map_copy(&bytes, url)?;
+    from_map(map, url, |r| {
+        if crate::remote::is_url(&r.absolute) || r.absolute.exists() {
+            return Ok(r.absolute.clone());
+        }
+        Err(IndexError::MissingImage {
+            index: url.to_path_buf(),
+            relative: r.relative.clone(),
+            places: format!("at {} (where it was indexed)", r.absolute.display()),
+        })
+    })
+}
+
+/// `bytes` copied into a read-only anonymous mapping, checked for a whole header.
+fn map_copy(bytes: &[u8], path: &Path) -> Result<Mmap, IndexError> {
+    let path = path.to_path_buf();
     let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1))
         .map_err(io_error("cannot map index", &path))?;
     anon[..bytes.len()].copy_from_slice(bytes);
@@ -272,7 +314,7 @@ pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
             .unwrap_or_default();
         return Err(IndexError::Invalid { path, reason });
     }
-    from_map(map, &path, |r| Ok(r.absolute.clone()))
+    Ok(map)
 }
 
 /// Recomputes an index's checksums after its bytes were changed: what anyone can do, since they
@@ -367,6 +409,9 @@ fn locate(
     record: &ImageRecord,
     images_dir: Option<&Path>,
 ) -> Result<PathBuf, IndexError> {
+    if crate::remote::is_url(&record.absolute) {
+        return Ok(record.absolute.clone());
+    }
     if let Some(dir) = images_dir {
         let moved = dir.join(record.relative.file_name().unwrap_or_default());
         if moved.exists() {

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""packfs over shards in an object store against one object per file, through a store with
+injected latency (tests/support/objserver.py serves both layouts from /dev/shm over HTTP/1.1 and
+counts every request).
+
+For each latency (ms per request) and each reader count, one cold epoch of random reads:
+  - per-object: every sample is its own object, fetched with one GET each by N threads
+    (keep-alive connections), the access pattern of mountpoint-s3 over one object per file;
+  - packfs: the samples in tar shards, mounted from a local index (`packfs mount INDEX`), N
+    threads reading the files in random order through the mount;
+  - packfs --stage: epoch 1 while the eager stager copies the shards to /dev/shm, then epoch 2
+    from a cold page cache once staging is complete.
+Requests and bytes are the server's counts. Usage:
+  bench/remote.sh [--files 4000] [--size 110000] [--shards 8] [--latency 5,20] [--readers 8,32]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import http.client
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PACKFS = os.path.join(ROOT, "target/release/packfs")
+OBJSERVER = os.path.join(ROOT, "tests/support/objserver.py")
+
+
+def make_dataset(work, files, size, shards):
+    objects = os.path.join(work, "objects")
+    if os.path.exists(os.path.join(work, "done")):
+        return objects
+    shutil.rmtree(work, ignore_errors=True)
+    rnd = random.Random(1)
+    os.makedirs(os.path.join(objects, "flat"))
+    names = []
+    for i in range(files):
+        # Sizes spread around `size`, as JPEGs are.
+        n = max(1000, int(rnd.gauss(size, size / 4)))
+        name = f"train/c{i % 100:03d}/s{i:07d}.jpg"
+        path = os.path.join(objects, "flat", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(os.urandom(n))
+        names.append(name)
+    rnd.shuffle(names)
+    per = (len(names) + shards - 1) // shards
+    for s in range(shards):
+        with tarfile.open(os.path.join(objects, f"shard-{s:06d}.tar"), "w", format=tarfile.GNU_FORMAT) as t:
+            for name in sorted(names[s * per:(s + 1) * per]):
+                t.add(os.path.join(objects, "flat", name), arcname=name)
+    open(os.path.join(work, "done"), "w").close()
+    return objects
+
+
+def start_server(root):
+    proc = subprocess.Popen([sys.executable, OBJSERVER, "--root", root], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline().split()[1])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def control(url, what):
+    return json.loads(urllib.request.urlopen(f"{url}/{what}").read())
+
+
+def drop_caches():
+    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=False)
+
+
+def run_threads(n, items, work):
+    """Runs work(item) over items with n threads; returns seconds."""
+    lock = threading.Lock()
+    queue = list(items)
+    errors = []
+
+    def worker():
+        state = {}
+        while True:
+            with lock:
+                if not queue:
+                    return
+                item = queue.pop()
+            try:
+                work(item, state)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} reads failed, e.g. {errors[0]}")
+    return time.perf_counter() - started
+
+
+def per_object_epoch(url, names, readers):
+    host, port = url.split("//")[1].split(":")
+
+    def get(name, state):
+        conn = state.get("conn") or http.client.HTTPConnection(host, int(port), timeout=60)
+        state["conn"] = conn
+        conn.request("GET", "/flat/" + name)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200 or not body:
+            raise RuntimeError(f"{name}: {resp.status}")
+
+    return run_threads(readers, names, get)
+
+
+def mount_epoch(mnt, names, readers):
+    def read(name, _state):
+        with open(os.path.join(mnt, name), "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+    return run_threads(readers, names, read)
+
+
+def packfs(*args, env=None):
+    return subprocess.run([PACKFS, *args], check=True, capture_output=True, text=True, env=env)
+
+
+def stage_status(mnt):
+    out = subprocess.run([PACKFS, "status", "--json", mnt], capture_output=True, text=True).stdout
+    st = json.loads(out)[0]["counters"].get("stage") or {}
+    return st.get("status")
+
+
+def row(kind, latency, readers, secs, stats, files):
+    return {
+        "run": kind,
+        "latency_ms": latency,
+        "readers": readers,
+        "seconds": round(secs, 3),
+        "files_per_s": round(files / secs, 1),
+        "requests": stats["requests"],
+        "gets": stats["gets"],
+        "mb": round(stats["bytes"] / 1e6, 1),
+        "max_in_flight": stats.get("max_in_flight"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=4000)
+    ap.add_argument("--size", type=int, default=110_000)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--latency", default="5,20")
+    ap.add_argument("--readers", default="8,32")
+    ap.add_argument("--work", default="/dev/shm/packfs-bench-remote")
+    ap.add_argument("--out", default=os.path.join(HERE, "out/remote.json"))
+    ap.add_argument("--mount-args", default="", help="extra options for every packfs mount")
+    ap.add_argument("--runs", default="object,packfs,stage", help="which runs, of object,packfs,stage")
+    args = ap.parse_args()
+
+    objects = make_dataset(args.work, args.files, args.size, args.shards)
+    flat = os.path.join(objects, "flat")
+    names = []
+    for d, _, fs in os.walk(flat):
+        names += [os.path.relpath(os.path.join(d, f), flat) for f in fs]
+    server, url = start_server(objects)
+    env = dict(os.environ, PACKFS_REMOTE_REQUESTS="64")
+    shards = f"{url}/shard-{{000000..{args.shards - 1:06d}}}.tar"
+    index = os.path.join(args.work, "remote.packfs-index")
+    packfs("index", "-o", index, "--force", shards, env=env)
+    mnt = os.path.join(args.work, "mnt")
+    stage = os.path.join(args.work, "stage")
+    os.makedirs(mnt, exist_ok=True)
+    rows = []
+    try:
+        for latency in [float(x) for x in args.latency.split(",")]:
+            control(url, f"_latency?ms={latency}")
+            for readers in [int(x) for x in args.readers.split(",")]:
+                order = names[:]
+                random.Random(readers).shuffle(order)
+
+                runs = args.runs.split(",")
+                extra = args.mount_args.split()
+                if "object" in runs:
+                    control(url, "_reset")
+                    secs = per_object_epoch(url, order, readers)
+                    rows.append(row("one object per file", latency, readers, secs, control(url, "_stats"), len(order)))
+
+                if "packfs" in runs:
+                    drop_caches()
+                    packfs("mount", *extra, index, mnt, env=env)
+                    control(url, "_reset")
+                    secs = mount_epoch(mnt, order, readers)
+                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"), len(order)))
+                    packfs("umount", mnt)
+
+                if "stage" not in runs:
+                    continue
+                shutil.rmtree(stage, ignore_errors=True)
+                drop_caches()
+                packfs("mount", *extra, "--stage", stage, index, mnt, env=env)
+                control(url, "_reset")
+                secs = mount_epoch(mnt, order, readers)
+                rows.append(row("packfs --stage, epoch 1", latency, readers, secs, control(url, "_stats"), len(order)))
+                while stage_status(mnt) != "complete":
+                    time.sleep(0.2)
+                drop_caches()
+                control(url, "_reset")
+                secs = mount_epoch(mnt, order, readers)
+                rows.append(row("packfs --stage, epoch 2", latency, readers, secs, control(url, "_stats"), len(order)))
+                packfs("umount", mnt)
+                for r in rows[-2:]:
+                    print(json.dumps(r), flush=True)
+    finally:
+        subprocess.run([PACKFS, "umount", "--if-mounted", mnt], capture_output=True)
+        server.kill()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"files": len(names), "shards": args.shards, "rows": rows}, f, indent=1)
+    print()
+    print(f"{len(names)} files of ~{args.size // 1000} kB, {args.shards} shards; cold epoch of random reads")
+    print()
+    print("| latency | readers | run | files/s | vs one object per file | requests | GETs | MB |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    base = {}
+    for r in rows:
+        key = (r["latency_ms"], r["readers"])
+        if r["run"] == "one object per file":
+            base[key] = r
+        b = base.get(key, r)
+        print(f"| {r['latency_ms']:g} ms | {r['readers']} | {r['run']} | {r['files_per_s']:,.0f} | "
+              f"{r['files_per_s'] / b['files_per_s']:.1f}x | {r['requests']:,} | {r['gets']:,} | {r['mb']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+//! Image locations that are URLs: `s3://bucket/key`, `http://host/path`, `https://host/path`.
+//!
+//! Images and indexes are named by `PathBuf` everywhere (catalog, index, messages); a URL is kept
+//! in one as its text, and this module tells the two apart and parses the URL form.
+
+use std::fmt;
+use std::path::Path;
+
+/// Where an object is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    S3 { bucket: String, key: String },
+    Http(url::Url),
+}
+
+/// True if `path` is written as an object URL rather than a file path.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(looks_like_url)
+}
+
+fn looks_like_url(s: &str) -> bool {
+    ["s3://", "http://", "https://"]
+        .iter()
+        .any(|scheme| s.len() > scheme.len() && s[..scheme.len()].eq_ignore_ascii_case(scheme))
+}
+
+/// A URL that cannot name an object.
+#[derive(Debug, thiserror::Error)]
+#[error("bad object URL {url:?}: {why}")]
+pub struct BadUrl {
+    pub url: String,
+    pub why: String,
+}
+
+impl Location {
+    /// Parses `s3://bucket/key` or an http(s) URL. Credentials in an http URL are refused: they
+    /// would be recorded in the index and shown in every message.
+    pub fn parse(text: &str) -> Result<Location, BadUrl> {
+        let bad = |why: &str| BadUrl {
+            url: text.to_string(),
+            why: why.to_string(),
+        };
+        if !looks_like_url(text) {
+            return Err(bad("expected s3://BUCKET/KEY or http(s)://HOST/PATH"));
+        }
+        if text[..5].eq_ignore_ascii_case("s3://") {
+            let rest = &text[5..];
+            let (bucket, key) = rest
+                .split_once('/')
+                .ok_or_else(|| bad("no key after the bucket"))?;
+            if bucket.is_empty() || key.is_empty() {
+                return Err(bad("the bucket and the key must not be empty"));
+            }
+            return Ok(Location::S3 {
+                bucket: bucket.to_string(),
+                key: key.to_string(),
+            });
+        }
+        let url = url::Url::parse(text).map_err(|e| bad(&e.to_string()))?;
+        if url.host_str().is_none() {
+            return Err(bad("no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(bad(
+                "credentials in the URL would be recorded in the index and in logs; serve the \
+                 shards through s3:// with AWS_* credentials instead",
+            ));
+        }
+        Ok(Location::Http(url))
+    }
+
+    /// A short name for counters: `s3://bucket` or `http://host:port`.
+    pub fn store(&self) -> String {
+        match self {
+            Location::S3 { bucket, .. } => format!("s3://{bucket}"),
+            Location::Http(url) => {
+                let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+                format!(
+                    "{}://{}{port}",
+                    url.scheme(),
+                    url.host_str().unwrap_or_default()
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::S3 { bucket, key } => write!(f, "s3://{bucket}/{key}"),
+            Location::Http(url) => write!(f, "{url}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_paths_are_told_apart() {
+        assert!(is_url(Path::new("s3://b/k.tar")));
+        assert!(is_url(Path::new("HTTPS://h/x")));
+        assert!(!is_url(Path::new("s3:/b/k")));
+        assert!(!is_url(Path::new("/data/s3://x")));
+        assert!(!is_url(Path::new("http://")));
+        assert_eq!(
+            Location::parse("s3://bkt/dir/a.tar").unwrap(),
+            Location::S3 {
+                bucket: "bkt".into(),
+                key: "dir/a.tar".into()
+            }
+        );
+        assert!(Location::parse("s3://bkt").is_err());
+        assert!(Location::parse("s3:///k").is_err());
+        let err = Location::parse("https://user:pw@h/x").unwrap_err();
+        assert!(err.to_string().contains("credentials"), "{err}");
+        let http = Location::parse("http://127.0.0.1:9000/d/a.tar").unwrap();
+        assert_eq!(http.store(), "http://127.0.0.1:9000");
+        assert_eq!(http.to_string(), "http://127.0.0.1:9000/d/a.tar");
+    }
+}

@@ -1,0 +1,197 @@
+//! Images and indexes in object stores and behind HTTP URLs: `s3://bucket/key` (AWS, MinIO,
+//! Ceph RGW, AIStore) and `http(s)://host/path`. An object is read with range requests through
+//! `ReadAt`, so the formats, the catalog and the tiers treat it as any image; the tiers read it in
+//! whole chunks through the RAM cache, so small-file reads of one shard coalesce into few GETs.
+
+mod client;
+pub mod config;
+mod location;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use client::{ObjectMeta, StoreStats};
+pub use location::{BadUrl, Location, is_url};
+
+use crate::archive::Fingerprint;
+use crate::read_at::ReadAt;
+
+/// An object opened for range reads: each read is one GET, refused if the object's ETag changed
+/// since it was opened.
+pub struct RemoteObject {
+    loc: Location,
+    meta: ObjectMeta,
+}
+
+impl RemoteObject {
+    /// HEADs the object at `path` (a URL).
+    pub fn open(path: &Path) -> io::Result<RemoteObject> {
+        let loc = parse(path)?;
+        let meta = client::client().head(&loc)?;
+        Ok(RemoteObject { loc, meta })
+    }
+
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+
+    /// The fingerprint an index records: size, Last-Modified, and hashes of both ends (two range
+    /// GETs), as for a file.
+    pub fn fingerprint(&self) -> io::Result<Fingerprint> {
+        Fingerprint::of_read_at(self, self.meta.size, self.meta.mtime, 0)
+    }
+
+    /// The whole object, for an index kept in the store (`limit` bounds what is allocated).
+    pub fn read_all(&self, limit: u64) -> io::Result<Vec<u8>> {
+        if self.meta.size > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is {} bytes, more than an index may be ({limit})",
+                    self.loc, self.meta.size
+                ),
+            ));
+        }
+        let mut buf = vec![0u8; self.meta.size as usize];
+        // In pieces, so a retry repeats one piece, not the whole index.
+        const PIECE: usize = 8 << 20;
+        for (i, piece) in buf.chunks_mut(PIECE).enumerate() {
+            self.read_exact_at(piece, (i * PIECE) as u64)?;
+        }
+        Ok(buf)
+    }
+}
+
+impl ReadAt for RemoteObject {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if offset >= self.meta.size {
+            return Ok(0);
+        }
+        // A request to the store always waits for the network.
+        if crate::read_at::waiting_refused() {
+            return Err(crate::read_at::would_block());
+        }
+        let n = (self.meta.size - offset).min(buf.len() as u64) as usize;
+        client::client().get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
+        Ok(n)
+    }
+    // No `current()`: a HEAD per image every few seconds would cost requests on every node for
+    // nothing; a replaced object is caught by If-Match on the next read instead.
+}
+
+fn parse(path: &Path) -> io::Result<Location> {
+    let text = path.to_str().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "an object URL must be UTF-8")
+    })?;
+    Location::parse(text).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+}
+
+/// The images a URL pattern names once braces are expanded: itself, or for an `s3://` glob the
+/// matching keys of the bucket (listed under the pattern's literal prefix), in key order.
+pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
+    let loc = Location::parse(word)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let Location::S3 { bucket, key } = loc else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{word}: an HTTP server cannot be listed; name the shards with a brace range \
+                 instead (train-{{000000..000127}}.tar)"
+            ),
+        ));
+    };
+    let pattern = glob::Pattern::new(&key)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{word}: {e}")))?;
+    let literal = key
+        .find(['*', '?', '['])
+        .map_or(key.as_str(), |at| &key[..at]);
+    let options = glob::MatchOptions {
+        require_literal_separator: true,
+        ..Default::default()
+    };
+    Ok(client::client()
+        .list(&bucket, literal)?
+        .into_iter()
+        .filter(|(k, _)| pattern.matches_with(k, options))
+        .map(|(k, _)| PathBuf::from(format!("s3://{bucket}/{k}")))
+        .collect())
+}
+
+/// Every store's request counters so far in this process.
+pub fn stats() -> Vec<StoreStats> {
+    client::client().stats()
+}
+
+/// Opens an image wherever it is, a file or an object named by URL, with its fingerprint as now.
+pub fn open_any(path: &Path) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
+    if is_url(path) {
+        let object = RemoteObject::open(path)?;
+        let fingerprint = object.fingerprint()?;
+        return Ok((Arc::new(object), fingerprint));
+    }
+    let file = crate::read_at::open_regular(path)?;
+    let fingerprint = Fingerprint::of(&file)?;
+    Ok((Arc::new(file), fingerprint))
+}
+
+/// As `open_any`, for a scan: an object is read through a few large blocks, so the scanner's
+/// many small reads (tar headers, zip directory entries, squashfs metadata) cost few requests.
+pub fn open_scannable(path: &Path) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
+    let (data, fingerprint) = open_any(path)?;
+    if is_url(path) {
+        return Ok((Arc::new(Blocks::new(data, SCAN_BLOCK)), fingerprint));
+    }
+    Ok((data, fingerprint))
+}
+
+/// Block size of a scan's reads of an object.
+const SCAN_BLOCK: u64 = 4 << 20;
+
+/// Reads through whole aligned blocks, keeping the last two: for one reader walking an object
+/// mostly forwards.
+struct Blocks {
+    inner: Arc<dyn ReadAt>,
+    block: u64,
+    kept: std::sync::Mutex<Vec<(u64, Arc<Vec<u8>>)>>,
+}
+
+impl Blocks {
+    fn new(inner: Arc<dyn ReadAt>, block: u64) -> Blocks {
+        Blocks {
+            inner,
+            block,
+            kept: Default::default(),
+        }
+    }
+
+    fn block_at(&self, start: u64) -> io::Result<Arc<Vec<u8>>> {
+        let mut kept = self.kept.lock().expect("not poisoned");
+        if let Some((_, b)) = kept.iter().find(|(s, _)| *s == start) {
+            return Ok(b.clone());
+        }
+        let mut bytes = vec![0u8; self.block as usize];
+        let n = self.inner.read_up_to(&mut bytes, start)?;
+        bytes.truncate(n);
+        let bytes = Arc::new(bytes);
+        if kept.len() == 2 {
+            kept.remove(0);
+        }
+        kept.push((start, bytes.clone()));
+        Ok(bytes)
+    }
+}
+
+impl ReadAt for Blocks {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if buf.len() as u64 >= self.block {
+            return self.inner.read_at(buf, offset);
+        }
+        let start = offset - offset % self.block;
+        let block = self.block_at(start)?;
+        let from = (offset - start) as usize;
+        let n = block.len().saturating_sub(from).min(buf.len());
+        buf[..n].copy_from_slice(&block[from..from + n]);
+        Ok(n)
+    }
+}

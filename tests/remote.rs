@@ -1,0 +1,543 @@
+//! Images and indexes in an object store and behind HTTP URLs, served through a real FUSE mount:
+//! an S3 server (moto's standalone server, from PyPI) and a small HTTP object server
+//! (tests/support/objserver.py) run on 127.0.0.1. The object server also stands in front of the
+//! S3 server as a proxy, to count what packfs asks for and to inject faults.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const OBJSERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/objserver.py");
+
+/// A server process, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` and waits for the line that names its port (`PORT n`, or moto's "Running on
+/// http://127.0.0.1:n").
+fn start(mut cmd: Command, from_stderr: bool) -> Server {
+    if from_stderr {
+        cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    }
+    let mut child = cmd.spawn().expect("start the server");
+    let pipe: Box<dyn std::io::Read + Send> = if from_stderr {
+        Box::new(child.stderr.take().unwrap())
+    } else {
+        Box::new(child.stdout.take().unwrap())
+    };
+    let mut lines = BufReader::new(pipe).lines();
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("the server exits before it listens")
+            .unwrap();
+        if let Some(p) = line.strip_prefix("PORT ") {
+            break p.trim().to_string();
+        }
+        if let Some(at) = line.find("http://127.0.0.1:") {
+            let rest = &line[at + "http://127.0.0.1:".len()..];
+            break rest
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>();
+        }
+    };
+    // Keep draining, so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Server {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// The object server over `root` (or in front of `upstream`).
+fn objserver(root: Option<&Path>, upstream: Option<&str>) -> Server {
+    let mut cmd = Command::new("python3");
+    cmd.arg(OBJSERVER);
+    if let Some(r) = root {
+        cmd.arg("--root").arg(r);
+    }
+    if let Some(u) = upstream {
+        cmd.arg("--upstream").arg(u);
+    }
+    start(cmd, false)
+}
+
+/// moto's S3 server, or `None` (with a message) where moto cannot be imported.
+fn moto() -> Option<(Server, PathBuf)> {
+    let python = python_with("moto.server", "moto[server]")?;
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"]);
+    Some((start(cmd, true), python))
+}
+
+/// GETs a control URL of the object server.
+fn control(server: &Server, what: &str) -> Value {
+    let url = format!("{}/{what}", server.url);
+    let out = run(Command::new("python3").args([
+        "-c",
+        "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())",
+        &url,
+    ]));
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+/// `packfs` with credentials for the test store and no other configuration.
+fn pk(endpoint: &str, home: &Path) -> Command {
+    let mut cmd = packfs();
+    cmd.env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing-secret")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("HOME", home)
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_ENDPOINT_URL_S3")
+        .env_remove("AWS_SESSION_TOKEN");
+    cmd
+}
+
+/// Uploads `files` (local path, key) into `bucket` (created) with boto3.
+fn upload(interpreter: &Path, endpoint: &str, bucket: &str, files: &[(&Path, &str)]) {
+    let mut args: Vec<std::ffi::OsString> = vec![endpoint.into(), bucket.into()];
+    for (path, key) in files {
+        args.push(path.as_os_str().into());
+        args.push((*key).into());
+    }
+    let script = "import sys, boto3\n\
+        s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                          aws_access_key_id='testing', aws_secret_access_key='testing-secret')\n\
+        try:\n    s3.create_bucket(Bucket=sys.argv[2])\nexcept s3.exceptions.BucketAlreadyOwnedByYou:\n    pass\n\
+        rest = sys.argv[3:]\n\
+        for path, key in zip(rest[0::2], rest[1::2]):\n    s3.upload_file(path, sys.argv[2], key)\n";
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    python(interpreter, script, &refs);
+}
+
+/// The test tree in `dir/src` and three GNU tar shards of it in `dir/shards`.
+fn tree_and_shards(dir: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let src = dir.join("src");
+    build_tree(&src, 40);
+    let shards_dir = dir.join("shards");
+    fs::create_dir_all(&shards_dir).unwrap();
+    let mut groups: [Vec<String>; 3] = Default::default();
+    for entry in fs::read_dir(&src).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let at = match name.as_str() {
+            "big" => 1,
+            "many" => 2,
+            _ => 0,
+        };
+        groups[at].push(name);
+    }
+    let shards: Vec<PathBuf> = (0..3)
+        .map(|i| shards_dir.join(format!("shard-{i:06}.tar")))
+        .collect();
+    for (shard, members) in shards.iter().zip(&groups) {
+        tar_members(&src, shard, members);
+    }
+    (src, shards)
+}
+
+/// A mount made with `cmd` (a `packfs mount ...` without the pid file); unmounted on drop.
+struct RemoteMount {
+    dir: PathBuf,
+    pid: i32,
+    _guard: UnmountOnDrop,
+}
+
+impl RemoteMount {
+    fn new(mut cmd: Command, dir: &Path) -> RemoteMount {
+        fs::create_dir_all(dir).unwrap();
+        let pid_file = dir.with_extension("pid");
+        let guard = UnmountOnDrop(dir.to_path_buf());
+        let out = cmd
+            .arg(dir)
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        RemoteMount {
+            dir: dir.to_path_buf(),
+            pid: read_pid(&pid_file),
+            _guard: guard,
+        }
+    }
+
+    fn status(&self, endpoint: &str, home: &Path) -> Value {
+        let out = pk(endpoint, home)
+            .args(["status", "--json"])
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+        all[0]["counters"].clone()
+    }
+
+    /// The counters once `ok` holds of them (the daemon rewrites them every second).
+    fn wait_for(&self, endpoint: &str, home: &Path, ok: impl Fn(&Value) -> bool) -> Value {
+        let started = Instant::now();
+        loop {
+            let counters = self.status(endpoint, home);
+            if ok(&counters) {
+                return counters;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{counters}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.dir) {
+            let _ = packfs().arg("umount").arg(&self.dir).output();
+        }
+        let started = Instant::now();
+        while Path::new(&format!("/proc/{}", self.pid)).exists()
+            && started.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn shards_in_an_s3_bucket_mount_byte_for_byte_through_a_local_or_a_stored_index() {
+    let Some((s3, python)) = moto() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let keys: Vec<String> = (0..3).map(|i| format!("train/shard-{i:06}.tar")).collect();
+    let mut files: Vec<(&Path, &str)> = shards
+        .iter()
+        .zip(&keys)
+        .map(|(p, k)| (p.as_path(), k.as_str()))
+        .collect();
+    // Something the prefix glob must not take.
+    let readme = dir.path().join("README");
+    fs::write(&readme, "not a shard\n").unwrap();
+    files.push((&readme, "train/README"));
+    upload(&python, &s3.url, "data", &files);
+
+    // A brace range and a prefix glob name the same three objects, in key order.
+    let index = dir.path().join("train.packfs-index");
+    run(pk(&s3.url, &home)
+        .args(["index", "-o"])
+        .arg(&index)
+        .arg("s3://data/train/shard-{000000..000002}.tar"));
+    let listed = run(pk(&s3.url, &home)
+        .args(["ls", "-l", "s3://data/train/*.tar"])
+        .env("RUST_LOG", "info"));
+    let by_range = run(pk(&s3.url, &home).args(["ls", "-l"]).arg(&index));
+    assert_eq!(listed, by_range, "s3://data/train/*.tar lists the 3 shards");
+
+    // The index records URLs only: no credential, no local path.
+    let bytes = fs::read(&index).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("s3://data/train/shard-000001.tar"));
+    assert!(!text.contains("testing-secret") && !text.contains("testing"));
+
+    let mnt = dir.path().join("mnt");
+    let mut cmd = pk(&s3.url, &home);
+    cmd.arg("mount").arg(&index);
+    let m = RemoteMount::new(cmd, &mnt);
+    assert_same_tree(&src, &mnt, &[]);
+    let counters = m.wait_for(&s3.url, &home, |c| c["served"]["source_bytes"] != 0);
+    let store = &counters["remote"][0];
+    assert_eq!(store["store"], "s3://data", "{counters}");
+    assert!(store["requests"].as_u64().unwrap() > 0, "{counters}");
+    assert_eq!(store["errors"], 0, "{counters}");
+    drop(m);
+
+    // The index kept in the bucket itself, with the endpoint given on the command line.
+    upload(&python, &s3.url, "data", &[(&index, "train.packfs-index")]);
+    let mnt2 = dir.path().join("mnt2");
+    let mut cmd = pk("http://127.0.0.1:9/nothing-listens-here", &home);
+    cmd.args(["mount", "--endpoint-url", &s3.url])
+        .arg("s3://data/train.packfs-index");
+    let _m2 = RemoteMount::new(cmd, &mnt2);
+    assert_same_tree(&src, &mnt2, &[]);
+}
+
+#[test]
+fn http_shards_named_by_a_brace_range_mount_and_a_glob_is_refused_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let server = objserver(shards[0].parent(), None);
+    let home = dir.path();
+    let pattern = format!("{}/shard-{{000000..000002}}.tar", server.url);
+    let mnt = dir.path().join("mnt");
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    cmd.arg("mount").arg(&pattern);
+    let m = RemoteMount::new(cmd, &mnt);
+    assert_same_tree(&src, &mnt, &[]);
+
+    // The 5 MiB file was read in order: chunks after the second came from read-ahead.
+    let counters = m.wait_for("http://127.0.0.1:9", home, |c| {
+        c["served"]["read_ahead_chunks"].as_u64().unwrap() >= 2
+    });
+    assert!(counters["dataset"].as_str().unwrap().starts_with("http://"));
+    // Reads went in whole chunks: far fewer GETs than the 60-odd files read; and over kept-alive
+    // connections (a body left unread closed its connection: one per request).
+    let stats = control(&server, "_stats");
+    assert!(stats["gets"].as_u64().unwrap() < 40, "{stats}");
+    let (requests, connections) = (
+        stats["requests"].as_u64().unwrap(),
+        stats["connections"].as_u64().unwrap(),
+    );
+    assert!(connections * 2 < requests, "{stats}");
+
+    let out = pk("http://127.0.0.1:9", home)
+        .arg("ls")
+        .arg(format!("{}/*.tar", server.url))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot be listed") && err.contains("{000000..000127}"),
+        "{err}"
+    );
+}
+
+/// `packfs cat` of one file of `url`, with the store's settings and `env`.
+fn cat(url: &str, member: &str, home: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    cmd.arg("cat")
+        .arg(url)
+        .arg(member)
+        .envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+#[test]
+fn store_faults_are_retried_then_reported_with_the_url_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let server = objserver(shards[0].parent(), None);
+    let home = dir.path();
+    let url = format!("{}/shard-000001.tar", server.url);
+    let want = fs::read(src.join("big/odd.bin")).unwrap();
+    let fast = [("PACKFS_REMOTE_BACKOFF_MS", "10")];
+
+    // A burst of 503s: retried, the bytes are right, each retry is logged.
+    control(&server, "_fault?status=503&count=3&match=shard-000001");
+    let out = cat(&url, "big/odd.bin", home, &fast);
+    assert_ok(&out);
+    assert_eq!(out.stdout, want);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("status 503") && err.contains("retry 3 of 4") && err.contains(&url),
+        "{err}"
+    );
+
+    // A stalled answer: the attempt times out and the next one succeeds.
+    control(&server, "_fault?stall=4&count=1&match=shard-000001");
+    let out = cat(
+        &url,
+        "big/odd.bin",
+        home,
+        &[("PACKFS_REMOTE_TIMEOUT", "1"), fast[0]],
+    );
+    assert_ok(&out);
+    assert_eq!(out.stdout, want);
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("timeout") || err.contains("timed out"),
+        "{err}"
+    );
+
+    // Failing for good: the last attempt's reason, the URL, and the attempts made.
+    control(&server, "_fault?status=500&count=100&match=shard-000001");
+    let out = cat(&url, "big/odd.bin", home, &fast);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("failed after 5 attempts: status 500"), "{err}");
+    control(&server, "_fault?clear=1");
+
+    // A missing object and a refused one: said at once, without retries.
+    let out = cat(
+        &format!("{}/shard-000009.tar", server.url),
+        "x",
+        home,
+        &fast,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no such object (404)") && !err.contains("retry"),
+        "{err}"
+    );
+    control(&server, "_fault?deny=shard-000002");
+    let out = cat(
+        &format!("{}/shard-000002.tar", server.url),
+        "many/00001.txt",
+        home,
+        &fast,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("access denied (403 AccessDenied)"), "{err}");
+    control(&server, "_fault?clear=1");
+}
+
+#[test]
+fn an_object_replaced_after_indexing_is_refused_and_one_replaced_under_a_mount_fails_its_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_src, shards) = tree_and_shards(dir.path());
+    let server = objserver(shards[0].parent(), None);
+    let home = dir.path();
+    let urls = format!("{}/shard-{{000000..000002}}.tar", server.url);
+    let index = dir.path().join("t.packfs-index");
+    run(pk("http://127.0.0.1:9", home)
+        .args(["index", "-o"])
+        .arg(&index)
+        .arg(&urls));
+
+    // Replaced with other bytes of the same size: the fingerprint no longer matches.
+    let shard = &shards[2];
+    let mut bytes = fs::read(shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 2000] ^= 0xff;
+    fs::write(shard, &bytes).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let out = pk("http://127.0.0.1:9", home)
+        .arg("mount")
+        .arg(&index)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("shard-000002.tar changed since it was indexed"),
+        "{err}"
+    );
+
+    // Re-indexed and mounted; then replaced again while mounted: reads fail (EIO), not serve
+    // other bytes, and the log says why.
+    run(pk("http://127.0.0.1:9", home)
+        .args(["index", "-o"])
+        .arg(&index)
+        .arg(&urls));
+    let log = dir.path().join("mount.log");
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    cmd.arg("mount")
+        .args(["--log-file", log.to_str().unwrap()])
+        .arg(&index);
+    let m = RemoteMount::new(cmd, &mnt);
+    let mut bytes = fs::read(shard).unwrap();
+    bytes[600] ^= 0xff;
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(shard, &bytes).unwrap();
+    let read = fs::read(m.dir.join("many/00003.txt"));
+    assert!(read.is_err(), "a replaced object must not be served");
+    let logged = fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("was replaced since it was opened (its ETag changed)"),
+        "{logged}"
+    );
+}
+
+#[test]
+fn a_stalled_object_does_not_hold_up_reads_of_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let server = objserver(shards[0].parent(), None);
+    let home = dir.path();
+    let mnt = dir.path().join("mnt");
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    cmd.arg("mount")
+        .env("PACKFS_REMOTE_TIMEOUT", "60")
+        .arg(format!("{}/shard-{{000000..000002}}.tar", server.url));
+    let m = RemoteMount::new(cmd, &mnt);
+    control(&server, "_fault?stall=20&count=1&match=shard-000001");
+    let stalled_path = m.dir.join("big/odd.bin");
+    let stalled = std::thread::spawn(move || fs::read(stalled_path));
+    // Give the stalled read time to reach the server.
+    let started = Instant::now();
+    while control(&server, "_fault")["count"] != 0 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let other = fs::read(m.dir.join("many/00007.txt")).unwrap();
+    assert_eq!(other, fs::read(src.join("many/00007.txt")).unwrap());
+    assert!(
+        !stalled.is_finished(),
+        "the read of the other object finished while the stalled one still waits"
+    );
+    assert_eq!(
+        stalled.join().unwrap().unwrap(),
+        fs::read(src.join("big/odd.bin")).unwrap()
+    );
+}
+
+#[test]
+fn staged_from_the_store_a_second_epoch_makes_no_requests() {
+    let Some((s3, python)) = moto() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let files: Vec<(&Path, String)> = shards
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            (p.as_path(), format!("train/{name}"))
+        })
+        .collect();
+    let files: Vec<(&Path, &str)> = files.iter().map(|(p, k)| (*p, k.as_str())).collect();
+    upload(&python, &s3.url, "stage", &files);
+    // packfs talks to the store through a counting proxy.
+    let proxy = objserver(None, Some(&s3.url));
+    let stage = dir.path().join("stage");
+    let mnt = dir.path().join("mnt");
+    let mut cmd = pk(&proxy.url, &home);
+    cmd.arg("mount")
+        .arg("--stage")
+        .arg(&stage)
+        .arg("s3://stage/train/*.tar");
+    let m = RemoteMount::new(cmd, &mnt);
+    let started = Instant::now();
+    loop {
+        let st = &m.status(&proxy.url, &home)["stage"];
+        if st["status"] == "complete" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "staging did not complete: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Epoch 1 (also during staging) and the copy itself made requests.
+    let stats = control(&proxy, "_stats");
+    assert!(stats["gets"].as_u64().unwrap() > 0, "{stats}");
+    control(&proxy, "_reset");
+    // Epoch 2 from a cold page cache: every byte from the staged copy.
+    run(Command::new("sh").args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]));
+    assert_same_tree(&src, &mnt, &[]);
+    let stats = control(&proxy, "_stats");
+    assert_eq!(stats["requests"], 0, "epoch 2 asked the store: {stats}");
+    m.wait_for(&proxy.url, &home, |c| {
+        c["served"]["staged_bytes"].as_u64().unwrap() > 5 << 20
+    });
+}
