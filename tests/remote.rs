@@ -625,3 +625,52 @@ fn both(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// An S3 listing that always answers the same truncated page, as a broken or hostile store
+/// might: `packfs ls` of a glob refuses it with a message instead of listing forever.
+#[test]
+fn a_store_listing_that_does_not_advance_is_refused() {
+    let page = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name><Prefix>p/</Prefix>
+<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated><NextContinuationToken>again</NextContinuationToken>
+<Contents><Key>p/a.tar</Key><Size>10</Size></Contents></ListBucketResult>"#;
+    let script = format!(
+        "import http.server, sys\n\
+         PAGE = {page:?}.encode()\n\
+         class H(http.server.BaseHTTPRequestHandler):\n\
+         \x20   def do_GET(self):\n\
+         \x20       self.send_response(200)\n\
+         \x20       self.send_header('Content-Length', str(len(PAGE)))\n\
+         \x20       self.end_headers()\n\
+         \x20       self.wfile.write(PAGE)\n\
+         \x20   def log_message(self, *a):\n\
+         \x20       pass\n\
+         s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n\
+         print('PORT', s.server_address[1], flush=True)\n\
+         s.serve_forever()\n"
+    );
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(script);
+    let server = start(cmd, false);
+    let home = tempfile::tempdir().unwrap();
+    let mut ls = pk(&server.url, home.path());
+    ls.args(["ls", "s3://b/p/*.tar"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = ls.spawn().unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("packfs ls followed a listing that never advances for 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("s3://b/p/*") && err.contains("not listing in key order"),
+        "{err}"
+    );
+}

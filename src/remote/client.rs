@@ -42,6 +42,10 @@ pub struct StoreStats {
     pub errors: u64,
 }
 
+/// Pages of a listing followed at most: 100 million keys at S3's 1 000 per page, far more than a
+/// glob of shards lists, and a bound on a store that never stops answering "truncated".
+const MAX_LIST_PAGES: usize = 100_000;
+
 pub struct Client {
     agent: ureq::Agent,
     s3: S3Config,
@@ -263,8 +267,15 @@ impl Client {
         })
     }
 
-    /// Keys and sizes of the objects of `bucket` whose key starts with `prefix`, in key order.
-    pub fn list(&self, bucket: &str, prefix: &str) -> io::Result<Vec<(String, u64)>> {
+    /// Keys of the objects of `bucket` whose key starts with `prefix` and that `keep` takes, in
+    /// key order. Only kept keys are held, and a store whose listing does not advance (a page
+    /// not after the one before, or more pages than any dataset has) is refused, not followed.
+    pub fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> io::Result<Vec<String>> {
         use rusty_s3::S3Action;
         let loc = Location::S3 {
             bucket: bucket.to_string(),
@@ -275,6 +286,7 @@ impl Client {
         let creds = self.credentials();
         let mut out = Vec::new();
         let mut token: Option<String> = None;
+        let (mut pages, mut last): (usize, Option<String>) = (0, None);
         loop {
             let page = self.attempts(&loc, "LIST", &counters, || {
                 let mut action = b.list_objects_v2(creds.as_ref());
@@ -302,17 +314,41 @@ impl Client {
                     ))
                 })
             })?;
-            out.extend(
-                page.contents
-                    .into_iter()
-                    .map(|c| (c.key, c.size.unwrap_or(0))),
-            );
+            pages += 1;
+            let refuse = |why: String| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("s3://{bucket}/{prefix}*: {why}"),
+                )
+            };
+            for c in page.contents {
+                if last.as_ref().is_some_and(|l| c.key <= *l) {
+                    return Err(refuse(format!(
+                        "the store's listing went back to {:?} after {:?}; it is not \
+                         listing in key order (a store fault): name the objects with a brace \
+                         range instead",
+                        c.key,
+                        last.unwrap_or_default()
+                    )));
+                }
+                if keep(&c.key) {
+                    out.push(c.key.clone());
+                }
+                last = Some(c.key);
+            }
             match page.next_continuation_token {
-                Some(t) if !t.is_empty() => token = Some(t),
+                Some(t) if !t.is_empty() => {
+                    if pages >= MAX_LIST_PAGES {
+                        return Err(refuse(format!(
+                            "more than {MAX_LIST_PAGES} pages of listing; give a longer literal \
+                             prefix before the first wildcard"
+                        )));
+                    }
+                    token = Some(t);
+                }
                 _ => break,
             }
         }
-        out.sort();
         Ok(out)
     }
 

@@ -111,10 +111,9 @@ pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
         ..Default::default()
     };
     Ok(client::client()
-        .list(&bucket, literal)?
+        .list(&bucket, literal, |k| pattern.matches_with(k, options))?
         .into_iter()
-        .filter(|(k, _)| pattern.matches_with(k, options))
-        .map(|(k, _)| PathBuf::from(format!("s3://{bucket}/{k}")))
+        .map(|k| PathBuf::from(format!("s3://{bucket}/{k}")))
         .collect())
 }
 
