@@ -19,9 +19,12 @@ pub fn is_url(path: &Path) -> bool {
 }
 
 fn looks_like_url(s: &str) -> bool {
-    ["s3://", "http://", "https://"]
-        .iter()
-        .any(|scheme| s.len() > scheme.len() && s[..scheme.len()].eq_ignore_ascii_case(scheme))
+    // `get`, not slicing: a path's non-ASCII character may straddle the scheme's length.
+    ["s3://", "http://", "https://"].iter().any(|scheme| {
+        s.len() > scheme.len()
+            && s.get(..scheme.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+    })
 }
 
 /// A URL that cannot name an object.
@@ -105,6 +108,15 @@ mod tests {
         assert!(!is_url(Path::new("s3:/b/k")));
         assert!(!is_url(Path::new("/data/s3://x")));
         assert!(!is_url(Path::new("http://")));
+        // Multi-byte characters across the 5th, 7th or 8th byte (once a panic).
+        for path in [
+            "/data/é.tar",
+            "abcd€.tar",
+            "/home/zoë/x.tar",
+            "/mnt/ü/€€€.zip",
+        ] {
+            assert!(!is_url(Path::new(path)), "{path}");
+        }
         assert_eq!(
             Location::parse("s3://bkt/dir/a.tar").unwrap(),
             Location::S3 {
