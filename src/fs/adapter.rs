@@ -401,11 +401,10 @@ impl Filesystem for PackFs {
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let started = Instant::now();
-        const BSIZE: u32 = 4096;
-        let usage = self.core.usage();
-        let blocks = usage.bytes.div_ceil(BSIZE as u64);
-        debug!(blocks, files = usage.entries, "statfs");
-        reply.statfs(blocks, 0, 0, usage.entries, 0, BSIZE, 255, BSIZE);
+        use super::attr::{NAME_MAX, STATFS_BSIZE};
+        let (blocks, files) = super::attr::statfs_figures(self.core.usage());
+        debug!(blocks, files, "statfs");
+        reply.statfs(blocks, 0, 0, files, 0, STATFS_BSIZE, NAME_MAX, STATFS_BSIZE);
         self.done(Op::Statfs, ino, None, started, Ok(0));
     }
 }

@@ -573,11 +573,8 @@ fn answer(
         FLUSH => (None, Err(Errno::ENOSYS)),
         IOCTL => (Some(Op::Ioctl), Err(Errno::ENOTTY)),
         STATFS => {
-            const BSIZE: u32 = 4096;
-            let usage = core.usage();
-            let blocks = usage.bytes.div_ceil(BSIZE as u64);
-            let len = put_statfs(payload, blocks, usage.entries, BSIZE);
-            (Some(Op::Statfs), Ok(len))
+            let (blocks, files) = crate::fs::attr::statfs_figures(core.usage());
+            (Some(Op::Statfs), Ok(put_statfs(payload, blocks, files)))
         }
         RELEASE | RELEASEDIR | DESTROY => (None, Ok(0)),
         _ => (None, Err(Errno::ENOSYS)),

@@ -5,7 +5,7 @@
 //! length read from the kernel is checked against the buffer before use.
 
 use crate::catalog::Kind;
-use crate::fs::attr::TTL;
+use crate::fs::attr::{self, TTL};
 use crate::fs::core::{Attr, DirEntry, Listing};
 
 pub const IN_HEADER: usize = 40;
@@ -104,7 +104,7 @@ pub fn put_attr(b: &mut [u8], a: &Attr) {
     let (secs, nsec) = (a.mtime as u64, a.mtime_nsec);
     put64(b, 0, a.ino);
     put64(b, 8, a.size);
-    put64(b, 16, a.size.div_ceil(512));
+    put64(b, 16, attr::blocks_of(a.size));
     for at in [24, 32, 40] {
         put64(b, at, secs);
     }
@@ -112,10 +112,10 @@ pub fn put_attr(b: &mut [u8], a: &Attr) {
         put32(b, at, nsec);
     }
     put32(b, 60, mode_of(a.kind) | a.perm as u32);
-    put32(b, 64, 1);
+    put32(b, 64, attr::NLINK);
     put32(b, 68, a.owner.uid);
     put32(b, 72, a.owner.gid);
-    put32(b, 80, crate::fs::attr::BLKSIZE);
+    put32(b, 80, attr::BLKSIZE);
 }
 
 /// `fuse_entry_out`: the node, no generation, the mount's timeouts, the attributes.
@@ -139,14 +139,14 @@ pub fn put_attr_out(b: &mut [u8], a: &Attr) -> usize {
 }
 
 /// `fuse_kstatfs`, as the classic loop answers it.
-pub fn put_statfs(b: &mut [u8], blocks: u64, files: u64, bsize: u32) -> usize {
+pub fn put_statfs(b: &mut [u8], blocks: u64, files: u64) -> usize {
     let b = &mut b[..STATFS_OUT];
     b.fill(0);
     put64(b, 0, blocks);
     put64(b, 24, files);
-    put32(b, 40, bsize);
-    put32(b, 44, 255);
-    put32(b, 48, bsize);
+    put32(b, 40, attr::STATFS_BSIZE);
+    put32(b, 44, attr::NAME_MAX);
+    put32(b, 48, attr::STATFS_BSIZE);
     STATFS_OUT
 }
 
