@@ -44,8 +44,10 @@ impl Drop for Parameter {
 /// One test's setting of the parameter (held for its duration) and its files: a source tree, its
 /// shard, a mountpoint and a stats file.
 struct Trial {
-    _one: std::sync::MutexGuard<'static, ()>,
+    // Fields drop in order: the parameter is restored while the lock is still held (the other
+    // way round, the next test could save this test's value as the one to restore).
     _param: Parameter,
+    _one: std::sync::MutexGuard<'static, ()>,
     dir: tempfile::TempDir,
     src: PathBuf,
     shard: PathBuf,
@@ -66,8 +68,8 @@ impl Trial {
         let dir = tempfile::tempdir().unwrap();
         let (src, shard) = shard(dir.path());
         Some(Trial {
-            _one: one,
             _param: param,
+            _one: one,
             mnt: dir.path().join("mnt"),
             stats: dir.path().join("stats.json"),
             dir,
