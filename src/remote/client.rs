@@ -268,8 +268,8 @@ impl Client {
     }
 
     /// Keys of the objects of `bucket` whose key starts with `prefix` and that `keep` takes, in
-    /// key order. Only kept keys are held, and a store whose listing does not advance (a page
-    /// not after the one before, or more pages than any dataset has) is refused, not followed.
+    /// key order. Only kept keys are held, and a store whose listing does not end (a continuation
+    /// token given twice, or more pages than any dataset has) is refused, not followed.
     pub fn list(
         &self,
         bucket: &str,
@@ -286,7 +286,9 @@ impl Client {
         let creds = self.credentials();
         let mut out = Vec::new();
         let mut token: Option<String> = None;
-        let (mut pages, mut last): (usize, Option<String>) = (0, None);
+        // Every token seen (hashed: a store may send long ones): a store that repeats one would
+        // be followed round a cycle forever.
+        let mut tokens = std::collections::HashSet::new();
         loop {
             let page = self.attempts(&loc, "LIST", &counters, || {
                 let mut action = b.list_objects_v2(creds.as_ref());
@@ -314,41 +316,37 @@ impl Client {
                     ))
                 })
             })?;
-            pages += 1;
             let refuse = |why: String| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("s3://{bucket}/{prefix}*: {why}"),
                 )
             };
-            for c in page.contents {
-                if last.as_ref().is_some_and(|l| c.key <= *l) {
-                    return Err(refuse(format!(
-                        "the store's listing went back to {:?} after {:?}; it is not \
-                         listing in key order (a store fault): name the objects with a brace \
-                         range instead",
-                        c.key,
-                        last.unwrap_or_default()
-                    )));
-                }
-                if keep(&c.key) {
-                    out.push(c.key.clone());
-                }
-                last = Some(c.key);
-            }
+            out.extend(page.contents.into_iter().map(|c| c.key).filter(|k| keep(k)));
             match page.next_continuation_token {
                 Some(t) if !t.is_empty() => {
-                    if pages >= MAX_LIST_PAGES {
+                    if tokens.len() >= MAX_LIST_PAGES {
                         return Err(refuse(format!(
                             "more than {MAX_LIST_PAGES} pages of listing; give a longer literal \
                              prefix before the first wildcard"
                         )));
+                    }
+                    if !tokens.insert(xxhash_rust::xxh3::xxh3_64(t.as_bytes())) {
+                        return Err(refuse(
+                            "the store gave a continuation token a second time, so its listing \
+                             would never end (a store fault); name the objects with a brace \
+                             range instead"
+                                .to_string(),
+                        ));
                     }
                     token = Some(t);
                 }
                 _ => break,
             }
         }
+        // Sorted here: directory buckets (S3 Express) and some stores do not list in key order.
+        out.sort();
+        out.dedup();
         Ok(out)
     }
 
