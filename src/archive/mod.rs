@@ -206,7 +206,7 @@ pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
 }
 
 /// Scans the image at `path` whose bytes `file` reads and whose fingerprint is `fingerprint`.
-pub fn scan_data(
+fn scan_data(
     path: &Path,
     file: &dyn crate::read_at::ReadAt,
     fingerprint: Fingerprint,

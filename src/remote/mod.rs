@@ -32,8 +32,9 @@ impl RemoteObject {
         Ok(RemoteObject { loc, meta })
     }
 
-    pub fn meta(&self) -> &ObjectMeta {
-        &self.meta
+    /// The object's size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.meta.size
     }
 
     /// The fingerprint an index records: size, Last-Modified, and hashes of both ends (two range
@@ -42,24 +43,14 @@ impl RemoteObject {
         Fingerprint::of_read_at(self, self.meta.size, self.meta.mtime, 0)
     }
 
-    /// The whole object, for an index kept in the store (`limit` bounds what is allocated).
-    pub fn read_all(&self, limit: u64) -> io::Result<Vec<u8>> {
-        if self.meta.size > limit {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{} is {} bytes, more than an index may be ({limit})",
-                    self.loc, self.meta.size
-                ),
-            ));
-        }
-        let mut buf = vec![0u8; self.meta.size as usize];
-        // In pieces, so a retry repeats one piece, not the whole index.
+    /// The whole object into `buf` (its size), for an index kept in the store: in pieces, so a
+    /// retry repeats one piece, not the whole index.
+    pub fn read_into(&self, buf: &mut [u8]) -> io::Result<()> {
         const PIECE: usize = 8 << 20;
         for (i, piece) in buf.chunks_mut(PIECE).enumerate() {
             self.read_exact_at(piece, (i * PIECE) as u64)?;
         }
-        Ok(buf)
+        Ok(())
     }
 }
 

@@ -274,7 +274,10 @@ pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, Inde
 #[doc(hidden)]
 pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
     let path = PathBuf::from("(in memory)");
-    let map = map_copy(bytes, &path)?;
+    let map = map_filled(bytes.len(), &path, |buf| {
+        buf.copy_from_slice(bytes);
+        Ok(())
+    })?;
     from_map(map, &path, |r| Ok(r.absolute.clone()))
 }
 
@@ -284,9 +287,21 @@ const MAX_REMOTE_INDEX: u64 = 4 << 30;
 /// An index kept in an object store (`s3://bucket/train.packfs-index`), read whole into memory.
 /// Its images are taken as recorded: URLs, or absolute paths on this node.
 fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
-    let read = crate::remote::RemoteObject::open(url).and_then(|o| o.read_all(MAX_REMOTE_INDEX));
-    let bytes = read.map_err(io_error("cannot read index", url))?;
-    let map = map_copy(&bytes, url)?;
+    let object =
+        crate::remote::RemoteObject::open(url).map_err(io_error("cannot read index", url))?;
+    if object.size() > MAX_REMOTE_INDEX {
+        let error = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} is {} bytes, more than an index may be ({MAX_REMOTE_INDEX})",
+                url.display(),
+                object.size()
+            ),
+        );
+        return Err(io_error("cannot read index", url)(error));
+    }
+    // Read straight into the mapping: no second copy of an index of up to 4 GiB.
+    let map = map_filled(object.size() as usize, url, |buf| object.read_into(buf))?;
     from_map(map, url, |r| {
         if crate::remote::is_url(&r.absolute) || r.absolute.exists() {
             return Ok(r.absolute.clone());
@@ -299,17 +314,21 @@ fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
     })
 }
 
-/// `bytes` copied into a read-only anonymous mapping, checked for a whole header.
-fn map_copy(bytes: &[u8], path: &Path) -> Result<Mmap, IndexError> {
+/// `len` bytes written by `fill` into a read-only anonymous mapping, checked for a whole header.
+fn map_filled(
+    len: usize,
+    path: &Path,
+    fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+) -> Result<Mmap, IndexError> {
     let path = path.to_path_buf();
-    let mut anon = memmap2::MmapMut::map_anon(bytes.len().max(1))
-        .map_err(io_error("cannot map index", &path))?;
-    anon[..bytes.len()].copy_from_slice(bytes);
+    let mut anon =
+        memmap2::MmapMut::map_anon(len.max(1)).map_err(io_error("cannot map index", &path))?;
+    fill(&mut anon[..len]).map_err(io_error("cannot read index", &path))?;
     let map = anon
         .make_read_only()
         .map_err(io_error("cannot map index", &path))?;
-    if bytes.len() < HEADER_LEN {
-        let reason = Header::decode(bytes, bytes.len() as u64)
+    if len < HEADER_LEN {
+        let reason = Header::decode(&map[..len], len as u64)
             .err()
             .unwrap_or_default();
         return Err(IndexError::Invalid { path, reason });
