@@ -496,3 +496,36 @@ fn seven_zip_archives() {
         }
     }
 }
+
+/// An Info-ZIP Unicode Path extra field names the member only when its CRC-32 matches the
+/// header's name (APPNOTE 4.6.9): unzip keeps the header's name otherwise, and so does packfs.
+#[test]
+fn a_unicode_path_field_with_a_bad_crc_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("unicode.zip");
+    python_zip(
+        r#"
+import struct, sys, zipfile, zlib
+def unicode_path(header_name, name, good):
+    crc = zlib.crc32(header_name.encode()) ^ (0 if good else 1)
+    body = struct.pack('<BI', 1, crc) + name.encode()
+    return struct.pack('<HH', 0x7075, len(body)) + body
+with zipfile.ZipFile(sys.argv[1], 'w') as z:
+    for header, name, good in [('good.txt', 'g\u00f6\u00f6d.txt', True), ('bad.txt', 'b\u00e4d.txt', False)]:
+        info = zipfile.ZipInfo(header, (2020, 1, 1, 0, 0, 0))
+        info.extra = unicode_path(header, name, good)
+        z.writestr(info, header)
+"#,
+        &img,
+    );
+    let extracted = dir.path().join("x");
+    unzip_into(&img, &extracted, &[]);
+    let mut names: Vec<_> = fs::read_dir(&extracted)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bad.txt", "g\u{f6}\u{f6}d.txt"]);
+    let mnt = Mount::new(&[&img], &dir.path().join("mnt"), &[]);
+    assert_same_tree(&extracted, &mnt.dir, &[]);
+}

@@ -41,12 +41,20 @@ pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), 
     if scan(&file, &mut image).is_err() {
         return;
     }
+    // Every header read is served, merged or warned about: never a silent loss.
+    if let Some(what) = image.unaccounted() {
+        panic!("{what}");
+    }
     let mut scanned = vec![image];
     let Ok(catalog) =
         packfs::dataset::build_settling_clashes(&mut scanned, DuplicatePolicy::LastWins)
     else {
         return;
     };
+    // Settling clashes leaves members out only with a warning, too.
+    if let Some(what) = scanned[0].unaccounted() {
+        panic!("{what}");
+    }
     let problems = catalog.check_structure();
     assert!(
         problems.is_empty(),

@@ -77,6 +77,12 @@ pub struct ScannedImage {
     pub fingerprint: Fingerprint,
     pub members: Vec<Member>,
     pub strings: Vec<u8>,
+    /// Headers (tar), central directory entries (zip) or inodes (squashfs) the scan read. Each
+    /// one is served (`members`), merged into the member it describes (`merged`), or left out
+    /// with a warning (`skipped`): `unaccounted` checks that none went missing silently.
+    pub headers: u64,
+    /// Headers that only describe another (tar extension records, PAX global headers).
+    pub merged: u64,
     /// Members left out with a warning.
     pub skipped: u64,
     /// How many members were left out for each reason, for the summary after the scan.
@@ -102,6 +108,8 @@ impl ScannedImage {
             fingerprint,
             members: Vec::new(),
             strings: Vec::new(),
+            headers: 0,
+            merged: 0,
             skipped: 0,
             skips: BTreeMap::new(),
             clashes_settled: false,
@@ -126,6 +134,22 @@ impl ScannedImage {
                 String::from_utf8_lossy(name)
             );
         }
+    }
+
+    /// Headers the scan read but neither served, merged nor warned about: a scanner bug (a
+    /// member lost without a word), described; `None` when every header is accounted for.
+    pub fn unaccounted(&self) -> Option<String> {
+        let accounted = self.members.len() as u64 + self.merged + self.skipped;
+        (accounted != self.headers).then(|| {
+            format!(
+                "{}: the scan read {} headers but accounts for {accounted} ({} members served,                  {} merged into the member they describe, {} skipped with a warning)",
+                self.path.display(),
+                self.headers,
+                self.members.len(),
+                self.merged,
+                self.skipped
+            )
+        })
     }
 
     /// One line per reason that left out more members than were named.
@@ -233,5 +257,11 @@ fn scan_data(
         }
     }
     image.summarize_skips();
+    if let Some(what) = image.unaccounted() {
+        // Never silently less: a member lost here is a packfs bug, said out loud (the tests
+        // and fuzz targets fail on it).
+        debug_assert!(false, "{what}");
+        tracing::error!("{what}; this is a packfs bug, please report it");
+    }
     Ok(image)
 }

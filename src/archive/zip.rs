@@ -62,6 +62,7 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
     let mut archive = zip::ZipArchive::new(Cursor::new(file, image.size)).map_err(malformed)?;
     let directory = archive.central_directory_start();
     for i in 0..archive.len() {
+        image.headers += 1;
         let mut unreadable = None;
         let Some(member) = archive
             .by_index_raw(i)

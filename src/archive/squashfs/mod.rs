@@ -43,6 +43,7 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
     // Scratch buffers reused for every file.
     let (mut record, mut words) = (Vec::new(), Vec::new());
     for node in fs.files() {
+        image.headers += 1;
         let raw = node.fullpath.as_os_str().as_bytes();
         let mut member = Member {
             path: Span::default(),
