@@ -29,7 +29,9 @@ fn main() -> ExitCode {
     match cli::run(args, &argv) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("packfs: error: {e:#}");
+            // Whatever a message quotes (a URL with a password, say), no secret reaches the terminal.
+            let message = format!("{e:#}");
+            eprintln!("packfs: error: {}", packfs::remote::redact::urls(&message));
             ExitCode::FAILURE
         }
     }

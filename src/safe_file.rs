@@ -1,18 +1,24 @@
 //! Files packfs writes, created so that another user of the node cannot redirect them: never
 //! through a symlink (O_NOFOLLOW, or a new file made with O_EXCL and renamed over the old name),
 //! and default directories only if they are the user's own and nobody else can write them (the
-//! check ssh makes of ~/.ssh and systemd of runtime directories).
+//! check ssh makes of ~/.ssh and systemd of runtime directories). What the daemon writes (stats,
+//! metrics, logs, traces, pid files, staged copies) is readable by its owner only: it names
+//! datasets, paths and counters another user of the node has no business reading.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-/// Open options that refuse a symlink in the last component (ELOOP) and do not leak the
-/// descriptor into children.
+/// Mode of the files packfs creates for itself: its owner's alone.
+pub const PRIVATE: u32 = 0o600;
+
+/// Open options that refuse a symlink in the last component (ELOOP), do not leak the descriptor
+/// into children, and create a file readable by its owner only.
 pub fn no_follow() -> OpenOptions {
     let mut opts = OpenOptions::new();
-    opts.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    opts.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(PRIVATE);
     opts
 }
 
@@ -20,6 +26,12 @@ pub fn no_follow() -> OpenOptions {
 /// (O_EXCL, so never through a symlink someone planted), written, given `mode` and renamed over
 /// `path` (which replaces a symlink there, not its target).
 pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace_for(path, bytes, mode, None)
+}
+
+/// `replace`, with the new file given group `gid` (when set) before it takes the name, so a
+/// reader in that group (node_exporter, say) can read a file mode 0640 gives it.
+pub fn replace_for(path: &Path, bytes: &[u8], mode: u32, gid: Option<u32>) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -30,6 +42,9 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         .suffix(".tmp")
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::fchown(tmp.as_file(), None, Some(gid))?;
+    }
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -95,12 +110,11 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
     Ok(())
 }
 
-/// Opens `path` for appending, creating it (0644) if needed, never through a symlink.
+/// Opens `path` for appending, creating it (owner only) if needed, never through a symlink.
 pub fn append(path: &Path) -> io::Result<File> {
     no_follow()
         .create(true)
         .append(true)
-        .mode(0o644)
         .open(path)
         .map_err(explain_symlink)
 }

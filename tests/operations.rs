@@ -406,3 +406,64 @@ fn moved_and_changed_shards_say_how_to_go_on() {
         .arg("--images-dir")
         .arg(&moved));
 }
+
+/// Every file a daemon writes (counters, Prometheus file, log, pid file, trace, staged copies)
+/// is its owner's only: they name datasets, paths and pids, and the log holds every error. The
+/// Prometheus file is readable by the group `--metrics-group` names, for node_exporter.
+#[test]
+fn everything_a_daemon_writes_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let index = dataset(dir.path(), 5);
+    let mnt = dir.path().join("mnt");
+    let at = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let m = Mount::new(
+        &[&index],
+        &mnt,
+        &[
+            "--log-file",
+            &at("mount.log"),
+            "--trace",
+            &at("trace.json"),
+            "--stats-file",
+            &at("stats.json"),
+            "--stage",
+            &at("stage"),
+            "--metrics-group",
+            "65534",
+        ],
+    );
+    for i in 0..5 {
+        std::fs::read(mnt.join(format!("d/f{i:03}.bin"))).unwrap();
+    }
+    let (_, status) = status_json(&mnt);
+    let default_stats = PathBuf::from(status["stats_file"].as_str().unwrap());
+    let mut private = vec![
+        default_stats.clone(),
+        dir.path().join("mount.log"),
+        mnt.with_extension("pid"),
+        dir.path().join("trace.json"),
+        dir.path().join("stats.json"),
+    ];
+    let staged: Vec<PathBuf> = std::fs::read_dir(dir.path().join("stage"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(staged.len() >= 2, "{staged:?}");
+    private.extend(staged);
+    for path in &private {
+        let mode = std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode of {}", path.display());
+    }
+    let prom = std::fs::metadata(default_stats.with_extension("prom")).unwrap();
+    assert_eq!((prom.mode() & 0o777, prom.gid()), (0o640, 65534));
+    // Another user finds nothing to read.
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg("cat")
+        .arg(&default_stats)
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    drop(m);
+}

@@ -674,3 +674,95 @@ fn a_store_listing_that_does_not_advance_is_refused() {
         "{err}"
     );
 }
+
+/// No log line, at any level, holds a secret: not the access key id, the session token or the
+/// signature of a presigned S3 URL (the HTTP client logs whole requests at debug), nor the
+/// password of a URL packfs refuses. Checked in what commands print at every verbosity and in a
+/// daemon's log at trace level.
+#[test]
+fn no_secret_reaches_any_log_at_any_level() {
+    let Some((s3, python)) = moto() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let keys: Vec<String> = (0..3).map(|i| format!("s/shard-{i:06}.tar")).collect();
+    let files: Vec<(&Path, &str)> = shards
+        .iter()
+        .zip(&keys)
+        .map(|(p, k)| (p.as_path(), k.as_str()))
+        .collect();
+    upload(&python, &s3.url, "secrets", &files);
+    const KEY_ID: &str = "AKIAPACKFSTESTKEY042";
+    const TOKEN: &str = "packfsSessionTokenThatMustNotLeak";
+    let secret_pk = || {
+        let mut cmd = pk(&s3.url, &home);
+        cmd.env("AWS_ACCESS_KEY_ID", KEY_ID)
+            .env("AWS_SESSION_TOKEN", TOKEN);
+        cmd
+    };
+    let leaks = |what: &str, text: &str| {
+        for secret in [KEY_ID, TOKEN, "secretpw", "testing-secret"] {
+            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+        }
+        // A signature shows only as REDACTED.
+        for (at, _) in text.match_indices("X-Amz-Signature=") {
+            let value = &text[at + "X-Amz-Signature=".len()..];
+            assert!(value.starts_with("REDACTED"), "{what}: {}", &text[at..]);
+        }
+    };
+    let pattern = "s3://secrets/s/shard-{000000..000002}.tar";
+    for (env, flags) in [
+        (None, &[][..]),
+        (None, &["-v"][..]),
+        (None, &["-vv"][..]),
+        (None, &["-vvv"][..]),
+        (Some("debug"), &[][..]),
+        (Some("trace"), &[][..]),
+        (Some("ureq=trace,rustls=trace,trace"), &[][..]),
+    ] {
+        let mut cmd = secret_pk();
+        if let Some(spec) = env {
+            cmd.env("RUST_LOG", spec);
+        }
+        let out = cmd.args(flags).arg("ls").arg(pattern).output().unwrap();
+        assert_ok(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        leaks(&format!("ls {flags:?} RUST_LOG={env:?}"), &stderr);
+        if env == Some("trace") {
+            // The level took (packfs's own lines below warnings were written).
+            assert!(stderr.contains("INFO"), "{stderr}");
+        }
+    }
+    // A URL with a password is refused without showing it, at any level.
+    for spec in ["warn", "trace"] {
+        let out = secret_pk()
+            .env("RUST_LOG", spec)
+            .args([
+                "ls",
+                "https://user:secretpw@127.0.0.1:9/x.tar?X-Amz-Signature=abc",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("credentials in the URL"), "{stderr}");
+        leaks("a refused URL", &stderr);
+        assert!(!stderr.contains("=abc"), "{stderr}");
+    }
+    // A daemon's log at trace level, through a mount, a read of every file and the unmount.
+    let log = dir.path().join("daemon.log");
+    let mnt = dir.path().join("mnt");
+    let mut cmd = secret_pk();
+    cmd.env("RUST_LOG", "trace")
+        .arg("mount")
+        .arg("--log-file")
+        .arg(&log)
+        .arg(pattern);
+    let mount = RemoteMount::new(cmd, &mnt);
+    assert_same_tree(&src, &mount.dir, &[]);
+    drop(mount);
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.lines().count() > 20, "{text}");
+    leaks("the daemon's log", &text);
+}

@@ -78,6 +78,10 @@ pub struct Args {
     /// $XDG_RUNTIME_DIR/packfs; the log names it).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
+    /// Let this group read the Prometheus file beside the default stats file (mode 0640; without
+    /// it, like every file the daemon writes, 0600): the group node_exporter runs as.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    metrics_group: Option<u32>,
     #[command(flatten)]
     merge: Merge,
     /// Save the catalog scanned from the images as an index file, for faster mounts next time.
@@ -157,6 +161,7 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             .map(|dir| args.staging.options(dir, args.stage_mode.into()))
             .transpose()?,
         stats_file: absolute(&args.stats_file)?,
+        metrics_group: args.metrics_group,
         pid_file: absolute(&args.pid_file)?,
         save_index: absolute(&args.save_index)?,
         nonempty: args.nonempty,
@@ -202,5 +207,17 @@ fn dataset_name(images: &[String]) -> String {
     match images.len() {
         0 | 1 => first,
         n => format!("{first} +{}", n - 1),
+    }
+}
+
+/// A group by name or number, as chgrp takes it.
+fn parse_group(text: &str) -> Result<u32, String> {
+    if let Ok(gid) = text.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(text) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group named {text:?} (see `getent group`)")),
+        Err(e) => Err(format!("cannot look up group {text:?}: {e}")),
     }
 }

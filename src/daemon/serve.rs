@@ -44,6 +44,8 @@ pub struct MountRequest {
     pub stage: Option<StageOptions>,
     /// Where the counters are written while the mount runs (`stats::default_path` when unset).
     pub stats_file: Option<PathBuf>,
+    /// The group that may read the Prometheus file (0640 instead of 0600).
+    pub metrics_group: Option<u32>,
     /// Mount over a directory that has files in it (hiding them).
     pub nonempty: bool,
     /// Write every request to this file (Chrome trace-event JSON), up to the byte limit.
@@ -151,7 +153,12 @@ pub fn serve(
         requests: observer.requests.clone(),
         about: about.clone(),
     };
-    let stats_file = stats::StatsFile::start(stats_paths, sources(), mountpoint.clone());
+    let stats_file = stats::StatsFile::start(
+        stats_paths,
+        sources(),
+        mountpoint.clone(),
+        req.metrics_group,
+    );
     on_ready(ready_line);
     verify_in_background(catalog);
     let watcher = watch_images(files.clone());
@@ -474,12 +481,12 @@ struct PidFile(PathBuf);
 impl PidFile {
     fn create(path: &Path) -> Result<PidFile, MountError> {
         let pid = format!("{}\n", std::process::id());
-        crate::safe_file::replace(path, pid.as_bytes(), 0o644).map_err(|error| {
-            MountError::PidFile {
+        crate::safe_file::replace(path, pid.as_bytes(), crate::safe_file::PRIVATE).map_err(
+            |error| MountError::PidFile {
                 path: path.to_path_buf(),
                 error,
-            }
-        })?;
+            },
+        )?;
         Ok(PidFile(path.to_path_buf()))
     }
 }

@@ -409,11 +409,24 @@ impl StatsFile {
     /// Writes to every path in `paths` (the default one, where `packfs status` looks, and the
     /// one `--stats-file` asked for). The first write is done before returning, so a `packfs
     /// status` right after the mount's ready line finds the counters.
-    pub fn start(paths: Vec<PathBuf>, src: Sources, mountpoint: PathBuf) -> StatsFile {
+    /// `metrics_group` may read the Prometheus file.
+    pub fn start(
+        paths: Vec<PathBuf>,
+        src: Sources,
+        mountpoint: PathBuf,
+        metrics_group: Option<u32>,
+    ) -> StatsFile {
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let mut warned = vec![false; paths.len()];
-        write_once(&paths, &src, &mountpoint, started, &mut warned);
+        write_once(
+            &paths,
+            &src,
+            &mountpoint,
+            started,
+            metrics_group,
+            &mut warned,
+        );
         let (ps, flag) = (paths.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("packfs-stats".into())
@@ -426,7 +439,7 @@ impl StatsFile {
                     if flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    write_once(&ps, &src, &mountpoint, started, &mut warned);
+                    write_once(&ps, &src, &mountpoint, started, metrics_group, &mut warned);
                 }
             })
             .map_err(|e| warn!("cannot start the stats writer: {e}"))
@@ -446,6 +459,7 @@ fn write_once(
     src: &Sources,
     mountpoint: &Path,
     started: Instant,
+    metrics_group: Option<u32>,
     warned: &mut [bool],
 ) {
     let counters = Counters::of(src, mountpoint, started);
@@ -454,10 +468,16 @@ fn write_once(
     // the directory it is given.
     if let Some(default) = paths.first() {
         let prom = default.with_extension("prom");
-        let _ = crate::safe_file::replace(&prom, counters.to_prometheus().as_bytes(), 0o644);
+        let mode = match metrics_group {
+            Some(_) => 0o640,
+            None => crate::safe_file::PRIVATE,
+        };
+        let prom_text = counters.to_prometheus();
+        let _ = crate::safe_file::replace_for(&prom, prom_text.as_bytes(), mode, metrics_group);
     }
+    // Counters name the dataset, its paths and the daemon's pid: the owner's only.
     for (p, warned) in paths.iter().zip(warned.iter_mut()) {
-        let written = crate::safe_file::replace(p, text.as_bytes(), 0o644);
+        let written = crate::safe_file::replace(p, text.as_bytes(), crate::safe_file::PRIVATE);
         if let Err(e) = written
             && !*warned
         {
@@ -536,7 +556,7 @@ mod tests {
         let src = empty_sources();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mnt.json");
-        let file = StatsFile::start(vec![path.clone()], src, dir.path().join("mnt"));
+        let file = StatsFile::start(vec![path.clone()], src, dir.path().join("mnt"), None);
         let parsed: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(parsed["pid"], std::process::id());

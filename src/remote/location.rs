@@ -29,7 +29,7 @@ fn looks_like_url(s: &str) -> bool {
 
 /// A URL that cannot name an object.
 #[derive(Debug, thiserror::Error)]
-#[error("bad object URL {url:?}: {why}")]
+#[error("bad object URL {:?}: {why}", super::redact::urls(url))]
 pub struct BadUrl {
     pub url: String,
     pub why: String,
@@ -92,7 +92,8 @@ impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Location::S3 { bucket, key } => write!(f, "s3://{bucket}/{key}"),
-            Location::Http(url) => write!(f, "{url}"),
+            // A URL given with a query (a presigned one) shows none of its values.
+            Location::Http(url) => f.write_str(&super::redact::urls(url.as_str())),
         }
     }
 }

@@ -6,6 +6,7 @@
 mod client;
 pub mod config;
 mod location;
+pub mod redact;
 
 use std::io;
 use std::path::{Path, PathBuf};
