@@ -452,3 +452,74 @@ fn images_that_are_not_regular_files_are_refused_at_once() {
         );
     }
 }
+
+/// A flood of identical failures makes a few lines, not one per request: 16 readers of a shard
+/// cut under the daemon fail thousands of reads; the log names the first few per window and
+/// counts the rest in one line, and the counters keep every failure.
+#[test]
+fn a_flood_of_failures_is_logged_a_few_times_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let members: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("f{i:02}.bin"), bytes(i, 4000)))
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = members
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.clone()))
+        .collect();
+    let shard = make_tar(dir.path(), "s.tar", &refs);
+    let log = dir.path().join("daemon.log");
+    let log_arg = log.to_str().unwrap().to_string();
+    let m = Mount::new(
+        &[&shard],
+        &dir.path().join("mnt"),
+        &["--log-file", &log_arg],
+    );
+    truncate(&shard, 1024);
+    let failures = std::sync::atomic::AtomicU64::new(0);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let (dir, failures) = (&m.dir, &failures);
+            s.spawn(move || {
+                let mut i = t;
+                while std::time::Instant::now() < until {
+                    let name = format!("f{:02}.bin", i % 40);
+                    if fs::read(dir.join(name)).is_err() {
+                        failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    i += 7;
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner();
+    assert!(failures > 200, "only {failures} reads failed");
+    // The counters keep every failure (the stats file is rewritten every second).
+    let started = std::time::Instant::now();
+    loop {
+        let counters = run(packfs().args(["status", "--json"]).arg(&m.dir));
+        let counters: serde_json::Value = serde_json::from_str(&counters).unwrap();
+        let errors = counters[0]["counters"]["errors"].as_u64().unwrap();
+        if errors >= failures {
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "{errors} errors counted, {failures} reads failed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(m);
+    let logged = fs::read_to_string(&log).unwrap();
+    let named = logged.lines().filter(|l| l.contains("read failed")).count();
+    let head: String = logged.lines().take(30).collect::<Vec<_>>().join("\n");
+    let summaries: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("more failed requests"))
+        .collect();
+    // One 10 s window, perhaps two: the first few named in each.
+    assert!((1..=10).contains(&named), "{named} named:\n{head}");
+    assert!(!summaries.is_empty() && summaries.len() <= 2, "{logged}");
+    assert!(summaries[0].contains("s.tar"), "{}", summaries[0]);
+    assert!(logged.lines().count() < 60, "{head}");
+}

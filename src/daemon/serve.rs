@@ -179,6 +179,8 @@ pub fn serve(
     }
     drop(stats_file);
     drop(watcher);
+    // The failures counted but not yet summarized, before the final counters.
+    fs::error_log::global().flush(std::time::Instant::now() + fs::error_log::WINDOW);
     stats::log_counters(&sources());
     if let Some(trace) = &observer.trace {
         trace.finish();

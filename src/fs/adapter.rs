@@ -131,7 +131,7 @@ impl PackFs {
 
 /// The errno of a failed request, logged when the failure is the data's rather than the caller's.
 pub(super) fn failed(err: Error) -> Errno {
-    if err.is_worth_logging() {
+    if err.is_worth_logging() && super::error_log::global().admit(&err.log_key(), Instant::now()) {
         match &err {
             Error::Io {
                 image,

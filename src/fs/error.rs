@@ -75,6 +75,15 @@ impl Error {
         }
     }
 
+    /// What a flood of such failures is counted under (`error_log`): the image, or the kind.
+    pub fn log_key(&self) -> String {
+        match self {
+            Error::Io { image, .. } => format!("image {}", image.display()),
+            Error::Panicked { .. } => "requests that panicked".into(),
+            _ => "requests the catalog cannot answer".into(),
+        }
+    }
+
     /// Whether the daemon's log should say so: failures of the data, not of the caller's request
     /// (a damaged index chunk is logged once where it is found).
     pub fn is_worth_logging(&self) -> bool {

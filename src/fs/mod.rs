@@ -2,12 +2,13 @@
 //! the tiers, with one error type (`error`); `adapter` is the only module that knows fuser, and
 //! only decodes requests and encodes replies; `reads` serves file data inline or from a worker
 //! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts
-//! and `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its latency, `trace` writes each one with `--trace`.
+//! and `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its latency, `trace` writes each one with `--trace`; `error_log` keeps a flood of failures from flooding the log.
 
 mod adapter;
 mod attr;
 pub mod core;
 pub mod error;
+pub mod error_log;
 pub mod readahead;
 mod reads;
 pub mod requests;
