@@ -9,6 +9,13 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // mount(8) runs the helper of an fstab `user` entry with an empty environment, slurmd runs
+    // prologs without PATH: what packfs runs (fusermount3, through fuser too) is then looked
+    // for where a system keeps it.
+    if std::env::var_os("PATH").is_none_or(|p| p.is_empty()) {
+        // SAFETY: the first thing the process does, before any thread exists.
+        unsafe { std::env::set_var("PATH", packfs::daemon::STANDARD_PATH) };
+    }
     // As `mount.fuse.packfs`, mount(8)'s arguments stand for a `packfs mount`.
     let argv = match cli::mount_helper_args() {
         Ok(Some(argv)) => argv,

@@ -310,3 +310,63 @@ fn man_pages_render_and_bash_completes_subcommands() {
         );
     }
 }
+
+/// An fstab `user` entry, mounted by an ordinary user through mount(8), which runs the helper
+/// with an empty environment (no PATH: fusermount3 must still be found); an option repeated in
+/// the entry counts once, with its last value. In a private mount namespace whose /etc/fstab is
+/// the test's, so nothing on the machine changes.
+#[test]
+fn an_fstab_user_entry_mounts_for_an_ordinary_user_with_an_empty_environment() {
+    let dir = open_tempdir();
+    let (src, index) = dataset(dir.path());
+    let helpers = dir.path().join("sbin");
+    std::fs::create_dir(&helpers).unwrap();
+    std::os::unix::fs::symlink(BIN, helpers.join("mount.fuse.packfs")).unwrap();
+    let mnt = dir.path().join("user-mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::os::unix::fs::chown(&mnt, Some(65534), Some(65534)).unwrap();
+    let fstab = dir.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse.packfs ro,user,noauto,cache_size=16M,cache_size=32M 0 0\n",
+            index.display(),
+            mnt.display(),
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -eu
+mount --make-rprivate /
+mount --bind {fstab} /etc/fstab
+sbin=$(readlink -f /sbin)
+mount --bind {helpers} "$sbin"
+# Ordinary users need /dev/fuse 0666 (the fuse3 package's udev rule): a node of that mode over
+# it in this namespace only, the machine's left as it is.
+mknod -m 0666 {dev} c 10 229
+mount --bind {dev} /dev/fuse
+as_user() {{ setpriv --reuid 65534 --regid 65534 --clear-groups /usr/bin/env -i "$@"; }}
+as_user /usr/bin/mount {mnt}
+as_user /usr/bin/cmp {mnt}/d/b.bin {src}/d/b.bin
+grep -cE ' {mnt} fuse' /proc/self/mounts
+as_user {bin} umount {mnt}
+grep -cE ' {mnt} fuse' /proc/self/mounts || true
+"#,
+        fstab = fstab.display(),
+        helpers = helpers.display(),
+        mnt = mnt.display(),
+        src = src.display(),
+        bin = BIN,
+        dev = dir.path().join("fuse").display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["1", "0"], "{stderr}");
+}

@@ -19,6 +19,8 @@ fn is_generic(option: &str) -> bool {
         "relatime",
     ];
     GENERIC.contains(&option)
+        // mount(8) tells a helper who mounted a `user` entry (`user=NAME`).
+        || option.starts_with("user=")
         || option.starts_with("x-")
         || option.starts_with("comment=")
         || option == "sync"
@@ -61,7 +63,20 @@ pub fn translate(args: &[OsString]) -> Result<Option<Vec<OsString>>, String> {
         // mount(8) helpers are silent on success.
         out.push("-q".into());
     }
-    for option in options.iter().filter(|o| !is_generic(o)) {
+    // An option given twice (in fstab, or in fstab and on the command line) counts once, with
+    // its last value, as mount(8) takes it.
+    let key_of = |o: &str| o.split_once('=').map_or(o, |(k, _)| k).replace('_', "-");
+    let last: Vec<&String> = options
+        .iter()
+        .enumerate()
+        .filter(|&(i, o)| {
+            !options[i + 1..]
+                .iter()
+                .any(|later| key_of(later) == key_of(o))
+        })
+        .map(|(_, o)| o)
+        .collect();
+    for option in last.into_iter().filter(|o| !is_generic(o)) {
         if option == "rw" {
             return Err("packfs mounts are read-only: drop `rw` from the options".into());
         }
@@ -111,6 +126,13 @@ mod tests {
                 .contains("read-only")
         );
         assert!(translate(&args("a")).unwrap_err().contains("usage"));
+        // Repeated: the last one counts, as mount(8) takes it; `user=NAME` is mount(8)'s.
+        let repeated = translate(&args(
+            "a b -o cache_size=1G,user,allow_other,cache-size=2G,user=nobody,allow_other",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(repeated, args("mount -q --cache-size 2G --allow-other a b"));
         assert!(translate(&args("a b -x")).unwrap_err().contains("-x"));
     }
 }

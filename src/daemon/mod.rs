@@ -18,7 +18,7 @@ use std::process::ExitStatus;
 pub use launcher::{detach_from_launcher, spawn_background};
 pub use preflight::{check_fuse_available, check_mountpoint};
 pub use serve::{MountRequest, serve};
-pub use unmount::{UnmountError, Unmounted, unmount, unmount_if_unused, user_name};
+pub use unmount::{STANDARD_PATH, UnmountError, Unmounted, unmount, unmount_if_unused, user_name};
 
 use crate::catalog::index::IndexError;
 use crate::dataset::DatasetError;

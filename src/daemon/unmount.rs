@@ -86,8 +86,8 @@ pub fn unmount_if_unused(path: &Path) -> Result<bool, UnmountError> {
             Err(error) => Err(UnmountError::Unmount { path: abs, error }),
         };
     }
-    let helper = fusermount()?;
-    let out = Command::new(helper)
+    let (helper, program) = fusermount()?;
+    let out = Command::new(program)
         .arg("-u")
         .arg(&abs)
         .output()
@@ -160,10 +160,10 @@ fn unmount_as_root(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
 }
 
 fn unmount_with_fusermount(path: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
-    let helper = fusermount()?;
+    let (helper, program) = fusermount()?;
     let failed_to_run = |error| UnmountError::Helper { helper, error };
     let run = |lazy: bool| {
-        let mut cmd = Command::new(helper);
+        let mut cmd = Command::new(&program);
         cmd.arg(if lazy { "-uz" } else { "-u" }).arg(path);
         cmd.output()
     };
@@ -189,15 +189,29 @@ fn unmount_with_fusermount(path: &Path, lazy: bool) -> Result<Unmounted, Unmount
     Ok(Unmounted::Detached)
 }
 
-/// The FUSE unmount helper of this machine.
-fn fusermount() -> Result<&'static str, UnmountError> {
+/// The FUSE unmount helper of this machine: its name (for messages) and where it is.
+fn fusermount() -> Result<(&'static str, PathBuf), UnmountError> {
     ["fusermount3", "fusermount"]
         .into_iter()
-        .find(|h| which(h))
+        .find_map(|name| find_program(name).map(|path| (name, path)))
         .ok_or(UnmountError::NoFusermount)
 }
 
+/// Where programs are looked for when PATH is unset or empty: mount(8) runs the helper of an
+/// fstab `user` entry with an empty environment, and slurmd runs prologs without PATH.
+pub const STANDARD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The first `program` in PATH, then in the standard directories (so a PATH without /usr/bin
+/// still finds the setuid fusermount3 there).
+pub(crate) fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(std::env::split_paths(STANDARD_PATH))
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
 pub(crate) fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+    find_program(program).is_some()
 }
