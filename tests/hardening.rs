@@ -411,3 +411,59 @@ fn shard_rewritten_in_place_fails_instead_of_serving_other_bytes() {
         "{log}"
     );
 }
+
+/// A crafted entry whose encoding does not fit its image (a record the catalog does not hold,
+/// an encoding code no format uses) fails its reads with EIO and a log line naming the image
+/// and the offset, not ENOENT in silence; the other files are served.
+#[test]
+fn a_crafted_encoding_fails_with_eio_and_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_shard, index) = dataset(dir.path());
+    let mut bytes_ = fs::read(&index).unwrap();
+    let set_code = |bytes_: &mut Vec<u8>, at: usize, code: u32| {
+        let mode = u32::from_le_bytes(bytes_[at + 28..at + 32].try_into().unwrap());
+        put(
+            bytes_,
+            at + 28,
+            &((mode & 0xffff) | code << 16).to_le_bytes(),
+        );
+    };
+    // a.bin: a zip member's CRC record, at its tar data offset: far past the names arena.
+    let a = record_of(&bytes_, "a.bin");
+    let a_offset = u64::from_le_bytes(bytes_[a + 8..a + 16].try_into().unwrap());
+    set_code(&mut bytes_, a, 3);
+    // b.bin: an encoding code no format has.
+    let b = record_of(&bytes_, "b.bin");
+    set_code(&mut bytes_, b, 9);
+    assert!(packfs::catalog::index::reseal(&mut bytes_));
+    let crafted = dir.path().join("crafted.packfs-index");
+    fs::write(&crafted, &bytes_).unwrap();
+
+    let log = dir.path().join("daemon.log");
+    let m = Mount::new(
+        &[&crafted],
+        &dir.path().join("mnt"),
+        &["--log-file", log.to_str().unwrap()],
+    );
+    for name in ["a", "b"] {
+        let err = fs::read(m.dir.join(format!("d/{name}.bin"))).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+    }
+    assert_eq!(fs::read(m.dir.join("d/c.bin")).unwrap(), bytes(2, 5000));
+    drop(m);
+    let log = fs::read_to_string(&log).unwrap();
+    let line = |what: &str| {
+        log.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no line with {what:?}:\n{log}"))
+            .to_string()
+    };
+    let a_line = line("is not in the catalog");
+    assert!(
+        a_line.contains("s.tar") && a_line.contains(&format!("offset {a_offset}")),
+        "{a_line}"
+    );
+    assert!(line("encoding code 9").contains("s.tar"));
+    let (ok, _, err) = run_bounded(packfs().arg("verify").arg(&crafted));
+    assert!(!ok && err.contains("encoding code 9"), "{err}");
+}

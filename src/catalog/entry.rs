@@ -75,17 +75,19 @@ impl Entry {
         Some(())
     }
 
-    /// How the file's bytes are stored at `offset` of its image.
-    pub fn encoding(&self) -> Encoding {
-        match self.mode >> ENCODING_SHIFT {
+    /// How the file's bytes are stored at `offset` of its image; the code itself when no
+    /// encoding has it (a damaged or crafted index: never read as stored bytes).
+    pub fn encoding(&self) -> Result<Encoding, u32> {
+        Ok(match self.mode >> ENCODING_SHIFT {
+            0 => Encoding::Stored,
             1 => Encoding::Deflate,
             2 => Encoding::Squashfs,
             3 => Encoding::StoredCrc,
             4 => Encoding::ZipDeflated,
             5 => Encoding::Sparse,
             6 => Encoding::Checkpointed,
-            _ => Encoding::Stored,
-        }
+            code => return Err(code),
+        })
     }
 
     /// The `mode` bits that record `encoding`.

@@ -104,8 +104,6 @@ impl Catalog {
     /// checked against the file's size and its image's.
     pub fn layout(&self, entry: &Entry) -> Result<Layout<'_>, CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::File);
-        let record = |offset, len| self.store.names(offset, len);
-        let layout = Layout::read(entry.encoding(), entry.offset, record)?;
         let image = self.images.get(entry.image as usize).ok_or_else(|| {
             CatalogError::Invalid(format!(
                 "the catalog places a file in image #{}, but it has {} images (the index is \
@@ -114,6 +112,26 @@ impl Catalog {
                 self.images.len()
             ))
         })?;
+        // A record the catalog does not hold is damage, not a missing file: EIO and a log line
+        // naming the image and the offset, never ENOENT.
+        let invalid = |why: String| {
+            CatalogError::Invalid(format!(
+                "in image {}: the file's record at offset {} {why} (the index is damaged or \
+                 crafted)",
+                image.path.display(),
+                entry.offset
+            ))
+        };
+        let record = |offset: u64, len: usize| match self.store.names(offset, len) {
+            Err(CatalogError::NotFound) => Err(invalid(format!(
+                "is not in the catalog ({len} bytes at {offset} of its arena)"
+            ))),
+            other => other,
+        };
+        let encoding = entry
+            .encoding()
+            .map_err(|code| invalid(format!("has encoding code {code}, which no format uses")))?;
+        let layout = Layout::read(encoding, entry.offset, record)?;
         let layout = match image.stream {
             None => layout,
             Some(table) => layout.in_stream(read_checkpoints(table, record)?)?,
