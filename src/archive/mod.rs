@@ -13,6 +13,7 @@ pub mod inflate;
 pub mod layout;
 pub mod name;
 pub mod sparse_map;
+pub mod spill;
 pub mod squashfs;
 pub mod tar;
 pub mod zip;
@@ -51,7 +52,8 @@ pub struct Member {
     /// Sanitized path (no leading `/` or `./`, no `..`), empty for the root directory itself.
     pub path: Span,
     /// Symlink target as stored (never followed), hard-link target path, or for a squashfs file
-    /// its encoded block map.
+    /// its encoded block map. For a `Checkpointed` member: its checkpoint table, a span of the
+    /// image's `tables` (not of `strings`).
     pub link: Span,
     pub kind: MemberKind,
     /// Permission bits (`0o7777` at most).
@@ -91,8 +93,10 @@ pub struct ScannedImage {
     /// build then trusts that no name is both a file and a directory.
     pub clashes_settled: bool,
     /// For a compressed image (a `.tar.gz`): the checkpoint table of its decoded stream
-    /// (`inflate::table`), in which the members' offsets lie.
-    pub stream: Option<Vec<u8>>,
+    /// (`inflate::table`), in which the members' offsets lie, in `tables`.
+    pub stream: Option<spill::TableRef>,
+    /// The checkpoint tables of the image's deflate streams, on disk (`spill`).
+    pub tables: Option<spill::TableFile>,
 }
 
 /// Warnings named one by one per image and reason; the rest are counted in one summary line, so
@@ -114,7 +118,16 @@ impl ScannedImage {
             skips: BTreeMap::new(),
             clashes_settled: false,
             stream: None,
+            tables: None,
         }
+    }
+
+    /// The image's table file, made on first use.
+    pub(crate) fn tables(&mut self) -> io::Result<&mut spill::TableFile> {
+        if self.tables.is_none() {
+            self.tables = Some(spill::TableFile::new()?);
+        }
+        Ok(self.tables.as_mut().expect("made above"))
     }
 
     /// Leaves out the member `name` whose header is at `offset`, with a warning (the first few

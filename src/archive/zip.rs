@@ -10,7 +10,8 @@ use zip::extra_fields::ExtraField;
 use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::layout::crc_record;
 use super::name::sanitize;
-use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage};
+use super::spill::{TableFile, TableRef};
+use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
 use crate::read_at::{Cursor, ReadAt};
 
 /// Deflated members up to this size are inflated whole (one `layout::Unit`) into the RAM cache;
@@ -138,7 +139,9 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
         }
         let checkpoints = if encoding == Encoding::Deflate && size > MAX_WHOLE && !member.is_dir() {
             let end = data_offset.saturating_add(member.compressed_size());
-            match checkpoint(file, data_offset, end.min(image.size), size, crc) {
+            let end = end.min(image.size);
+            let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+            match checkpoint(file, data_offset, end, size, crc, tables) {
                 Ok(table) => Some(table),
                 Err(InflateError::Io(e)) => return Err(ArchiveError::io(&path, e)),
                 Err(InflateError::Bad { at, why }) => {
@@ -217,13 +220,10 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
                 ));
             }
             target
-        } else if kind == MemberKind::File {
-            // The file's layout record: its checkpoint table, or where its data is and the CRC-32
-            // to check it against.
-            match &checkpoints {
-                Some(table) => table.clone(),
-                None => crc_record(data_offset, crc).to_vec(),
-            }
+        } else if kind == MemberKind::File && checkpoints.is_none() {
+            // The file's layout record: where its data is and the CRC-32 to check it against (a
+            // checkpointed member's record is its table, in the image's table file).
+            crc_record(data_offset, crc).to_vec()
         } else {
             Vec::new()
         };
@@ -233,7 +233,13 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
             _ => Encoding::StoredCrc,
         };
         let path_span = image.push_string(&path_bytes);
-        let link_span = image.push_string(&link);
+        let link_span = match checkpoints {
+            Some(table) => Span {
+                start: table.at as usize,
+                len: table.len as usize,
+            },
+            None => image.push_string(&link),
+        };
         image.members.push(Member {
             path: path_span,
             link: link_span,
@@ -250,16 +256,18 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
     Ok(())
 }
 
-/// Inflates a deflated member once (its compressed bytes lie in `start..end`) and returns its
-/// checkpoint table, after checking its length and CRC-32 against the central directory's.
+/// Inflates a deflated member once (its compressed bytes lie in `start..end`), appends its
+/// checkpoint table to `tables` and returns where it is, after checking its length and CRC-32
+/// against the central directory's.
 fn checkpoint(
     file: &dyn ReadAt,
     start: u64,
     end: u64,
     size: u64,
     crc: u32,
-) -> Result<Vec<u8>, InflateError> {
-    let done = Indexer::new(file, end, start, Wrapper::Raw, inflate::spacing())?.finish()?;
+    tables: &mut TableFile,
+) -> Result<TableRef, InflateError> {
+    let done = Indexer::new(file, end, start, Wrapper::Raw, inflate::spacing())?.finish(tables)?;
     let bad = |why: String| InflateError::Bad { at: start, why };
     if done.total != size {
         return Err(bad(format!(

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use tracing::debug;
 
 use super::entry::{Entry, S_IFDIR, S_IFLNK, S_IFREG};
-use super::store::Store;
+use super::store::{Segment, Store};
 use super::{Catalog, ImageInfo};
 use crate::archive::{Member, MemberKind, ScannedImage};
 
@@ -47,6 +47,11 @@ pub enum BuildError {
     },
     #[error("the catalog is too large: {0}")]
     TooLarge(&'static str),
+    #[error("cannot map the checkpoint tables of {}: {error}", image.display())]
+    Tables {
+        image: PathBuf,
+        error: std::io::Error,
+    },
     /// A file and a directory of one image share a name; `ScannedImage::drop_clashes` settles it
     /// as extraction does, and the build is run again.
     #[error("{path:?} is a file and a directory in {}", image_path.display())]
@@ -275,6 +280,16 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
     for (v, &pos) in position.iter().enumerate() {
         node_at[pos as usize] = v as u32;
     }
+    // Each image's checkpoint tables follow the names, image after image: where they start,
+    // counted from the end of the names (known once the names are laid out).
+    let mut table_starts = Vec::with_capacity(images.len());
+    let mut tables_len = 0u64;
+    for image in images {
+        table_starts.push(tables_len);
+        tables_len += image.tables.as_ref().map_or(0, |t| t.len());
+    }
+    // Entries whose record is a table: their offsets get the names' length added at the end.
+    let mut in_tables: Vec<usize> = Vec::new();
     let mut entries = Vec::with_capacity(n);
     let mut names: Vec<u8> = Vec::new();
     let mut file_count = 0u64;
@@ -308,7 +323,10 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
                 e.mode = S_IFREG | m.mode | Entry::encoding_bits(m.encoding);
                 e.size = m.size;
                 e.offset = m.data_offset;
-                if m.encoding.has_record() {
+                if m.encoding == crate::archive::Encoding::Checkpointed {
+                    e.offset = table_starts[r.image as usize] + m.link.start as u64;
+                    in_tables.push(entries.len());
+                } else if m.encoding.has_record() {
                     e.offset = names.len() as u64;
                     names.extend_from_slice(images[r.image as usize].link_of(m));
                 }
@@ -325,24 +343,40 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         }
         entries.push(e);
     }
-    // The checkpoint tables of compressed images, after the entries' names and records.
+    names.shrink_to_fit();
+    let base = names.len() as u64;
+    for &i in &in_tables {
+        entries[i].offset += base;
+    }
+    // The checkpoint tables, mapped from their files after the names.
     let mut infos = Vec::with_capacity(images.len());
-    for i in images {
-        let stream = i.stream.as_ref().map(|table| {
-            let at = names.len() as u64;
-            names.extend_from_slice(table);
-            at
-        });
+    let mut tail = Vec::new();
+    for (i, image) in images.iter().enumerate() {
+        let start = base + table_starts[i];
+        if let Some(tables) = image.tables.as_ref().filter(|t| !t.is_empty()) {
+            let failed = |error| BuildError::Tables {
+                image: image.path.clone(),
+                error,
+            };
+            let file = tables.file().try_clone().map_err(failed)?;
+            // SAFETY: a read-only mapping of this process's own unlinked temporary file, whose
+            // tables are complete and are never written again.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(failed)?;
+            tail.push(Segment { start, map, file });
+        }
         infos.push(ImageInfo {
-            path: i.path.clone(),
-            fingerprint: i.fingerprint,
-            stream,
+            path: image.path.clone(),
+            fingerprint: image.fingerprint,
+            stream: image.stream.map(|table| start + table.at),
         });
     }
-    names.shrink_to_fit();
 
     Ok(Catalog {
-        store: Store::Owned { entries, names },
+        store: Store::Owned {
+            entries,
+            names,
+            tail,
+        },
         images: infos,
         file_count,
         file_bytes,

@@ -122,19 +122,21 @@ impl Catalog {
                 entry.offset
             ))
         };
-        let record = |offset: u64, len: usize| match self.store.names(offset, len) {
+        let in_arena = |offset: u64, len: usize, got| match got {
             Err(CatalogError::NotFound) => Err(invalid(format!(
                 "is not in the catalog ({len} bytes at {offset} of its arena)"
             ))),
             other => other,
         };
+        let record = |offset, len| in_arena(offset, len, self.store.names(offset, len));
+        let whole = |offset, len| in_arena(offset, len, self.store.names_unchecked(offset, len));
         let encoding = entry
             .encoding()
             .map_err(|code| invalid(format!("has encoding code {code}, which no format uses")))?;
-        let layout = Layout::read(encoding, entry.offset, record)?;
+        let layout = Layout::read(encoding, entry.offset, record, whole)?;
         let layout = match image.stream {
             None => layout,
-            Some(table) => layout.in_stream(read_checkpoints(table, record)?)?,
+            Some(table) => layout.in_stream(read_checkpoints(table, record, whole)?)?,
         };
         // Checked on every use: the read planner's arithmetic relies on it, and a crafted index
         // could otherwise make it overflow or point outside the image.
@@ -238,8 +240,8 @@ impl Catalog {
 }
 
 impl Catalog {
-    /// The tables, fully verified, for writing them to an index.
-    pub(crate) fn tables(&self) -> Result<(&[Entry], &[u8]), CatalogError> {
+    /// The tables, fully verified, for writing them to an index (the names arena in pieces).
+    pub(crate) fn tables(&self) -> Result<(&[Entry], Vec<store::Part<'_>>), CatalogError> {
         self.store.tables()
     }
 

@@ -39,8 +39,40 @@ impl From<crate::archive::layout::PlanError> for CatalogError {
 }
 
 pub(super) enum Store {
-    Owned { entries: Vec<Entry>, names: Vec<u8> },
+    /// A catalog built from scanned images: entries and names in memory, then the images'
+    /// checkpoint tables mapped from their spill files (`tail`), so that a table of gigabytes
+    /// takes no memory until reads touch it.
+    Owned {
+        entries: Vec<Entry>,
+        names: Vec<u8>,
+        tail: Vec<Segment>,
+    },
     Mapped(Mapped),
+}
+
+/// A file of checkpoint tables that continues the names arena of an in-memory catalog: arena
+/// offsets `start..start + map.len()`. The file is kept to copy it into an index without going
+/// through the mapping (which would count it all in the process's memory).
+pub(super) struct Segment {
+    pub start: u64,
+    pub map: Mmap,
+    pub file: std::fs::File,
+}
+
+/// The names arena in pieces, for writing an index.
+pub(crate) enum Part<'a> {
+    Bytes(&'a [u8]),
+    /// The first `len` bytes of a file.
+    File(&'a std::fs::File, u64),
+}
+
+impl Part<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::File(_, len) => *len,
+        }
+    }
 }
 
 /// An index file's tables, in place in the mapping. Byte ranges are offsets into the mapping and
@@ -51,6 +83,9 @@ pub(super) struct Mapped {
     pub entries: Range<usize>,
     pub names: Range<usize>,
     pub chunks: Chunks,
+    /// Whether `map` maps the index file (not memory filled with it): its pages can then be let
+    /// go and read again from the file.
+    pub file_backed: bool,
 }
 
 /// Per-chunk checksums over a byte range of the mapping (the entries and names, up to the table of
@@ -154,7 +189,19 @@ impl Store {
         let offset = usize::try_from(offset).map_err(|_| CatalogError::NotFound)?;
         let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
         match self {
-            Store::Owned { names, .. } => names.get(offset..end).ok_or(CatalogError::NotFound),
+            Store::Owned { names, tail, .. } => {
+                if end <= names.len() {
+                    return Ok(&names[offset..end]);
+                }
+                // A checkpoint table: in the segment that starts at or before `offset`.
+                let i = tail.partition_point(|s| s.start <= offset as u64);
+                let seg = i.checked_sub(1).map(|i| &tail[i]);
+                seg.and_then(|s| {
+                    let from = usize::try_from(offset as u64 - s.start).ok()?;
+                    s.map.get(from..from.checked_add(len)?)
+                })
+                .ok_or(CatalogError::NotFound)
+            }
             Store::Mapped(m) => {
                 if end > m.names.len() {
                     return Err(CatalogError::NotFound);
@@ -166,10 +213,34 @@ impl Store {
         }
     }
 
-    /// The whole tables, every chunk verified: for writing an index and for `packfs verify`.
-    pub fn tables(&self) -> Result<(&[Entry], &[u8]), CatalogError> {
+    /// `names`, without checking the bytes against the index's checksums: for checkpoint
+    /// windows, whose use checks them (`layout::read_checkpoints`).
+    pub fn names_unchecked(&self, offset: u64, len: usize) -> Result<&[u8], CatalogError> {
         match self {
-            Store::Owned { entries, names } => Ok((entries, names)),
+            Store::Mapped(m) => {
+                let offset = usize::try_from(offset).map_err(|_| CatalogError::NotFound)?;
+                let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
+                if end > m.names.len() {
+                    return Err(CatalogError::NotFound);
+                }
+                Ok(&m.map[m.names.start + offset..m.names.start + end])
+            }
+            owned => owned.names(offset, len),
+        }
+    }
+
+    /// The whole tables, every chunk verified, the names arena in pieces: for writing an index.
+    pub fn tables(&self) -> Result<(&[Entry], Vec<Part<'_>>), CatalogError> {
+        match self {
+            Store::Owned {
+                entries,
+                names,
+                tail,
+            } => {
+                let mut parts = vec![Part::Bytes(names)];
+                parts.extend(tail.iter().map(|s| Part::File(&s.file, s.map.len() as u64)));
+                Ok((entries, parts))
+            }
             Store::Mapped(m) => {
                 for chunk in 0..m.chunks.count() {
                     m.chunks.ensure(&m.map, &m.path, chunk)?;
@@ -181,19 +252,57 @@ impl Store {
                         m.entries.len() / ENTRY_SIZE,
                     )
                 };
-                Ok((entries, &m.map[m.names.clone()]))
+                Ok((entries, vec![Part::Bytes(&m.map[m.names.clone()])]))
             }
         }
     }
 
     /// Checks every chunk of a mapped index once, in the background after a mount, so damage is
-    /// logged early and the pages are warm; returns the number of damaged chunks.
+    /// logged early and the file is in the page cache; returns the number of damaged chunks.
+    /// The pages this pass went through are let go from the daemon's own memory behind it (they
+    /// stay in the page cache, and a request that needs one maps it again): the index of a big
+    /// `.tar.gz` is gigabytes of checkpoint tables, which would otherwise all count in the
+    /// daemon's RSS.
     pub fn verify_all(&self) -> usize {
         match self {
             Store::Owned { .. } => 0,
-            Store::Mapped(m) => (0..m.chunks.count())
-                .filter(|&c| m.chunks.ensure(&m.map, &m.path, c).is_err())
-                .count(),
+            Store::Mapped(m) => {
+                // SAFETY: sysconf only reads a system constant.
+                let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+                    n if n > 0 && m.file_backed => n as usize,
+                    _ => usize::MAX,
+                };
+                let mut released = 0;
+                (0..m.chunks.count())
+                    .filter(|&c| {
+                        let damaged = m.chunks.ensure(&m.map, &m.path, c).is_err();
+                        if page != usize::MAX {
+                            // Up to the last whole page behind this chunk's end: a page the next
+                            // chunk shares goes with that one.
+                            let end = (m.chunks.start + (c + 1) * m.chunks.size).min(m.chunks.end);
+                            let to = end / page * page;
+                            release(&m.map, released..to);
+                            released = released.max(to);
+                        }
+                        damaged
+                    })
+                    .count()
+            }
         }
+    }
+}
+
+/// Drops the pages `range` (page-aligned) from this process's mapping of a file; a later access
+/// reads them again from the page cache (or the file).
+fn release(map: &Mmap, range: Range<usize>) {
+    let (from, to) = (range.start, range.end);
+    if from < to {
+        // SAFETY: `map` is a read-only shared mapping of a file that is never written while
+        // mapped (indexes are replaced by rename): after MADV_DONTNEED the pages read back the
+        // same bytes from the file. (Only for file-backed maps: an anonymous one would read
+        // zeros, and callers check.)
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+        };
     }
 }

@@ -25,6 +25,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     index::check_replaceable(&args.output, args.force)?;
+    // Checkpoint tables of compressed images are spilled beside the index they end up in (as
+    // large as 1.6% of the decoded bytes: not for a small /tmp).
+    if let Some(dir) = std::path::absolute(&args.output)?.parent() {
+        packfs::archive::spill::set_dir(dir.to_path_buf());
+    }
     let started = Instant::now();
     let bar = ScanBar::new();
     let catalog = packfs::dataset::load(&args.images.images, &args.merge.options(), &|p| {

@@ -12,6 +12,7 @@ use miniz_oxide::inflate::core::{DecompressorOxide, decompress};
 
 use super::table::{self, Checkpoint};
 use super::{MAX_INTERVAL, WINDOW, gzip};
+use crate::archive::spill::{TableFile, TableRef, Windows};
 use crate::read_at::ReadAt;
 
 /// Compressed bytes read at a time (sequential reads, large enough for a parallel filesystem).
@@ -66,7 +67,8 @@ pub struct Indexer<'r> {
     raw_crc: u32,
     interval_crc: crc32fast::Hasher,
     checkpoints: Vec<Checkpoint>,
-    windows: Vec<u8>,
+    /// The windows found so far, on disk (32 KiB per checkpoint: never held in memory).
+    windows: Windows,
     trailing: Option<Trailing>,
     done: bool,
 }
@@ -99,14 +101,14 @@ impl<'r> Indexer<'r> {
             raw_crc: 0,
             interval_crc: crc32fast::Hasher::new(),
             checkpoints: Vec::new(),
-            windows: Vec::new(),
+            windows: Windows::new(),
             trailing: None,
             done: false,
         };
         if wrapper == Wrapper::Gzip {
             ix.gzip_header()?;
         }
-        ix.checkpoint(0, 0, 0..0);
+        ix.checkpoint(0, 0, 0..0)?;
         Ok(ix)
     }
 
@@ -173,12 +175,16 @@ impl<'r> Indexer<'r> {
     }
 
     /// Notes a checkpoint at the current position; closes the previous interval.
-    fn checkpoint(&mut self, bit_count: u8, bits: u8, window: std::ops::Range<usize>) {
+    fn checkpoint(
+        &mut self,
+        bit_count: u8,
+        bits: u8,
+        window: std::ops::Range<usize>,
+    ) -> Result<(), InflateError> {
         if let Some(last) = self.checkpoints.last_mut() {
             last.crc = std::mem::take(&mut self.interval_crc).finalize();
         }
-        let start = self.windows.len();
-        self.windows.extend_from_slice(&self.out[window]);
+        let start = self.windows.push(&self.out[window])?;
         self.checkpoints.push(Checkpoint {
             in_at: self.in_pos,
             out_at: self.total,
@@ -187,6 +193,7 @@ impl<'r> Indexer<'r> {
             window: start..self.windows.len(),
             crc: 0,
         });
+        Ok(())
     }
 
     /// Decoded bytes so far.
@@ -252,7 +259,7 @@ impl<'r> Indexer<'r> {
                             state.num_bits,
                             state.bit_buf,
                             self.out_pos - history..self.out_pos,
-                        );
+                        )?;
                     }
                 }
                 TINFLStatus::Done => self.end_member()?,
@@ -305,7 +312,7 @@ impl<'r> Indexer<'r> {
             self.out_pos = 0;
             match self.checkpoints.last_mut() {
                 Some(last) if last.out_at == self.total => last.in_at = self.in_pos,
-                _ => self.checkpoint(0, 0, 0..0),
+                _ => self.checkpoint(0, 0, 0..0)?,
             }
         } else {
             let zeros = self.all_zero_to_end()?;
@@ -332,15 +339,17 @@ impl<'r> Indexer<'r> {
         Ok(true)
     }
 
-    /// Inflates what is left, then returns the encoded checkpoint table, the CRC-32 of a raw
-    /// stream's bytes (gzip members check their own), and what trails the last gzip member.
-    pub fn finish(mut self) -> Result<Finished, InflateError> {
+    /// Inflates what is left, then appends the checkpoint table to `tables` and returns where it
+    /// is, the CRC-32 of a raw stream's bytes (gzip members check their own), and what trails
+    /// the last gzip member.
+    pub fn finish(mut self, tables: &mut TableFile) -> Result<Finished, InflateError> {
         while !self.next_chunk()?.is_empty() {}
         if let Some(last) = self.checkpoints.last_mut() {
             last.crc = std::mem::take(&mut self.interval_crc).finalize();
         }
-        let mut table = Vec::new();
-        table::encode(self.total, &self.checkpoints, &self.windows, &mut table);
+        let mut head = Vec::new();
+        table::encode_head(self.total, &self.checkpoints, &mut head);
+        let table = tables.append(&head, std::mem::take(&mut self.windows))?;
         Ok(Finished {
             table,
             total: self.total,
@@ -355,8 +364,8 @@ impl<'r> Indexer<'r> {
 /// A stream inflated to its end.
 #[derive(Debug)]
 pub struct Finished {
-    /// The checkpoint table (`table` module's encoding).
-    pub table: Vec<u8>,
+    /// Where the checkpoint table (`table` module's encoding) is in the image's table file.
+    pub table: TableRef,
     pub total: u64,
     pub checkpoints: usize,
     /// CRC-32 of the decoded bytes of a raw stream (0 for gzip, whose members carry their own).
@@ -422,13 +431,15 @@ mod tests {
             streamed.extend_from_slice(chunk);
         }
         assert_eq!(streamed, plain);
-        let done = ix.finish().unwrap();
+        let mut tables = TableFile::new().unwrap();
+        let done = ix.finish(&mut tables).unwrap();
         assert!(done.checkpoints >= 10, "{}", done.checkpoints);
         assert_eq!(done.crc, crc32fast::hash(&plain));
         assert_eq!(done.end, image.len() as u64);
-        assert_eq!(read_all(&image, &done.table), plain);
+        let table = tables.read(done.table).unwrap();
+        assert_eq!(read_all(&image, &table), plain);
         // A flipped compressed byte is caught (by the decoder or by the interval's CRC-32).
-        let t = Checkpoints::decode(&done.table).unwrap();
+        let t = Checkpoints::decode(&table).unwrap();
         let mut damaged = image.clone();
         damaged[t.in_at(3) as usize + 50] ^= 0x10;
         let Piece::Decoded { unit, .. } = t.piece(t.out_at(3), 1).unwrap() else {
@@ -465,12 +476,13 @@ mod tests {
         let plain = parts.concat();
         image.extend([0u8; 512]);
         let ix = Indexer::new(&image, image.len() as u64, 0, Wrapper::Gzip, 64 << 10).unwrap();
-        let done = ix.finish().unwrap();
+        let mut tables = TableFile::new().unwrap();
+        let done = ix.finish(&mut tables).unwrap();
         assert_eq!(done.total, plain.len() as u64);
         let trailing = done.trailing.unwrap();
         assert!(trailing.all_zero);
         assert_eq!(trailing.at, image.len() as u64 - 512);
-        assert_eq!(read_all(&image, &done.table), plain);
+        assert_eq!(read_all(&image, &tables.read(done.table).unwrap()), plain);
 
         // A damaged trailer names its offset.
         let mut bad = image.clone();
@@ -478,7 +490,7 @@ mod tests {
         bad[end - 5] ^= 1;
         let err = Indexer::new(&bad, bad.len() as u64, 0, Wrapper::Gzip, 64 << 10)
             .unwrap()
-            .finish()
+            .finish(&mut TableFile::new().unwrap())
             .unwrap_err();
         assert!(
             err.to_string().contains(&format!("offset {}", end - 8)),
@@ -488,7 +500,7 @@ mod tests {
         let cut = image[..image.len() / 2].to_vec();
         let err = Indexer::new(&cut, cut.len() as u64, 0, Wrapper::Gzip, 64 << 10)
             .unwrap()
-            .finish()
+            .finish(&mut TableFile::new().unwrap())
             .unwrap_err();
         assert!(err.to_string().contains("cut short"), "{err}");
     }

@@ -29,35 +29,37 @@ pub struct Checkpoint {
     /// Bits (0 to 7) of the byte before `in_at` that belong to the next block, and their value.
     pub bit_count: u8,
     pub bits: u8,
-    /// Range of the indexer's window store: the decoded bytes before `out_at` (up to 32 KiB,
-    /// none at the start of a stream).
-    pub window: std::ops::Range<usize>,
+    /// Range of the stream's windows (`spill::Windows`): the decoded bytes before `out_at` (up
+    /// to 32 KiB, none at the start of a stream). Windows follow each other in checkpoint order.
+    pub window: std::ops::Range<u64>,
     /// CRC-32 of the interval's decoded bytes.
     pub crc: u32,
 }
 
-/// Encodes a table of `checkpoints` (in decoded order, the first at decoded offset 0) for a stream
-/// of `total` decoded bytes; `windows` holds the bytes their window ranges refer to.
-pub fn encode(total: u64, checkpoints: &[Checkpoint], windows: &[u8], out: &mut Vec<u8>) {
-    let start = out.len();
+/// Encodes the head and entries of a table of `checkpoints` (in decoded order, the first at
+/// decoded offset 0) for a stream of `total` decoded bytes. The windows, back to back in
+/// checkpoint order, follow them in the record.
+pub fn encode_head(total: u64, checkpoints: &[Checkpoint], out: &mut Vec<u8>) {
     out.extend_from_slice(&total.to_le_bytes());
     out.extend_from_slice(&(checkpoints.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
-    let mut window_at = (HEAD + ENTRY * checkpoints.len()) as u64;
+    let windows_at = (HEAD + ENTRY * checkpoints.len()) as u64;
     for c in checkpoints {
         out.extend_from_slice(&c.in_at.to_le_bytes());
         out.extend_from_slice(&c.out_at.to_le_bytes());
-        out.extend_from_slice(&window_at.to_le_bytes());
+        out.extend_from_slice(&(windows_at + c.window.start).to_le_bytes());
         out.extend_from_slice(&c.crc.to_le_bytes());
-        out.extend_from_slice(&(c.window.len() as u16).to_le_bytes());
+        out.extend_from_slice(&((c.window.end - c.window.start) as u16).to_le_bytes());
         out.push(c.bit_count);
         out.push(c.bits);
-        window_at += c.window.len() as u64;
     }
-    for c in checkpoints {
-        out.extend_from_slice(&windows[c.window.clone()]);
-    }
-    debug_assert_eq!((out.len() - start) as u64, window_at);
+}
+
+/// A whole record, windows included (`windows` holds the bytes the ranges refer to).
+#[cfg(test)]
+pub fn encode(total: u64, checkpoints: &[Checkpoint], windows: &[u8], out: &mut Vec<u8>) {
+    encode_head(total, checkpoints, out);
+    out.extend_from_slice(windows);
 }
 
 /// The bytes of a table's head and entries, from its head (`HEAD` bytes). The windows follow; their

@@ -181,7 +181,8 @@ pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
     }
     // The rest of the stream (after the end-of-archive blocks) is checked too, as `gzip -d`
     // would: a damaged trailer means a damaged file.
-    let done = stream.indexer.finish().map_err(failed)?;
+    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+    let done = stream.indexer.finish(tables).map_err(failed)?;
     if let Some(t) = done.trailing {
         let what = if t.all_zero {
             "zero bytes"
@@ -198,7 +199,7 @@ pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
         image = %path.display(),
         decoded = done.total,
         checkpoints = done.checkpoints,
-        table_bytes = done.table.len(),
+        table_bytes = done.table.len,
         "indexed the gzip stream"
     );
     image.stream = Some(done.table);

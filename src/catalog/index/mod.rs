@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::store::{Chunks, Mapped, Store};
+use super::store::{Chunks, Mapped, Part, Store};
 use super::{Catalog, CatalogError, Entry, ImageInfo, ROOT};
 use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord};
 
@@ -160,46 +160,56 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
         }
         .encode(&mut images);
     }
+    let names_len: u64 = names.iter().map(Part::len).sum();
     let mut header = Header::layout(
         entries.len() as u64,
-        names.len() as u64,
+        names_len,
         images.len() as u64,
         u32::try_from(catalog.images().len()).map_err(|_| IndexError::TooManyImages)?,
     );
     header.file_count = catalog.file_count();
     header.file_bytes = catalog.file_bytes();
 
-    // The chunks cover the padding after the names too: every byte of the file is checked.
-    let padding = header.chunks_off - header.names_off - header.names_len;
-    let zeros = [0u8; 8];
-    let body = [entry_bytes, names, &zeros[..padding as usize]];
-    let chunk_table: Vec<u8> = (0..header.chunk_count as usize)
-        .flat_map(|c| chunk_hash(&body, c * CHUNK_SIZE, CHUNK_SIZE).to_le_bytes())
-        .collect();
+    let tmp = tempfile::Builder::new()
+        .prefix(".packfs-index-")
+        .tempfile_in(dir)
+        .map_err(io_error("cannot create a file in", dir))?;
+    // One pass: the body is written and its chunks hashed as it goes (the checkpoint tables of
+    // a big .tar.gz are gigabytes, copied from their spill files, never held); the header,
+    // which holds the hash of the chunk table, goes in last.
+    let written = (|| -> std::io::Result<Vec<u8>> {
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        out.write_all(&[0u8; HEADER_LEN])?;
+        let mut body = ChunkHasher::new(out);
+        body.write_all(entry_bytes)?;
+        for part in &names {
+            match part {
+                Part::Bytes(bytes) => body.write_all(bytes)?,
+                Part::File(file, len) => copy_file(file, *len, &mut body)?,
+            }
+        }
+        // The chunks cover the padding after the names too: every byte of the file is checked.
+        let padding = header.chunks_off - header.names_off - header.names_len;
+        body.write_all(&[0u8; 8][..padding as usize])?;
+        let (mut out, chunk_table) = body.finish();
+        out.write_all(&chunk_table)?;
+        out.write_all(&images)?;
+        out.flush()?;
+        Ok(chunk_table)
+    })();
+    let chunk_table = written.map_err(io_error("cannot write", &dest))?;
+    debug_assert_eq!(chunk_table.len() as u64, header.chunk_count * 8);
     let mut meta = Xxh3::new();
     meta.update(&header.encode()[..HASHED_HEADER]);
     meta.update(&chunk_table);
     meta.update(&images);
     header.meta_hash = meta.digest();
-
-    let tmp = tempfile::Builder::new()
-        .prefix(".packfs-index-")
-        .tempfile_in(dir)
-        .map_err(io_error("cannot create a file in", dir))?;
-    let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
-    for part in [
-        &header.encode()[..],
-        entry_bytes,
-        names,
-        &zeros[..padding as usize],
-        &chunk_table,
-        &images,
-    ] {
-        out.write_all(part)
+    {
+        use std::os::unix::fs::FileExt;
+        tmp.as_file()
+            .write_all_at(&header.encode(), 0)
             .map_err(io_error("cannot write", &dest))?;
     }
-    out.flush().map_err(io_error("cannot write", &dest))?;
-    drop(out);
     let file = tmp.as_file();
     // Readable by everybody who can read the images (a temporary file starts as 0600).
     file.set_permissions(std::fs::Permissions::from_mode(0o644))
@@ -215,23 +225,68 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     })
 }
 
-/// xxh3 of `len` bytes at `offset` of the concatenation of `parts`.
-fn chunk_hash(parts: &[&[u8]], mut offset: usize, mut len: usize) -> u64 {
-    let mut h = Xxh3::new();
-    for part in parts {
-        if offset >= part.len() {
-            offset -= part.len();
-            continue;
-        }
-        let take = (part.len() - offset).min(len);
-        h.update(&part[offset..offset + take]);
-        len -= take;
-        offset = 0;
-        if len == 0 {
-            break;
+/// A writer that passes bytes on and hashes them in `CHUNK_SIZE` chunks (xxh3-64 each, the
+/// index's chunk table).
+struct ChunkHasher<W: Write> {
+    out: W,
+    hasher: Xxh3,
+    in_chunk: usize,
+    table: Vec<u8>,
+}
+
+impl<W: Write> ChunkHasher<W> {
+    fn new(out: W) -> Self {
+        ChunkHasher {
+            out,
+            hasher: Xxh3::new(),
+            in_chunk: 0,
+            table: Vec::new(),
         }
     }
-    h.digest()
+
+    /// The writer, and the chunk table (the last chunk may be short).
+    fn finish(mut self) -> (W, Vec<u8>) {
+        if self.in_chunk > 0 {
+            self.table
+                .extend_from_slice(&self.hasher.digest().to_le_bytes());
+        }
+        (self.out, self.table)
+    }
+}
+
+impl<W: Write> Write for ChunkHasher<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let take = buf.len().min(CHUNK_SIZE - self.in_chunk);
+        let n = self.out.write(&buf[..take])?;
+        self.hasher.update(&buf[..n]);
+        self.in_chunk += n;
+        if self.in_chunk == CHUNK_SIZE {
+            self.table
+                .extend_from_slice(&self.hasher.digest().to_le_bytes());
+            self.hasher.reset();
+            self.in_chunk = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Copies the first `len` bytes of `file` to `out` with positioned reads through one buffer
+/// (not through a mapping, which would count every byte in the process's memory).
+fn copy_file(file: &std::fs::File, len: u64, out: &mut impl Write) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = ((len - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], at)?;
+        out.write_all(&buf[..n])?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Maps an index and checks everything whose size does not grow with the number of files; the
@@ -266,7 +321,7 @@ pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, Inde
     // place; a file truncated under a running daemon would fault (documented).
     let map = unsafe { Mmap::map(&file) }.map_err(io_error("cannot map index", &path))?;
     let locate_beside = |r: &ImageRecord| locate(&path, r, images_dir);
-    from_map(map, &path, locate_beside)
+    from_map(map, &path, true, locate_beside)
 }
 
 /// An index held in memory, its images taken as recorded (absolute paths, not looked for): for
@@ -278,7 +333,7 @@ pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
         buf.copy_from_slice(bytes);
         Ok(())
     })?;
-    from_map(map, &path, |r| Ok(r.absolute.clone()))
+    from_map(map, &path, false, |r| Ok(r.absolute.clone()))
 }
 
 /// Largest index read from a store whole (a 2 M-file index is ~150 MB).
@@ -302,7 +357,7 @@ fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
     }
     // Read straight into the mapping: no second copy of an index of up to 4 GiB.
     let map = map_filled(object.size() as usize, url, |buf| object.read_into(buf))?;
-    from_map(map, url, |r| {
+    from_map(map, url, false, |r| {
         if crate::remote::is_url(&r.absolute) || r.absolute.exists() {
             return Ok(r.absolute.clone());
         }
@@ -348,7 +403,7 @@ pub fn reseal(bytes: &mut [u8]) -> bool {
     let (start, table) = (header.entries_off as usize, header.chunks_off as usize);
     for c in 0..header.chunk_count as usize {
         let from = start + c * CHUNK_SIZE;
-        let hash = chunk_hash(&[&bytes[from..table]], 0, CHUNK_SIZE);
+        let hash = xxhash_rust::xxh3::xxh3_64(&bytes[from..table.min(from + CHUNK_SIZE)]);
         bytes[table + c * 8..table + c * 8 + 8].copy_from_slice(&hash.to_le_bytes());
     }
     let mut meta = Xxh3::new();
@@ -363,6 +418,7 @@ pub fn reseal(bytes: &mut [u8]) -> bool {
 fn from_map(
     map: Mmap,
     path: &Path,
+    file_backed: bool,
     locate: impl Fn(&ImageRecord) -> Result<PathBuf, IndexError>,
 ) -> Result<Catalog, IndexError> {
     let invalid = |reason: String| IndexError::Invalid {
@@ -407,6 +463,7 @@ fn from_map(
             entries,
             names,
             chunks,
+            file_backed,
         }),
         images,
         file_count: header.file_count,
@@ -471,12 +528,23 @@ mod tests {
     use xxhash_rust::xxh3::xxh3_64;
 
     #[test]
-    fn chunk_hash_spans_parts() {
-        let whole: Vec<u8> = (0..200u8).collect();
-        let parts = [&whole[..70], &whole[70..71], &whole[71..]];
-        for (off, len) in [(0, 200), (60, 20), (70, 1), (150, 100)] {
-            let end = (off + len).min(200);
-            assert_eq!(chunk_hash(&parts, off, len), xxh3_64(&whole[off..end]));
+    fn chunks_are_hashed_across_writes() {
+        let whole: Vec<u8> = (0..CHUNK_SIZE * 2 + 100).map(|i| (i % 251) as u8).collect();
+        let mut hasher = ChunkHasher::new(Vec::new());
+        for piece in [
+            &whole[..70],
+            &whole[70..71],
+            &whole[71..CHUNK_SIZE + 9],
+            &whole[CHUNK_SIZE + 9..],
+        ] {
+            hasher.write_all(piece).unwrap();
         }
+        let (out, table) = hasher.finish();
+        assert_eq!(out, whole);
+        let want: Vec<u8> = whole
+            .chunks(CHUNK_SIZE)
+            .flat_map(|c| xxh3_64(c).to_le_bytes())
+            .collect();
+        assert_eq!(table, want);
     }
 }

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Images whose declared size dwarfs their own, for the memory benchmark (bench/memory/run.sh).
+
+  make_images.py zip OUT.zip SIZE      one deflated member that inflates to SIZE (zip64)
+  make_images.py targz OUT.tar.gz SIZE a gzip-compressed tar of SIZE in members of 1 GiB at most
+
+SIZE is in MiB with an M suffix or in GiB with G (256M, 40G). Both are made in seconds: the deflate stream is one full-flushed segment of 64 KiB
+of zeros repeated (a full flush resets the dictionary and aligns to a byte, so segments decode
+alone and may follow each other), ended by an empty final block. unzip -t, gzip -t and tar read
+them like any other.
+"""
+
+import struct
+import sys
+import zlib
+
+MIB = 1 << 20
+# Zeros per segment: a block boundary (a possible checkpoint) every 64 KiB, as a real encoder
+# has one every few tens of KiB; 16 segments a MiB.
+SEGMENT = 64 << 10
+PER_MIB = MIB // SEGMENT
+
+
+def segment(data):
+    """Raw deflate of `data` that decodes on its own and ends on a byte, not final."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush(zlib.Z_FULL_FLUSH)
+
+
+FINAL = zlib.compressobj(9, zlib.DEFLATED, -15).flush()  # an empty final block
+ZEROS = segment(bytes(SEGMENT))
+ZERO_CRC = {}
+
+
+def crc_of_zeros(n_mib, crc=0):
+    chunk = bytes(MIB)
+    for _ in range(n_mib):
+        crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def write_zip(out, mib):
+    size = mib << 20
+    name = b"zeros.bin"
+    crc = crc_of_zeros(mib)
+    with open(out, "wb") as f:
+        # Local header: sizes in the zip64 extra field.
+        extra = struct.pack("<HHQQ", 1, 16, size, 0)
+        f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 8, 0, 0x21, crc,
+                            0xFFFFFFFF, 0xFFFFFFFF, len(name), len(extra)) + name + extra)
+        start = f.tell()
+        for _ in range(mib * PER_MIB):
+            f.write(ZEROS)
+        f.write(FINAL)
+        compressed = f.tell() - start
+        # The local header's zip64 field gets the compressed size now known.
+        f.seek(start - 8)
+        f.write(struct.pack("<Q", compressed))
+        f.seek(0, 2)
+        cd_start = f.tell()
+        extra = struct.pack("<HHQQQ", 1, 24, size, compressed, 0)
+        f.write(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0x031E, 45, 0, 8, 0, 0x21, crc,
+                            0xFFFFFFFF, 0xFFFFFFFF, len(name), len(extra), 0, 0, 0,
+                            0o100644 << 16, 0xFFFFFFFF) + name + extra)
+        cd_len = f.tell() - cd_start
+        eocd64 = f.tell()
+        f.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, 1, 1, cd_len, cd_start))
+        f.write(struct.pack("<IIQI", 0x07064B50, 0, eocd64, 1))
+        f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF,
+                            0xFFFFFFFF, 0))
+
+
+def tar_header(name, size):
+    h = bytearray(512)
+    h[0:len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = b"%011o\0" % size
+    h[136:148] = b"%011o\0" % 1_700_000_000
+    h[148:156] = b" " * 8
+    h[156:157] = b"0"
+    h[257:265] = b"ustar\x0000"
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def write_targz(out, mib):
+    # A gzip member: header, raw deflate, CRC-32 and length (mod 2^32) of the decoded bytes.
+    crc, length = 0, 0
+    with open(out, "wb") as f:
+        f.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03")
+        i = 0
+        while mib > 0:
+            n, mib = min(mib, 1024), mib - min(mib, 1024)
+            header = tar_header(b"zeros-%03d.bin" % i, n << 20)
+            i += 1
+            f.write(segment(header))
+            crc, length = zlib.crc32(header, crc), length + len(header)
+            for _ in range(n * PER_MIB):
+                f.write(ZEROS)
+            crc, length = crc_of_zeros(n, crc), length + (n << 20)
+        end = bytes(1024)  # the end-of-archive blocks
+        f.write(segment(end))
+        crc, length = zlib.crc32(end, crc), length + len(end)
+        f.write(FINAL)
+        f.write(struct.pack("<II", crc, length & 0xFFFFFFFF))
+
+
+if __name__ == "__main__":
+    kind, out, size = sys.argv[1], sys.argv[2], sys.argv[3]
+    mib = int(size[:-1]) << {"M": 0, "G": 10}[size[-1].upper()]
+    {"zip": write_zip, "targz": write_targz}[kind](out, mib)

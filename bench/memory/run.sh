@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Memory against what archives declare: peak RSS of `packfs ls` and `packfs index`, and a daemon's
+# RSS under --cache-size 16M (mounted from the image and from its index, after reading 1 MiB at
+# three places), for a 40 GiB-inflating zip member and gzip-compressed tars of 16 and 100 GiB.
+#
+#   bash bench/memory/run.sh [PACKFS [PACKFS_TO_COMPARE]]    (default: target/release/packfs)
+#
+# Needs about 2 GB of free disk in $WORK (default /tmp) for the images' checkpoint tables and
+# indexes; takes a few minutes (every scan inflates the whole stream once).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+binaries=("${1:-$here/../../target/release/packfs}")
+[ $# -ge 2 ] && binaries+=("$2")
+work=$(mktemp -d "${WORK:-/tmp}/packfs-memory.XXXXXX")
+trap 'for m in "$work"/mnt-*; do fusermount3 -u "$m" 2>/dev/null || umount "$m" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+
+python3 "$here/make_images.py" zip "$work/bomb.zip" 40G
+python3 "$here/make_images.py" targz "$work/16g.tar.gz" 16G
+python3 "$here/make_images.py" targz "$work/100g.tar.gz" 100G
+
+mib() { echo $(( $1 / 1024 )); }
+status_mib() { mib "$(awk -v f="$2" '$1 == f { print $2 }' "/proc/$1/status")"; }
+
+printf '%-10s %-13s %-7s %-30s %10s\n' binary image decoded measure "MiB"
+for bin in "${binaries[@]}"; do
+  name=$(basename "$(dirname "$(dirname "$bin")")")/$(basename "$bin")
+  # Image, decoded size, a file in it, and where to read it (MiB).
+  for spec in "bomb.zip 40G zeros.bin 0,20000,40000" "16g.tar.gz 16G zeros-015.bin 0,500,1000" \
+      "100g.tar.gz 100G zeros-099.bin 0,500,1000"; do
+    read -r image decoded file offsets <<<"$spec"
+    row() { printf '%-10s %-13s %-7s %-30s %10s\n' "${name:0:10}" "$image" "$decoded" "$1" "$2"; }
+    if [ "$image" != 100g.tar.gz ]; then
+      kib=$( { /usr/bin/time -f %M "$bin" ls "$work/$image" >/dev/null; } 2>&1 | tail -1)
+      row "ls: peak RSS" "$(mib "$kib")"
+    fi
+    index="$work/$image.packfs-index"
+    kib=$( { /usr/bin/time -f %M "$bin" index -o "$index" "$work/$image" >/dev/null; } 2>&1 | tail -1)
+    row "index: peak RSS" "$(mib "$kib")"
+    row "index: file size" "$(( $(stat -c %s "$index") >> 20 ))"
+    for from in image index; do
+      [ "$image" = 100g.tar.gz ] && [ $from = image ] && continue
+      src="$work/$image"
+      [ $from = index ] && src=$index
+      mnt="$work/mnt-$from"
+      mkdir -p "$mnt"
+      "$bin" mount --cache-size 16M --pid-file "$work/pid" "$src" "$mnt" >/dev/null 2>&1
+      pid=$(cat "$work/pid")
+      # The background check of an index reads it all: let it finish.
+      sleep 3
+      for at in ${offsets//,/ }; do
+        dd if="$mnt/$file" of=/dev/null bs=1M count=1 skip=$at status=none
+      done
+      row "daemon from $from: RSS now" "$(status_mib "$pid" VmRSS:)"
+      row "daemon from $from: RSS peak" "$(status_mib "$pid" VmHWM:)"
+      row "daemon from $from: anonymous" "$(status_mib "$pid" RssAnon:)"
+      row "daemon from $from: files" "$(status_mib "$pid" RssFile:)"
+      "$bin" umount "$mnt"
+    done
+    rm -f "$index"
+  done
+done

@@ -1,0 +1,146 @@
+//! Memory follows `--cache-size`, never what an archive declares: a zip whose one member
+//! inflates far beyond the zip's own size, and a `.tar.gz`, scanned by `ls` and `index` and
+//! served by a daemon under a 16 MiB cache, with their peak RSS read from the kernel. Checkpoints
+//! every 64 KiB make the tables large (a 32 KiB window per checkpoint: 128 MiB for 256 MiB
+//! decoded), as a 40 GiB member makes them with the default spacing; the tables go to disk.
+//! (docs/benchmarks.md has the figures for 40 GiB and 100 GiB, from bench/memory/run.sh.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+
+const MAKE_IMAGES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/memory/make_images.py");
+
+/// Checkpoint spacing for these tests: 16 checkpoints, 512 KiB of windows, per decoded MiB.
+const SPACING: &str = "64K";
+/// Decoded bytes of each image: 128 MiB of checkpoint tables.
+const DECODED: &str = "256M";
+/// The most a command may hold at once while it scans such an image (its tables alone, held in
+/// memory, would be 128 MiB, and they were held three to four times over).
+const SCAN_BOUND_KIB: u64 = 96 << 10;
+/// A daemon's budget: the 16 MiB cache plus 64 MiB.
+const DAEMON_BOUND_KIB: u64 = (16 + 64) << 10;
+
+fn make(kind: &str, out: &Path) {
+    run(Command::new("python3")
+        .arg(MAKE_IMAGES)
+        .arg(kind)
+        .arg(out)
+        .arg(DECODED));
+}
+
+fn packfs_spaced() -> Command {
+    let mut cmd = packfs();
+    cmd.env("PACKFS_CHECKPOINT_SPACING", SPACING);
+    cmd
+}
+
+/// Reads a pipe to its end on a thread of its own.
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        pipe.read_to_end(&mut v).unwrap();
+        v
+    })
+}
+
+/// Runs `cmd` to its end; its output and its peak resident set in KiB (the kernel's
+/// `ru_maxrss` of that child).
+// The child is reaped by wait4 below, which std's Child does not offer (it would not give the
+// child's rusage).
+#[allow(clippy::zombie_processes)]
+fn peak_rss(cmd: &mut Command) -> (Output, u64) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our child `pid` with valid out-pointers.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid);
+    let output = Output {
+        status: std::os::unix::process::ExitStatusExt::from_raw(status),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    };
+    (output, usage.ru_maxrss as u64)
+}
+
+/// A field of /proc/PID/status, in KiB.
+fn status_kib(pid: i32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `ls` and `index` of `image` stay under the scan bound; daemons mounted from the image and from
+/// the index stay within the cache plus 64 MiB while reading across the member.
+fn bounded(image: &Path, file: &str, dir: &Path) {
+    let (out, rss) = peak_rss(packfs_spaced().arg("ls").arg(image));
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(file));
+    assert!(rss < SCAN_BOUND_KIB, "ls of {}: {rss} KiB", image.display());
+
+    let index = dir.join("big.packfs-index");
+    let (out, rss) = peak_rss(
+        packfs_spaced()
+            .arg("index")
+            .arg(image)
+            .arg("-o")
+            .arg(&index),
+    );
+    assert_ok(&out);
+    assert!(
+        rss < SCAN_BOUND_KIB,
+        "index of {}: {rss} KiB",
+        image.display()
+    );
+    // The tables are in the index: 128 MiB of windows.
+    assert!(std::fs::metadata(&index).unwrap().len() > 128 << 20);
+
+    for (what, source) in [("image", image.to_path_buf()), ("index", index.clone())] {
+        let mnt = dir.join(format!("mnt-{what}"));
+        let m = Mount::new(&[&source], &mnt, &["--cache-size", "16M"]);
+        let f = std::fs::File::open(mnt.join(file)).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        for at in [0u64, 100 << 20, 255 << 20] {
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at).unwrap();
+            assert!(buf.iter().all(|&b| b == 0));
+        }
+        let (rss, peak) = (status_kib(m.pid, "VmRSS:"), status_kib(m.pid, "VmHWM:"));
+        let (anon, file) = (status_kib(m.pid, "RssAnon:"), status_kib(m.pid, "RssFile:"));
+        assert!(
+            peak < DAEMON_BOUND_KIB,
+            "daemon mounted from the {what}: {rss} KiB now ({anon} anonymous, {file} of files), \
+             {peak} KiB at most"
+        );
+        drop(f);
+        drop(m);
+    }
+}
+
+#[test]
+fn a_zip_member_declaring_far_more_than_the_zip_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let zip = dir.path().join("big.zip");
+    make("zip", &zip);
+    assert!(std::fs::metadata(&zip).unwrap().len() < 1 << 20);
+    bounded(&zip, "zeros.bin", dir.path());
+}
+
+#[test]
+fn a_tar_gz_of_many_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let tgz: PathBuf = dir.path().join("big.tar.gz");
+    make("targz", &tgz);
+    bounded(&tgz, "zeros-000.bin", dir.path());
+}
