@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Memory against what archives declare: peak RSS of `packfs ls` and `packfs index`, and a daemon's
 # RSS under --cache-size 16M (mounted from the image and from its index, after reading 1 MiB at
-# three places), for a 40 GiB-inflating zip member and gzip-compressed tars of 16 and 100 GiB.
+# three places, and for the zip after reading all of it), for a 40 GiB-inflating zip member and
+# gzip-compressed tars of 16 and 100 GiB.
 #
 #   bash bench/memory/run.sh [PACKFS [PACKFS_TO_COMPARE]]    (default: target/release/packfs)
 #
@@ -21,14 +22,14 @@ python3 "$here/make_images.py" targz "$work/100g.tar.gz" 100G
 mib() { echo $(( $1 / 1024 )); }
 status_mib() { mib "$(awk -v f="$2" '$1 == f { print $2 }' "/proc/$1/status")"; }
 
-printf '%-10s %-13s %-7s %-30s %10s\n' binary image decoded measure "MiB"
+printf "%-14s %-13s %-7s %-34s %10s\n" binary image decoded measure "MiB"
 for bin in "${binaries[@]}"; do
-  name=$(basename "$(dirname "$(dirname "$bin")")")/$(basename "$bin")
+  name=$(basename "$bin")
   # Image, decoded size, a file in it, and where to read it (MiB).
   for spec in "bomb.zip 40G zeros.bin 0,20000,40000" "16g.tar.gz 16G zeros-015.bin 0,500,1000" \
       "100g.tar.gz 100G zeros-099.bin 0,500,1000"; do
     read -r image decoded file offsets <<<"$spec"
-    row() { printf '%-10s %-13s %-7s %-30s %10s\n' "${name:0:10}" "$image" "$decoded" "$1" "$2"; }
+    row() { printf "%-14s %-13s %-7s %-34s %10s\n" "${name:0:14}" "$image" "$decoded" "$1" "$2"; }
     if [ "$image" != 100g.tar.gz ]; then
       kib=$( { /usr/bin/time -f %M "$bin" ls "$work/$image" >/dev/null; } 2>&1 | tail -1)
       row "ls: peak RSS" "$(mib "$kib")"
@@ -54,6 +55,12 @@ for bin in "${binaries[@]}"; do
       row "daemon from $from: RSS peak" "$(status_mib "$pid" VmHWM:)"
       row "daemon from $from: anonymous" "$(status_mib "$pid" RssAnon:)"
       row "daemon from $from: files" "$(status_mib "$pid" RssFile:)"
+      if [ "$image" = bomb.zip ]; then
+        # Every byte of the member: every checkpoint's window is used once.
+        dd if="$mnt/$file" of=/dev/null bs=4M status=none
+        row "daemon from $from, all read: RSS" "$(status_mib "$pid" VmRSS:)"
+        row "daemon from $from, all read: peak" "$(status_mib "$pid" VmHWM:)"
+      fi
       "$bin" umount "$mnt"
     done
     rm -f "$index"

@@ -11,6 +11,7 @@ use std::fmt;
 use std::io;
 
 use super::codec::{self, Codec};
+use super::inflate::table::Record;
 use super::inflate::{self, Checkpoints, Restart};
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
@@ -106,7 +107,7 @@ pub enum Layout<'a> {
 pub fn read_checkpoints<'a, E: From<PlanError>>(
     offset: u64,
     record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
-    whole: impl Fn(u64, usize) -> Result<&'a [u8], E>,
+    whole: impl Fn(u64, u64) -> Result<Record<'a>, E>,
 ) -> Result<Checkpoints<'a>, E> {
     let invalid = |why: String| PlanError {
         at: 0,
@@ -116,9 +117,9 @@ pub fn read_checkpoints<'a, E: From<PlanError>>(
     let entries = inflate::table::entries_len(head)
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| invalid("bad head".into()))?;
-    let len = Checkpoints::record_len(record(offset, entries)?).map_err(invalid)?;
-    let len = usize::try_from(len).map_err(|_| invalid("too long".into()))?;
-    Ok(Checkpoints::decode(whole(offset, len)?).map_err(invalid)?)
+    let entries = record(offset, entries)?;
+    let len = Checkpoints::record_len(entries).map_err(invalid)?;
+    Ok(Checkpoints::decode(entries, whole(offset, len)?).map_err(invalid)?)
 }
 
 /// A piece of a read, in file order.
@@ -344,7 +345,7 @@ impl<'a> Layout<'a> {
         encoding: Encoding,
         offset: u64,
         record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
-        whole: impl Fn(u64, usize) -> Result<&'a [u8], E>,
+        whole: impl Fn(u64, u64) -> Result<Record<'a>, E>,
     ) -> Result<Layout<'a>, E> {
         let zip = |offset| -> Result<(u64, Option<u32>), E> {
             let r = record(offset, CRC_RECORD)?;

@@ -122,14 +122,19 @@ impl Catalog {
                 entry.offset
             ))
         };
-        let in_arena = |offset: u64, len: usize, got| match got {
-            Err(CatalogError::NotFound) => Err(invalid(format!(
+        let not_in_arena = |offset: u64, len: u64| {
+            invalid(format!(
                 "is not in the catalog ({len} bytes at {offset} of its arena)"
-            ))),
+            ))
+        };
+        let record = |offset, len| match self.store.names(offset, len) {
+            Err(CatalogError::NotFound) => Err(not_in_arena(offset, len as u64)),
             other => other,
         };
-        let record = |offset, len| in_arena(offset, len, self.store.names(offset, len));
-        let whole = |offset, len| in_arena(offset, len, self.store.names_unchecked(offset, len));
+        let whole = |offset, len| match self.store.record(offset, len) {
+            Err(CatalogError::NotFound) => Err(not_in_arena(offset, len)),
+            other => other,
+        };
         let encoding = entry
             .encoding()
             .map_err(|code| invalid(format!("has encoding code {code}, which no format uses")))?;

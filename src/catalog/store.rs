@@ -14,6 +14,7 @@ use tracing::error;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::entry::Entry;
+use crate::archive::inflate::table::Record;
 
 const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
 
@@ -83,9 +84,9 @@ pub(super) struct Mapped {
     pub entries: Range<usize>,
     pub names: Range<usize>,
     pub chunks: Chunks,
-    /// Whether `map` maps the index file (not memory filled with it): its pages can then be let
-    /// go and read again from the file.
-    pub file_backed: bool,
+    /// The index file `map` maps, when it maps one (not memory filled with it): its pages can
+    /// then be let go, and checkpoint windows are read from it with pread.
+    pub file: Option<std::fs::File>,
 }
 
 /// Per-chunk checksums over a byte range of the mapping (the entries and names, up to the table of
@@ -213,19 +214,38 @@ impl Store {
         }
     }
 
-    /// `names`, without checking the bytes against the index's checksums: for checkpoint
-    /// windows, whose use checks them (`layout::read_checkpoints`).
-    pub fn names_unchecked(&self, offset: u64, len: usize) -> Result<&[u8], CatalogError> {
+    /// Where `len` bytes at `offset` in the names arena are, without checking them against the
+    /// index's checksums: a checkpoint table's record, whose windows are read with pread from
+    /// the file that holds them (never through the mapping: see `inflate::Window`), and checked
+    /// by their use (`layout::read_checkpoints`).
+    pub fn record(&self, offset: u64, len: u64) -> Result<Record<'_>, CatalogError> {
+        let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
         match self {
             Store::Mapped(m) => {
-                let offset = usize::try_from(offset).map_err(|_| CatalogError::NotFound)?;
-                let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
-                if end > m.names.len() {
+                if end > m.names.len() as u64 {
                     return Err(CatalogError::NotFound);
                 }
-                Ok(&m.map[m.names.start + offset..m.names.start + end])
+                let at = m.names.start as u64 + offset;
+                Ok(match &m.file {
+                    Some(file) => Record::File { file, at, len },
+                    None => Record::Bytes(&m.map[at as usize..(at + len) as usize]),
+                })
             }
-            owned => owned.names(offset, len),
+            Store::Owned { names, tail, .. } => {
+                if end <= names.len() as u64 {
+                    return Ok(Record::Bytes(&names[offset as usize..end as usize]));
+                }
+                let i = tail.partition_point(|s| s.start <= offset);
+                let seg = i.checked_sub(1).map(|i| &tail[i]);
+                let seg = seg
+                    .filter(|s| end <= s.start + s.map.len() as u64)
+                    .ok_or(CatalogError::NotFound)?;
+                Ok(Record::File {
+                    file: &seg.file,
+                    at: offset - seg.start,
+                    len,
+                })
+            }
         }
     }
 
@@ -269,7 +289,7 @@ impl Store {
             Store::Mapped(m) => {
                 // SAFETY: sysconf only reads a system constant.
                 let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-                    n if n > 0 && m.file_backed => n as usize,
+                    n if n > 0 && m.file.is_some() => n as usize,
                     _ => usize::MAX,
                 };
                 let mut released = 0;

@@ -400,7 +400,7 @@ mod tests {
     }
 
     fn read_all(image: &[u8], table: &[u8]) -> Vec<u8> {
-        let t = Checkpoints::decode(table).unwrap();
+        let t = Checkpoints::from_bytes(table).unwrap();
         let mut out = Vec::new();
         while (out.len() as u64) < t.total() {
             let Piece::Decoded { unit, from, len } = t.piece(out.len() as u64, 1 << 30).unwrap()
@@ -439,7 +439,7 @@ mod tests {
         let table = tables.read(done.table).unwrap();
         assert_eq!(read_all(&image, &table), plain);
         // A flipped compressed byte is caught (by the decoder or by the interval's CRC-32).
-        let t = Checkpoints::decode(&table).unwrap();
+        let t = Checkpoints::from_bytes(&table).unwrap();
         let mut damaged = image.clone();
         damaged[t.in_at(3) as usize + 50] ^= 0x10;
         let Piece::Decoded { unit, .. } = t.piece(t.out_at(3), 1).unwrap() else {
@@ -454,7 +454,7 @@ mod tests {
                     in_len: None,
                     bit_count: 9,
                     bits: 0,
-                    window: &[],
+                    window: super::super::Window::Bytes(&[]),
                     len: 10,
                     crc: 0
                 }

@@ -13,7 +13,7 @@
 //! Every value is checked when it is used: a damaged or hostile index yields an error for the
 //! read, never a panic or an allocation beyond `MAX_INTERVAL`.
 
-use super::{MAX_INTERVAL, Restart, WINDOW};
+use super::{MAX_INTERVAL, Restart, WINDOW, Window};
 use crate::archive::layout::{Piece, PlanError, Unit};
 
 pub const HEAD: usize = 16;
@@ -70,13 +70,38 @@ pub fn entries_len(head: &[u8]) -> Option<u64> {
     Some(HEAD as u64 + count * ENTRY as u64)
 }
 
-/// A table read from the catalog's arena: the head and entries, then the whole record once the
-/// caller knows its length (`Checkpoints::record_len`).
+/// A table read from the catalog's arena: the head and entries (checked), and where the whole
+/// record is, for the windows (`Checkpoints::record_len` gives its length).
 #[derive(Clone, Copy, Debug)]
 pub struct Checkpoints<'a> {
     bytes: &'a [u8],
+    record: Record<'a>,
     total: u64,
     count: usize,
+}
+
+/// Where a whole table record is: bytes at hand, or `len` bytes at `at` of a file.
+#[derive(Clone, Copy, Debug)]
+pub enum Record<'a> {
+    Bytes(&'a [u8]),
+    File {
+        file: &'a std::fs::File,
+        at: u64,
+        len: u64,
+    },
+}
+
+impl Record<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Record::Bytes(b) => b.len() as u64,
+            Record::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -99,17 +124,24 @@ impl<'a> Checkpoints<'a> {
             .ok_or_else(|| "a window offset overflows".to_string())
     }
 
-    /// A view of a whole record; checks its shape (entries are checked when used).
-    pub fn decode(bytes: &'a [u8]) -> Result<Checkpoints<'a>, String> {
+    /// A view of a record whose head and entries are `bytes` and which is all of `record`;
+    /// checks its shape (entries are checked when used).
+    pub fn decode(bytes: &'a [u8], record: Record<'a>) -> Result<Checkpoints<'a>, String> {
         let count = entries_count(bytes)?;
         if count == 0 {
             return Err("a checkpoint table without checkpoints".into());
         }
         Ok(Checkpoints {
             bytes,
+            record,
             total: u64_at(bytes, 0),
             count,
         })
+    }
+
+    /// A view of a whole record held in memory.
+    pub fn from_bytes(bytes: &'a [u8]) -> Result<Checkpoints<'a>, String> {
+        Checkpoints::decode(bytes, Record::Bytes(bytes))
     }
 
     /// Decoded bytes in the stream.
@@ -167,11 +199,19 @@ impl<'a> Checkpoints<'a> {
             .checked_sub(out_at)
             .filter(|&n| n > 0 && n <= MAX_INTERVAL as u64)
             .ok_or_else(|| format!("checkpoint {i} spans a bad interval {out_at}..{next_out}"))?;
-        let window = usize::try_from(window_at)
-            .ok()
-            .and_then(|w| self.bytes.get(w..w.checked_add(window_len)?))
-            .filter(|w| w.len() <= WINDOW && bit_count <= 7)
-            .ok_or_else(|| format!("checkpoint {i} has a bad window or bit count"))?;
+        let bad_window = || format!("checkpoint {i} has a bad window or bit count");
+        let window_end = window_at
+            .checked_add(window_len as u64)
+            .filter(|&end| end <= self.record.len() && window_len <= WINDOW && bit_count <= 7)
+            .ok_or_else(bad_window)?;
+        let window = match self.record {
+            Record::Bytes(b) => Window::Bytes(&b[window_at as usize..window_end as usize]),
+            Record::File { file, at, .. } => Window::File {
+                file,
+                at: at + window_at,
+                len: window_len as u16,
+            },
+        };
         // The compressed bytes of the interval: up to and including the byte the next
         // checkpoint's bits come from, when there is a next one.
         let in_len = next_in.and_then(|n| n.checked_sub(in_at)).map(|n| n + 1);
@@ -260,7 +300,7 @@ mod tests {
             Checkpoints::record_len(&rec[..entries_len(&rec).unwrap() as usize]),
             Ok(rec.len() as u64)
         );
-        let t = Checkpoints::decode(&rec).unwrap();
+        let t = Checkpoints::from_bytes(&rec).unwrap();
         let Piece::Decoded { unit, from, len } = t.piece(900, 300).unwrap() else {
             panic!()
         };
@@ -278,15 +318,15 @@ mod tests {
     #[test]
     fn damaged_tables_are_errors() {
         let rec = sample();
-        assert!(Checkpoints::decode(&rec[..20]).is_err());
+        assert!(Checkpoints::from_bytes(&rec[..20]).is_err());
         // The second interval made to run backwards, and a window pointing outside the record.
         let mut bad = rec.clone();
         bad[HEAD + ENTRY + 8..HEAD + ENTRY + 16].copy_from_slice(&5000u64.to_le_bytes());
-        let t = Checkpoints::decode(&bad).unwrap();
+        let t = Checkpoints::from_bytes(&bad).unwrap();
         assert!(t.piece(5000, 1).is_err());
         let mut bad = rec.clone();
         bad[HEAD + ENTRY + 16..HEAD + ENTRY + 24].copy_from_slice(&u64::MAX.to_le_bytes());
-        let t = Checkpoints::decode(&bad).unwrap();
+        let t = Checkpoints::from_bytes(&bad).unwrap();
         assert!(t.piece(1200, 1).is_err());
         assert!(Checkpoints::record_len(&bad).is_err());
     }

@@ -321,7 +321,7 @@ pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, Inde
     // place; a file truncated under a running daemon would fault (documented).
     let map = unsafe { Mmap::map(&file) }.map_err(io_error("cannot map index", &path))?;
     let locate_beside = |r: &ImageRecord| locate(&path, r, images_dir);
-    from_map(map, &path, true, locate_beside)
+    from_map(map, &path, Some(file), locate_beside)
 }
 
 /// An index held in memory, its images taken as recorded (absolute paths, not looked for): for
@@ -333,7 +333,7 @@ pub fn open_bytes(bytes: &[u8]) -> Result<Catalog, IndexError> {
         buf.copy_from_slice(bytes);
         Ok(())
     })?;
-    from_map(map, &path, false, |r| Ok(r.absolute.clone()))
+    from_map(map, &path, None, |r| Ok(r.absolute.clone()))
 }
 
 /// Largest index read from a store whole (a 2 M-file index is ~150 MB).
@@ -357,7 +357,7 @@ fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
     }
     // Read straight into the mapping: no second copy of an index of up to 4 GiB.
     let map = map_filled(object.size() as usize, url, |buf| object.read_into(buf))?;
-    from_map(map, url, false, |r| {
+    from_map(map, url, None, |r| {
         if crate::remote::is_url(&r.absolute) || r.absolute.exists() {
             return Ok(r.absolute.clone());
         }
@@ -418,7 +418,7 @@ pub fn reseal(bytes: &mut [u8]) -> bool {
 fn from_map(
     map: Mmap,
     path: &Path,
-    file_backed: bool,
+    file: Option<std::fs::File>,
     locate: impl Fn(&ImageRecord) -> Result<PathBuf, IndexError>,
 ) -> Result<Catalog, IndexError> {
     let invalid = |reason: String| IndexError::Invalid {
@@ -463,7 +463,7 @@ fn from_map(
             entries,
             names,
             chunks,
-            file_backed,
+            file,
         }),
         images,
         file_count: header.file_count,
