@@ -49,6 +49,21 @@ fn slurm_script(script: &str, conf: &Path, vars: &[(&str, &str)]) -> std::proces
     cmd.output().unwrap()
 }
 
+/// Runs a bash `script` in a mount namespace of its own (what it mounts, the machine does not
+/// see); its stdout and stderr, once it succeeded.
+fn in_private_mount_namespace(script: &str) -> (String, String) {
+    let out = Command::new("unshare")
+        .args(["--mount", "bash", "-c", script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 fn as_user(uid: u32, args: &[&str]) -> std::process::Output {
     Command::new("setpriv")
         .args([
@@ -236,15 +251,7 @@ grep -cE ' ({a}|{b}) fuse.packfs ' /proc/self/mounts || true
         src = src.display(),
         pid = dir.path().join("a.pid").display(),
     );
-    let out = Command::new("unshare")
-        .args(["--mount", "bash", "-c", &script])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = in_private_mount_namespace(&script);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[1..], ["2", "65534 644", "0"], "{stderr}");
     // The daemons end with their mounts.
@@ -359,14 +366,6 @@ grep -cE ' {mnt} fuse' /proc/self/mounts || true
         bin = BIN,
         dev = dir.path().join("fuse").display(),
     );
-    let out = Command::new("unshare")
-        .args(["--mount", "bash", "-c", &script])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = in_private_mount_namespace(&script);
     assert_eq!(stdout.lines().collect::<Vec<_>>(), ["1", "0"], "{stderr}");
 }

@@ -11,8 +11,7 @@ use std::fmt;
 use std::io;
 
 use super::codec::{self, Codec};
-use super::inflate::table::Record;
-use super::inflate::{self, Checkpoints, Restart};
+use super::inflate::{self, Checkpoints, Located, Restart};
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
 use crate::read_at::ReadAt;
@@ -107,7 +106,7 @@ pub enum Layout<'a> {
 pub fn read_checkpoints<'a, E: From<PlanError>>(
     offset: u64,
     record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
-    whole: impl Fn(u64, u64) -> Result<Record<'a>, E>,
+    whole: impl Fn(u64, u64) -> Result<Located<'a>, E>,
 ) -> Result<Checkpoints<'a>, E> {
     let invalid = |why: String| PlanError {
         at: 0,
@@ -345,7 +344,7 @@ impl<'a> Layout<'a> {
         encoding: Encoding,
         offset: u64,
         record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
-        whole: impl Fn(u64, u64) -> Result<Record<'a>, E>,
+        whole: impl Fn(u64, u64) -> Result<Located<'a>, E>,
     ) -> Result<Layout<'a>, E> {
         let zip = |offset| -> Result<(u64, Option<u32>), E> {
             let r = record(offset, CRC_RECORD)?;

@@ -14,7 +14,7 @@ use tracing::error;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::entry::Entry;
-use crate::archive::inflate::table::Record;
+use crate::archive::inflate::Located;
 
 const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
 
@@ -218,7 +218,7 @@ impl Store {
     /// index's checksums: a checkpoint table's record, whose windows are read with pread from
     /// the file that holds them (never through the mapping: see `inflate::Window`), and checked
     /// by their use (`layout::read_checkpoints`).
-    pub fn record(&self, offset: u64, len: u64) -> Result<Record<'_>, CatalogError> {
+    pub fn record(&self, offset: u64, len: u64) -> Result<Located<'_>, CatalogError> {
         let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
         match self {
             Store::Mapped(m) => {
@@ -227,20 +227,20 @@ impl Store {
                 }
                 let at = m.names.start as u64 + offset;
                 Ok(match &m.file {
-                    Some(file) => Record::File { file, at, len },
-                    None => Record::Bytes(&m.map[at as usize..(at + len) as usize]),
+                    Some(file) => Located::File { file, at, len },
+                    None => Located::Bytes(&m.map[at as usize..(at + len) as usize]),
                 })
             }
             Store::Owned { names, tail, .. } => {
                 if end <= names.len() as u64 {
-                    return Ok(Record::Bytes(&names[offset as usize..end as usize]));
+                    return Ok(Located::Bytes(&names[offset as usize..end as usize]));
                 }
                 let i = tail.partition_point(|s| s.start <= offset);
                 let seg = i.checked_sub(1).map(|i| &tail[i]);
                 let seg = seg
                     .filter(|s| end <= s.start + s.map.len() as u64)
                     .ok_or(CatalogError::NotFound)?;
-                Ok(Record::File {
+                Ok(Located::File {
                     file: &seg.file,
                     at: offset - seg.start,
                     len,

@@ -454,7 +454,7 @@ mod tests {
                     in_len: None,
                     bit_count: 9,
                     bits: 0,
-                    window: super::super::Window::Bytes(&[]),
+                    window: super::super::Located::Bytes(&[]),
                     len: 10,
                     crc: 0
                 }

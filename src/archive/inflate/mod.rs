@@ -20,7 +20,7 @@ pub mod table;
 
 pub use gzip::is_gzip;
 pub use indexer::{Indexer, InflateError, Wrapper};
-pub use restart::{Restart, Window, inflate_interval};
+pub use restart::{Located, Restart, inflate_interval};
 pub use table::Checkpoints;
 
 /// Decoded bytes between checkpoints, unless `PACKFS_CHECKPOINT_SPACING` says otherwise when an

@@ -23,30 +23,31 @@ pub struct Restart<'a> {
     pub in_len: Option<u64>,
     pub bit_count: u8,
     pub bits: u8,
-    pub window: Window<'a>,
+    pub window: Located<'a>,
     pub len: usize,
     pub crc: u32,
 }
 
-/// Where a checkpoint's window is: bytes at hand, or `len` bytes at `at` of a file (an index or
-/// a spill file), read when the interval is inflated. Windows are 1.6 % of a stream's decoded
-/// size: read through a mapping they would stay in the daemon's memory, 640 MiB after one pass
-/// over a member that inflates to 40 GiB; read with pread, they pass through the decode buffer.
+/// Bytes at hand, or `len` bytes at `at` of a file (an index or a spill file), read when
+/// used: a checkpoint table's record, and a checkpoint's window in it. Windows are 1.6 % of a
+/// stream's decoded size: read through a mapping they would stay in the daemon's memory, 640 MiB
+/// after one pass over a member that inflates to 40 GiB; read with pread, they pass through the
+/// decode buffer.
 #[derive(Clone, Copy, Debug)]
-pub enum Window<'a> {
+pub enum Located<'a> {
     Bytes(&'a [u8]),
     File {
         file: &'a std::fs::File,
         at: u64,
-        len: u16,
+        len: u64,
     },
 }
 
-impl Window<'_> {
-    pub fn len(&self) -> usize {
+impl<'a> Located<'a> {
+    pub fn len(&self) -> u64 {
         match self {
-            Window::Bytes(b) => b.len(),
-            Window::File { len, .. } => *len as usize,
+            Located::Bytes(b) => b.len() as u64,
+            Located::File { len, .. } => *len,
         }
     }
 
@@ -54,27 +55,40 @@ impl Window<'_> {
         self.len() == 0
     }
 
-    /// Copies the window into `out` (`len()` bytes).
+    /// `len` bytes from `from`, if they lie inside.
+    pub fn part(&self, from: u64, len: u64) -> Option<Located<'a>> {
+        let end = from.checked_add(len).filter(|&e| e <= self.len())?;
+        Some(match *self {
+            Located::Bytes(b) => Located::Bytes(&b[from as usize..end as usize]),
+            Located::File { file, at, .. } => Located::File {
+                file,
+                at: at + from,
+                len,
+            },
+        })
+    }
+
+    /// Copies the bytes into `out` (`len()` bytes).
     fn read_into(&self, out: &mut [u8]) -> io::Result<()> {
         match self {
-            Window::Bytes(b) => {
+            Located::Bytes(b) => {
                 out.copy_from_slice(b);
                 Ok(())
             }
-            Window::File { file, at, .. } => {
+            Located::File { file, at, .. } => {
                 std::os::unix::fs::FileExt::read_exact_at(*file, out, *at)
             }
         }
     }
 }
 
-impl PartialEq for Window<'_> {
+impl PartialEq for Located<'_> {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (Window::Bytes(a), Window::Bytes(b)) => a == b,
+            (Located::Bytes(a), Located::Bytes(b)) => a == b,
             (
-                Window::File { file, at, len },
-                Window::File {
+                Located::File { file, at, len },
+                Located::File {
                     file: f2,
                     at: a2,
                     len: l2,
@@ -85,7 +99,7 @@ impl PartialEq for Window<'_> {
     }
 }
 
-impl Eq for Window<'_> {}
+impl Eq for Located<'_> {}
 
 /// Decodes the interval `restart` describes, whose compressed bytes start at image offset `at`.
 pub fn inflate_interval(image: &dyn ReadAt, at: u64, restart: &Restart) -> io::Result<Vec<u8>> {
@@ -109,7 +123,10 @@ pub fn inflate_interval(image: &dyn ReadAt, at: u64, restart: &Restart) -> io::R
         ..Default::default()
     };
     let mut decoder = Box::new(DecompressorOxide::from_block_boundary_state(&state));
-    let w = window.len();
+    let w = window.len() as usize;
+    if w > super::WINDOW {
+        return Err(bad(format!("a checkpoint window of {w} bytes is invalid")));
+    }
     let mut out = vec![0; w + len];
     window.read_into(&mut out[..w])?;
     let mut pos = w;

@@ -13,7 +13,7 @@
 //! Every value is checked when it is used: a damaged or hostile index yields an error for the
 //! read, never a panic or an allocation beyond `MAX_INTERVAL`.
 
-use super::{MAX_INTERVAL, Restart, WINDOW, Window};
+use super::{Located, MAX_INTERVAL, Restart, WINDOW};
 use crate::archive::layout::{Piece, PlanError, Unit};
 
 pub const HEAD: usize = 16;
@@ -75,33 +75,10 @@ pub fn entries_len(head: &[u8]) -> Option<u64> {
 #[derive(Clone, Copy, Debug)]
 pub struct Checkpoints<'a> {
     bytes: &'a [u8],
-    record: Record<'a>,
+    /// The whole record, for the windows.
+    record: Located<'a>,
     total: u64,
     count: usize,
-}
-
-/// Where a whole table record is: bytes at hand, or `len` bytes at `at` of a file.
-#[derive(Clone, Copy, Debug)]
-pub enum Record<'a> {
-    Bytes(&'a [u8]),
-    File {
-        file: &'a std::fs::File,
-        at: u64,
-        len: u64,
-    },
-}
-
-impl Record<'_> {
-    pub fn len(&self) -> u64 {
-        match self {
-            Record::Bytes(b) => b.len() as u64,
-            Record::File { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -126,7 +103,7 @@ impl<'a> Checkpoints<'a> {
 
     /// A view of a record whose head and entries are `bytes` and which is all of `record`;
     /// checks its shape (entries are checked when used).
-    pub fn decode(bytes: &'a [u8], record: Record<'a>) -> Result<Checkpoints<'a>, String> {
+    pub fn decode(bytes: &'a [u8], record: Located<'a>) -> Result<Checkpoints<'a>, String> {
         let count = entries_count(bytes)?;
         if count == 0 {
             return Err("a checkpoint table without checkpoints".into());
@@ -141,7 +118,7 @@ impl<'a> Checkpoints<'a> {
 
     /// A view of a whole record held in memory.
     pub fn from_bytes(bytes: &'a [u8]) -> Result<Checkpoints<'a>, String> {
-        Checkpoints::decode(bytes, Record::Bytes(bytes))
+        Checkpoints::decode(bytes, Located::Bytes(bytes))
     }
 
     /// Decoded bytes in the stream.
@@ -199,19 +176,11 @@ impl<'a> Checkpoints<'a> {
             .checked_sub(out_at)
             .filter(|&n| n > 0 && n <= MAX_INTERVAL as u64)
             .ok_or_else(|| format!("checkpoint {i} spans a bad interval {out_at}..{next_out}"))?;
-        let bad_window = || format!("checkpoint {i} has a bad window or bit count");
-        let window_end = window_at
-            .checked_add(window_len as u64)
-            .filter(|&end| end <= self.record.len() && window_len <= WINDOW && bit_count <= 7)
-            .ok_or_else(bad_window)?;
-        let window = match self.record {
-            Record::Bytes(b) => Window::Bytes(&b[window_at as usize..window_end as usize]),
-            Record::File { file, at, .. } => Window::File {
-                file,
-                at: at + window_at,
-                len: window_len as u16,
-            },
-        };
+        let window = self
+            .record
+            .part(window_at, window_len as u64)
+            .filter(|_| window_len <= WINDOW && bit_count <= 7)
+            .ok_or_else(|| format!("checkpoint {i} has a bad window or bit count"))?;
         // The compressed bytes of the interval: up to and including the byte the next
         // checkpoint's bits come from, when there is a next one.
         let in_len = next_in.and_then(|n| n.checked_sub(in_at)).map(|n| n + 1);
