@@ -27,6 +27,15 @@ fn looks_like_url(s: &str) -> bool {
     })
 }
 
+/// Query keys that sign a URL (besides S3's `X-Amz-*` and Google's `X-Goog-*`).
+const SIGNING_KEYS: [&str; 5] = [
+    "signature",
+    "sig",
+    "token",
+    "awsaccesskeyid",
+    "access_token",
+];
+
 /// A URL that cannot name an object.
 #[derive(Debug, thiserror::Error)]
 #[error("bad object URL {:?}: {why}", super::redact::urls(url))]
@@ -67,6 +76,22 @@ impl Location {
             return Err(bad(
                 "credentials in the URL would be recorded in the index and in logs; serve the \
                  shards through s3:// with AWS_* credentials instead",
+            ));
+        }
+        // A presigned URL (S3's X-Amz-*, Google's X-Goog-*, an Azure SAS `sig`) is a
+        // credential too, and one that expires: the index would keep it, and every mount of
+        // the index would fail once it has.
+        let signed = url.query_pairs().any(|(key, _)| {
+            let key = key.to_ascii_lowercase();
+            SIGNING_KEYS.contains(&key.as_str())
+                || key.starts_with("x-amz-")
+                || key.starts_with("x-goog-")
+        });
+        if signed {
+            return Err(bad(
+                "a presigned URL carries credentials that would be recorded in the index and \
+                 expire; give s3://BUCKET/KEY with AWS_* credentials (or an --endpoint-url) \
+                 instead",
             ));
         }
         Ok(Location::Http(url))
@@ -129,6 +154,15 @@ mod tests {
         assert!(Location::parse("s3:///k").is_err());
         let err = Location::parse("https://user:pw@h/x").unwrap_err();
         assert!(err.to_string().contains("credentials"), "{err}");
+        for signed in [
+            "https://b.s3.amazonaws.com/k.tar?X-Amz-Credential=AKIA%2Fx&X-Amz-Signature=abc",
+            "https://acct.blob.core.windows.net/c/k.tar?sv=2024&sig=abc",
+            "https://h/k.tar?AWSAccessKeyId=AKIA&Signature=abc&Expires=1",
+        ] {
+            let err = Location::parse(signed).unwrap_err().to_string();
+            assert!(err.contains("presigned") && !err.contains("abc"), "{err}");
+        }
+        assert!(Location::parse("https://h/k.tar?version=2").is_ok());
         let http = Location::parse("http://127.0.0.1:9000/d/a.tar").unwrap();
         assert_eq!(http.store(), "http://127.0.0.1:9000");
         assert_eq!(http.to_string(), "http://127.0.0.1:9000/d/a.tar");
