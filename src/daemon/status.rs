@@ -89,7 +89,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
             return status;
         }
     }
-    if answers_not_connected(&m.mount_point) || status.stats_file.is_some() {
+    if super::preflight::is_dead(&m.mount_point) || status.stats_file.is_some() {
         status.state = "stale";
         status.problem = Some(stale);
         return status;
@@ -110,10 +110,4 @@ fn status_of(m: &MountEntry) -> MountStatus {
 fn read_counters(path: &Path) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(path).ok()?;
     serde_json::from_str(&text).ok()
-}
-
-/// A FUSE mount whose daemon died answers every request with ENOTCONN. (statfs, because a stat
-/// of the root may be answered from the kernel's attribute cache without asking the daemon.)
-fn answers_not_connected(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_err_and(|e| e == nix::errno::Errno::ENOTCONN)
 }
