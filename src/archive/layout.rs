@@ -493,6 +493,31 @@ impl<'a> Layout<'a> {
     }
 }
 
+impl Layout<'_> {
+    /// Where the file's bytes begin in its image: the offset of the first encoded byte a read of
+    /// its start uses (for a member of a `.tar.gz`, of the compressed interval that holds it).
+    /// Files of one image sorted by it are read in the image's order.
+    pub fn image_offset(&self) -> u64 {
+        match self {
+            Layout::Stored { at, .. } | Layout::Deflate { at, .. } => *at,
+            Layout::Inflated { at, table } => table.image_offset_of(*at),
+            Layout::SparseInflated { map, table } => match map.count() {
+                0 => table.image_offset_of(0),
+                _ => table.image_offset_of(map.segment(0).2),
+            },
+            Layout::Sparse(map) => match map.count() {
+                0 => 0,
+                _ => map.segment(0).2,
+            },
+            Layout::Squashfs(map) => match (map.count, map.tail) {
+                (0, Some(t)) => t.block.start,
+                (0, None) => 0,
+                _ => map.block(0).start,
+            },
+        }
+    }
+}
+
 impl fmt::Display for Layout<'_> {
     /// Where the bytes lie, for `packfs ls --extents`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

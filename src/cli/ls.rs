@@ -23,6 +23,14 @@ pub struct Args {
     /// scripts; names may hold newlines).
     #[arg(short = '0', long = "null")]
     null: bool,
+    /// JSON lines for programs: a head, the images, then every entry with its mode, mtime, size,
+    /// image and offset (names as stored; the format is in docs/configuration.md).
+    #[arg(long, conflicts_with_all = ["long", "extents", "null"])]
+    json: bool,
+    /// With --json: the share (0..N) of each image when N nodes stage N shares, by the rule
+    /// `--stage-share K/N` stages by.
+    #[arg(long, value_name = "N", requires = "json", value_parser = clap::value_parser!(u32).range(1..))]
+    shares: Option<u32>,
     #[command(flatten)]
     merge: Merge,
 }
@@ -33,6 +41,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bar.update(p)
     })?;
     drop(bar);
+    if args.json {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+        super::ls_json::write(&catalog, args.shares, &mut out)?;
+        out.flush()?;
+        return Ok(());
+    }
     // On a terminal, names with control characters are quoted as GNU ls quotes them, so that a
     // name cannot forge lines or send escape sequences to the terminal.
     let quote = !args.null && std::io::stdout().is_terminal();

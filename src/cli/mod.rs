@@ -6,6 +6,7 @@ mod demo;
 mod generate;
 mod index;
 mod ls;
+mod ls_json;
 mod mount;
 mod mount_helper;
 mod pack;

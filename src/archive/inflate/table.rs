@@ -144,6 +144,12 @@ impl<'a> Checkpoints<'a> {
         self.field64(i, 0)
     }
 
+    /// Image offset of the compressed bytes that decode the interval holding decoded offset
+    /// `pos` (from its checkpoint).
+    pub fn image_offset_of(&self, pos: u64) -> u64 {
+        self.in_at(self.find(pos))
+    }
+
     /// The checkpoint whose interval holds decoded offset `pos` (binary search; an unordered,
     /// damaged table yields some checkpoint, which `unit` then rejects).
     fn find(&self, pos: u64) -> usize {

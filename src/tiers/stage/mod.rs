@@ -64,8 +64,15 @@ impl std::str::FromStr for Share {
 
 impl Share {
     pub fn assigned(&self, image: usize) -> bool {
-        image as u64 % self.world as u64 == self.rank as u64
+        share_of(image, self.world) == self.rank
     }
+}
+
+/// The share (0..world) image number `image` belongs to: images are dealt to shares in turn, so
+/// shares differ by one image at most. The one rule `--stage-share` stages by and `packfs ls
+/// --json --shares` exports (the Python samplers read it from there).
+pub fn share_of(image: usize, world: u32) -> u32 {
+    (image as u64 % world.max(1) as u64) as u32
 }
 
 #[derive(Clone, Debug)]
@@ -438,7 +445,11 @@ mod tests {
 
     #[test]
     fn shares_parse_and_assign() {
+        // Images dealt in turn: share sizes differ by one image at most.
+        let shares: Vec<u32> = (0..10).map(|i| share_of(i, 4)).collect();
+        assert_eq!(shares, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]);
         let s: Share = "1/4".parse().unwrap();
+        assert!((0..10).all(|i| s.assigned(i) == (share_of(i, 4) == 1)));
         let mine: Vec<usize> = (0..10).filter(|&i| s.assigned(i)).collect();
         assert_eq!(mine, vec![1, 5, 9]);
         for bad in ["4/4", "1", "a/4", "0/0", "-1/4"] {
