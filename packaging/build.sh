@@ -47,6 +47,8 @@ check() {
     rm -rf "$venv" && python3 -m venv "$venv"
     "$venv/bin/pip" install -q target/wheels/packfs-*.whl
     "$venv/bin/packfs" --version
+    # The Python package rides in the same wheel and finds the binary installed beside it.
+    "$venv/bin/python" -c 'import packfs, sys; b = packfs.binary(); print("import packfs: runs", b); sys.exit(not b.startswith(sys.prefix))'
     local newest
     newest=$(objdump -T "$venv/bin/packfs" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
     echo "the wheel's binary needs glibc symbols up to $newest"

@@ -1,0 +1,34 @@
+//! The Python package (`python/packfs`) tested with pytest against the binary built here:
+//! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build and the
+//! package taken from the source tree. pytest comes from the venv `.ci/run` makes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn the_python_package_passes_its_pytest_suite() {
+    let Some(python) = python_with("pytest", "pytest") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(root.join("python"))
+        .env("PACKFS_BIN", env!("CARGO_BIN_EXE_packfs"))
+        .env("PYTHONPATH", root.join("python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The suite ran (pytest exits 5, not 0, when it collects nothing; this is belt and braces).
+    assert!(stdout.contains(" passed"), "{stdout}");
+}
