@@ -161,16 +161,10 @@ struct Redacting<W>(W);
 
 impl<W: Write> Write for Redacting<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match std::str::from_utf8(buf) {
-            Ok(text) => self
-                .0
-                .write_all(crate::remote::redact::urls(text).as_bytes())?,
-            Err(_) => {
-                let text = String::from_utf8_lossy(buf);
-                self.0
-                    .write_all(crate::remote::redact::urls(&text).as_bytes())?
-            }
-        }
+        // Borrowed, not copied, when the line is UTF-8 (always, from the formatter).
+        let text = String::from_utf8_lossy(buf);
+        self.0
+            .write_all(crate::remote::redact::urls(&text).as_bytes())?;
         Ok(buf.len())
     }
 

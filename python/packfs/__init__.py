@@ -17,9 +17,9 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 
 __all__ = ["Catalog", "File", "Mount", "MountError", "binary", "mount", "open_bytes", "status"]
@@ -115,7 +115,8 @@ class Mount:
         if not self._mounted:
             return
         # A second Ctrl-C must not leave the mount half torn down.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
             done = _run(["umount", str(self.path)], check=False)
             if done.returncode != 0:
@@ -126,12 +127,6 @@ class Mount:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-
-
-def _main_thread():
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def mount(source, mountpoint=None, **options):
@@ -252,6 +247,3 @@ def open_bytes(path):
     finally:
         os.close(fd)
 
-
-if sys.version_info < (3, 8):  # pragma: no cover
-    raise ImportError("packfs needs Python 3.8 or newer")

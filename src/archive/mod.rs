@@ -155,7 +155,8 @@ impl ScannedImage {
         let accounted = self.members.len() as u64 + self.merged + self.skipped;
         (accounted != self.headers).then(|| {
             format!(
-                "{}: the scan read {} headers but accounts for {accounted} ({} members served,                  {} merged into the member they describe, {} skipped with a warning)",
+                "{}: the scan read {} headers but accounts for {accounted} ({} members served, \
+                 {} merged into the member they describe, {} skipped with a warning)",
                 self.path.display(),
                 self.headers,
                 self.members.len(),
@@ -277,4 +278,25 @@ fn scan_data(
         tracing::error!("{what}; this is a packfs bug, please report it");
     }
     Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_lost_in_silence_is_described() {
+        let mut image = ScannedImage::new("s.tar".into(), Fingerprint::default());
+        assert_eq!(image.unaccounted(), None);
+        image.headers = 4;
+        image.merged = 1;
+        image.skip(0, b"dev", "device nodes are not served");
+        assert_eq!(
+            image.unaccounted().as_deref(),
+            Some(
+                "s.tar: the scan read 4 headers but accounts for 2 (0 members served, 1 merged \
+                 into the member they describe, 1 skipped with a warning)"
+            )
+        );
+    }
 }

@@ -9,7 +9,7 @@
 //! index's own directory for `packfs index`, else `$TMPDIR` (see `set_dir`).
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -195,8 +195,6 @@ impl TableFile {
         Ok(bytes)
     }
 }
-
-use std::io::Read as _;
 
 #[cfg(test)]
 mod tests {

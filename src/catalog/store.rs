@@ -194,14 +194,8 @@ impl Store {
                 if end <= names.len() {
                     return Ok(&names[offset..end]);
                 }
-                // A checkpoint table: in the segment that starts at or before `offset`.
-                let i = tail.partition_point(|s| s.start <= offset as u64);
-                let seg = i.checked_sub(1).map(|i| &tail[i]);
-                seg.and_then(|s| {
-                    let from = usize::try_from(offset as u64 - s.start).ok()?;
-                    s.map.get(from..from.checked_add(len)?)
-                })
-                .ok_or(CatalogError::NotFound)
+                let (seg, from) = segment(tail, offset as u64, len as u64)?;
+                Ok(&seg.map[from as usize..from as usize + len])
             }
             Store::Mapped(m) => {
                 if end > m.names.len() {
@@ -216,7 +210,7 @@ impl Store {
 
     /// Where `len` bytes at `offset` in the names arena are, without checking them against the
     /// index's checksums: a checkpoint table's record, whose windows are read with pread from
-    /// the file that holds them (never through the mapping: see `inflate::Window`), and checked
+    /// the file that holds them (never through the mapping: see `inflate::Located`), and checked
     /// by their use (`layout::read_checkpoints`).
     pub fn record(&self, offset: u64, len: u64) -> Result<Located<'_>, CatalogError> {
         let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
@@ -235,14 +229,10 @@ impl Store {
                 if end <= names.len() as u64 {
                     return Ok(Located::Bytes(&names[offset as usize..end as usize]));
                 }
-                let i = tail.partition_point(|s| s.start <= offset);
-                let seg = i.checked_sub(1).map(|i| &tail[i]);
-                let seg = seg
-                    .filter(|s| end <= s.start + s.map.len() as u64)
-                    .ok_or(CatalogError::NotFound)?;
+                let (seg, at) = segment(tail, offset, len)?;
                 Ok(Located::File {
                     file: &seg.file,
-                    at: offset - seg.start,
+                    at,
                     len,
                 })
             }
@@ -287,16 +277,17 @@ impl Store {
         match self {
             Store::Owned { .. } => 0,
             Store::Mapped(m) => {
+                // Only a map of the file can let its pages go (an anonymous one would lose them).
                 // SAFETY: sysconf only reads a system constant.
                 let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-                    n if n > 0 && m.file.is_some() => n as usize,
-                    _ => usize::MAX,
+                    n if n > 0 && m.file.is_some() => Some(n as usize),
+                    _ => None,
                 };
                 let mut released = 0;
                 (0..m.chunks.count())
                     .filter(|&c| {
                         let damaged = m.chunks.ensure(&m.map, &m.path, c).is_err();
-                        if page != usize::MAX {
+                        if let Some(page) = page {
                             // Up to the last whole page behind this chunk's end: a page the next
                             // chunk shares goes with that one.
                             let end = (m.chunks.start + (c + 1) * m.chunks.size).min(m.chunks.end);
@@ -312,6 +303,20 @@ impl Store {
     }
 }
 
+/// The segment of `tail` that holds `len` bytes at arena offset `offset`, and where they start
+/// in it; `NotFound` if no one segment holds them all.
+fn segment(tail: &[Segment], offset: u64, len: u64) -> Result<(&Segment, u64), CatalogError> {
+    let i = tail.partition_point(|s| s.start <= offset);
+    let seg = i.checked_sub(1).map(|i| &tail[i]);
+    seg.filter(|s| {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= s.start + s.map.len() as u64)
+    })
+    .map(|s| (s, offset - s.start))
+    .ok_or(CatalogError::NotFound)
+}
+
 /// Drops the pages `range` (page-aligned) from this process's mapping of a file; a later access
 /// reads them again from the page cache (or the file).
 fn release(map: &Mmap, range: Range<usize>) {
@@ -324,5 +329,46 @@ fn release(map: &Mmap, range: Range<usize>) {
         let _ = unsafe {
             map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(start: u64, bytes: &[u8]) -> Segment {
+        use std::io::Write;
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(bytes).unwrap();
+        // SAFETY: a private temporary file, not written again.
+        let map = unsafe { Mmap::map(&file) }.unwrap();
+        Segment { start, map, file }
+    }
+
+    #[test]
+    fn tables_are_found_in_their_segment_and_nowhere_else() {
+        let store = Store::Owned {
+            entries: Vec::new(),
+            names: b"names".to_vec(),
+            tail: vec![seg(5, b"first"), seg(10, b"second")],
+        };
+        assert_eq!(store.names(1, 3).unwrap(), b"ame");
+        assert_eq!(store.names(6, 3).unwrap(), b"irs");
+        assert_eq!(store.names(10, 6).unwrap(), b"second");
+        let Located::File { at, len, .. } = store.record(11, 4).unwrap() else {
+            panic!("a table in a segment is read from its file")
+        };
+        assert_eq!((at, len), (1, 4));
+        // Across two segments, past the end, or an offset and length that overflow: none.
+        for (offset, len) in [(8, 4), (14, 3), (u64::MAX - 1, 4)] {
+            assert_eq!(
+                store.record(offset, len).err(),
+                Some(CatalogError::NotFound)
+            );
+        }
+        assert_eq!(
+            segment(&[seg(5, b"x")], u64::MAX - 1, 4).err(),
+            Some(CatalogError::NotFound)
+        );
     }
 }
