@@ -1,6 +1,7 @@
 //! The Python package (`python/packfs`) tested with pytest against the binary built here:
 //! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build and the
-//! package taken from the source tree. pytest comes from the venv `.ci/run` makes.
+//! package taken from the source tree. pytest, torch, torchvision and hypothesis come from the venv
+//! `.ci/run` makes; it sets PACKFS_REQUIRE_TORCH, so a skipped test fails there.
 
 mod common;
 
@@ -16,7 +17,15 @@ fn the_python_package_passes_its_pytest_suite() {
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+        ])
         .current_dir(root.join("python"))
         .env("PACKFS_BIN", env!("CARGO_BIN_EXE_packfs"))
         .env("PYTHONPATH", root.join("python"))
@@ -31,4 +40,11 @@ fn the_python_package_passes_its_pytest_suite() {
     );
     // The suite ran (pytest exits 5, not 0, when it collects nothing; this is belt and braces).
     assert!(stdout.contains(" passed"), "{stdout}");
+    // The torch tests skip where torch is not installed; CI installs it and says so.
+    if std::env::var_os("PACKFS_REQUIRE_TORCH").is_some() {
+        assert!(
+            !stdout.contains("skipped"),
+            "CI must run every test:\n{stdout}"
+        );
+    }
 }

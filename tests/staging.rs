@@ -624,3 +624,34 @@ fn chunks_reads_fetched_are_staged_without_a_second_source_read() {
     );
     assert_eq!(stage.stats().copied_from_reads, 48 * MIB);
 }
+
+/// Source bytes read so far, from a stats file.
+fn source_bytes_read(stats: &str) -> u64 {
+    let parsed: serde_json::Value = serde_json::from_str(stats).unwrap();
+    parsed["source"]["bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn images_of_other_shares_are_read_exactly_not_in_chunks() {
+    // A node reading a sample of another node's share (the share sampler's remote q) must not
+    // fetch the whole chunk around it: its stage will not keep it. This read 7.6x the dataset
+    // per epoch with 4 nodes and 1 MiB chunks before the fix.
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, images) = dataset(tmp.path(), 4, 300_000);
+    let stage = tmp.path().join("stage");
+    let mnt = tmp.path().join("mnt");
+    let (m, stats, _) = mount_staged(&images, &mnt, &stage, "other", &["--stage-share", "1/4"]);
+    let staged = wait_stats(&stats, 10, "staging", |s| status(s) == "complete");
+    let before = source_bytes_read(&staged);
+    // shard 0 belongs to share 0: its first sample is 40 000 bytes, less than a 64 KiB chunk.
+    let rel = "samples/s00/f0000.bin";
+    assert_eq!(
+        fs::read(mnt.join(rel)).unwrap(),
+        fs::read(src.join(rel)).unwrap()
+    );
+    let after = wait_stats(&stats, 10, "the read counted", |s| {
+        source_bytes_read(s) > before
+    });
+    assert_eq!(source_bytes_read(&after) - before, 40_000, "{after}");
+    drop(m);
+}

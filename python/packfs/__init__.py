@@ -214,6 +214,7 @@ class Catalog:
         if head.get("packfs_ls") != 1:
             raise MountError(f"packfs ls --json speaks version {head.get('packfs_ls')}, not 1")
         n = head["images"]
+        self.shares = shares or None
         self.images = [_name(r, "path") for r in rows[1 : 1 + n]]
         self.image_sizes = [r["size"] for r in rows[1 : 1 + n]]
         self.image_shares = [r["share"] for r in rows[1 : 1 + n]] if shares else None

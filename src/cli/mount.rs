@@ -58,11 +58,10 @@ pub struct Args {
     /// file pages, once read, live in the kernel's page cache.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = super::size::parse_bytes)]
     cache_size: u64,
-    /// Read stored bytes from the source in whole chunks kept in the RAM cache, and hand them to
-    /// the stager. Default: on with --stage, or for images in an object store that fit in half
-    /// the RAM cache; off otherwise
-    /// (measured: with shuffled reads from files, exact reads are faster when nothing is staged;
-    /// see docs/benchmarks.md).
+    /// Read stored bytes from the source in whole chunks kept in the RAM cache. Default: on for
+    /// images in an object store that fit in half the RAM cache; off otherwise (measured: with
+    /// shuffled reads from files, exact reads are faster; see docs/benchmarks.md). The images a
+    /// running --stage keeps are read in chunks whatever this says (the stager keeps them).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     ram_chunks: Option<bool>,
     /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and

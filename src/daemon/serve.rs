@@ -276,11 +276,10 @@ fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> Tie
             req.cache_size / 1_000_000
         );
     }
-    let ram_chunks = req
-        .ram_chunks
-        .unwrap_or(req.stage.is_some() || (remote && fits));
+    // A stage fetches the images it keeps in chunks whatever this says (tiers::images).
+    let ram_chunks = req.ram_chunks.unwrap_or(remote && fits);
     if remote
-        && ram_chunks
+        && (ram_chunks || req.stage.is_some())
         && let Some(hint) = small_cache_hint(req.cache_size, req.chunk_size, req.fs.io_threads)
     {
         warn!("{hint}");

@@ -413,6 +413,11 @@ impl Stage {
         std::fs::metadata(&self.opts.dir).is_ok_and(|m| (m.dev(), m.ino()) == self.dir_id)
     }
 
+    /// Whether this stage copies `image` (false for images of other nodes' shares).
+    pub fn keeps(&self, image: u32) -> bool {
+        matches!(self.images.get(image as usize), Some(Some(_)))
+    }
+
     pub fn stopped(&self) -> bool {
         self.stopped.load(Ordering::Relaxed)
     }

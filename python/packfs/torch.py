@@ -1,0 +1,420 @@
+"""Samplers and a loader for PyTorch that know where a mount's bytes are (docs/training.md).
+
+- ``ShareSampler``: a drop-in for ``DistributedSampler`` with *partial local shuffling*: every rank
+  reads a fraction ``1 - q`` of its samples from the images its node staged with
+  ``--stage-share K/N``, and a fresh random ``q`` from the other nodes' shares each epoch.
+- ``ShardOrderedSampler``: for cold epochs without staging: images in random order, each read in
+  runs of consecutive members, so the parallel file system sees long sequential reads.
+- ``pil_loader``: torchvision's default loader without Python's per-open ``isatty`` round trip.
+
+Both samplers take any map-style dataset whose items are files of the mount: torchvision's
+ImageFolder or DatasetFolder (``.samples``), or a sequence of paths. Only this module imports torch.
+"""
+
+import io
+import math
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from . import Catalog, Mount, open_bytes
+
+__all__ = ["ShareSampler", "ShardOrderedSampler", "pil_loader", "transfer_counts"]
+
+
+def pil_loader(path):
+    """An RGB ``PIL.Image`` of the file at ``path``, as torchvision's default loader returns,
+    read with one ``read`` and no ``isatty`` question (3x the files/s of ``open(path, "rb")``
+    on a warm packfs mount: docs/training.md). Pass it as ``ImageFolder(root, loader=pil_loader)``."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(open_bytes(path))) as image:
+        return image.convert("RGB")
+
+
+def _paths(dataset):
+    """The file behind each index of ``dataset``."""
+    samples = getattr(dataset, "samples", None)
+    if samples is None:
+        samples = getattr(dataset, "imgs", None)
+    if samples is not None:
+        return [s[0] if isinstance(s, (tuple, list)) else s for s in samples]
+    if isinstance(dataset, (list, tuple)) and all(
+        isinstance(p, (str, bytes, os.PathLike)) for p in dataset
+    ):
+        return list(dataset)
+    raise TypeError(
+        "the sampler needs to know each sample's file: give a torchvision ImageFolder or "
+        "DatasetFolder (it has .samples) or a list of paths on the mount"
+    )
+
+
+def _locate(dataset, catalog, root):
+    """Per dataset index, the catalog's File for it; a path that is not a file of the catalog is
+    an error naming it (the sampler would otherwise place it on no node)."""
+    by_path = {os.fsdecode(f.path): f for f in catalog.files}
+    prefix = os.fsdecode(os.path.abspath(root)).rstrip("/") + "/" if root is not None else None
+    located = []
+    for path in _paths(dataset):
+        text = os.fsdecode(path)
+        if prefix is not None and text.startswith(prefix):
+            text = text[len(prefix) :]
+        elif os.path.isabs(text):
+            raise ValueError(
+                f"{text} is not under the mount's root {root}: the sampler places only files of "
+                "the mount (give root=, the mountpoint, or the Mount itself)"
+            )
+        found = by_path.get(text.lstrip("/"))
+        if found is None:
+            raise ValueError(
+                f"{text} is not a file of the catalog: build the dataset over the same mount "
+                "(or index) the catalog was made from"
+            )
+        located.append(found)
+    return located
+
+
+def _world(num_replicas, rank):
+    """DistributedSampler's defaults: the process group's size and rank."""
+    if num_replicas is None or rank is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "give num_replicas and rank, or initialise torch.distributed first "
+                "(as DistributedSampler requires)"
+            )
+        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        rank = dist.get_rank() if rank is None else rank
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+    return num_replicas, rank
+
+
+def _ranks_per_node(given, num_replicas):
+    """Ranks sharing one node (and so one stage share): the argument, else torchrun's
+    LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1."""
+    if given is None:
+        for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+            value = os.environ.get(name, "").split("(")[0]
+            if value.isdigit() and int(value) > 0:
+                given = int(value)
+                break
+        else:
+            given = 1
+    if given < 1 or num_replicas % given:
+        raise ValueError(
+            f"ranks_per_node={given} does not divide the {num_replicas} ranks: every node must "
+            "run the same number of ranks (ranks node*ranks_per_node ... are one node, as torchrun "
+            "and Slurm's block distribution number them)"
+        )
+    return given
+
+
+def _catalog_and_root(catalog, root, shares):
+    if isinstance(catalog, Mount):
+        return Catalog(catalog, shares=shares), catalog.path if root is None else root
+    if not isinstance(catalog, Catalog):
+        raise TypeError("catalog must be a packfs.Catalog or a packfs.Mount")
+    return catalog, root
+
+
+class _EpochSampler(Sampler):
+    """What both samplers share with DistributedSampler: rank and world, the per-rank count
+    (padding by repetition, or dropping the tail with drop_last), set_epoch."""
+
+    def __init__(self, dataset, num_replicas, rank, shuffle, seed, drop_last):
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+        self.total = total = len(_paths(dataset))
+        if drop_last:
+            self.num_samples = total // self.num_replicas
+        else:
+            self.num_samples = math.ceil(total / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch):
+        """As DistributedSampler's: call it before each epoch so each epoch has its own order."""
+        self.epoch = epoch
+
+    def _generator(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return g
+
+    def _order(self, n, g):
+        return torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+
+    def __iter__(self):
+        return iter(self.indices().tolist())
+
+
+def _trim(cells, counts, excess):
+    """Takes ``excess`` units off ``cells``: in proportion first, the rest off the largest."""
+    if excess <= 0:
+        return
+    held = sum(counts[j][k] for j, k in cells)
+    for j, k in cells:
+        cut = counts[j][k] * excess // held
+        counts[j][k] -= cut
+        excess -= cut
+    while excess > 0:
+        j, k = max(cells, key=lambda c: counts[c[0]][c[1]])
+        counts[j][k] -= 1
+        excess -= 1
+
+
+def transfer_counts(give, need):
+    """How many samples node j hands node k this epoch (an N x N list of lists), given what each
+    node gives away (``give[j]``) and what each still needs (``need[k]``), with equal sums.
+
+    Nobody receives its own samples (they would not be remote reads) unless no other way exists
+    (one node, or one node giving more than all the others need). The split is as even as the
+    counts allow (proportional, then scaled to the exact sums), so every node's remote reads
+    come from all other shares rather than from one neighbour."""
+    n = len(give)
+    total = sum(give)
+    if total != sum(need):
+        raise ValueError(f"given {sum(give)} != needed {sum(need)}")
+    g = torch.tensor(give, dtype=torch.float64)
+    d = torch.tensor(need, dtype=torch.float64)
+    x = torch.zeros((n, n), dtype=torch.float64)
+    if total and n > 1:
+        # Proportional start, then alternate scaling of rows and columns to their sums
+        # (iterative proportional fitting); the zero diagonal stays zero.
+        x = g[:, None] * d[None, :]
+        x.fill_diagonal_(0)
+        for _ in range(50):
+            rows = x.sum(1)
+            x *= torch.where(rows > 0, g / rows.clamp(min=1e-300), torch.zeros_like(g))[:, None]
+            cols = x.sum(0)
+            x *= torch.where(cols > 0, d / cols.clamp(min=1e-300), torch.zeros_like(d))[None, :]
+    counts = x.floor().long().tolist()
+    # Where no spread avoids the diagonal the fit overshoots some sums: trim to at most each.
+    for j in range(n):
+        _trim([(j, k) for k in range(n)], counts, sum(counts[j]) - give[j])
+    for k in range(n):
+        _trim([(j, k) for j in range(n)], counts, sum(counts[j][k] for j in range(n)) - need[k])
+    short_rows = [give[j] - sum(counts[j]) for j in range(n)]
+    short_cols = [need[k] - sum(counts[j][k] for j in range(n)) for k in range(n)]
+    # Rounding (or an infeasible spread) leaves a few units: place them on other nodes first.
+    for j in range(n):
+        for k in range(n):
+            if short_rows[j] == 0:
+                break
+            if k != j and short_cols[k] > 0:
+                moved = min(short_rows[j], short_cols[k])
+                counts[j][k] += moved
+                short_rows[j] -= moved
+                short_cols[k] -= moved
+    for j in range(n):
+        while short_rows[j] > 0 and short_cols[j] > 0:
+            # Only j's own column is short: take a unit a->b (a, b != j) and route it a->j, j->b.
+            swap = next(
+                ((a, b) for a in range(n) if a != j for b in range(n) if b not in (a, j) and counts[a][b]),
+                None,
+            )
+            if swap is None:
+                counts[j][j] += 1  # no other way: j reads one of its own
+            else:
+                a, b = swap
+                counts[a][b] -= 1
+                counts[a][j] += 1
+                counts[j][b] += 1
+            short_rows[j] -= 1
+            short_cols[j] -= 1
+    return counts
+
+
+class ShareSampler(_EpochSampler):
+    """``DistributedSampler`` that reads where the data is: partial local shuffling over the
+    shares ``--stage-share K/N`` stages (one share per node, ``N`` nodes).
+
+    Each epoch, every node keeps a random ``1 - q`` of its per-node count from its own share and
+    takes the rest from the other shares (a fresh random choice each epoch, spread over all of
+    them); its ranks split the node's samples. ``q=0`` reads only the node's share (local
+    shuffling), ``q=1`` only the others'. Every sample is read once per epoch across all ranks
+    and every rank gets the same count, with DistributedSampler's padding or ``drop_last``.
+
+    ``catalog`` is a ``packfs.Mount`` (then ``root`` is its path), or a ``packfs.Catalog`` made
+    with ``shares=N`` and ``root`` the mountpoint the dataset's paths start with. Ranks
+    ``node*ranks_per_node ... (node+1)*ranks_per_node - 1`` form node ``node``, which must be
+    the node mounted with ``--stage-share node/N``; ``ranks_per_node`` defaults to torchrun's
+    LOCAL_WORLD_SIZE or Slurm's SLURM_NTASKS_PER_NODE.
+
+    When shares are uneven (the image count is not a multiple of N, or images differ in size),
+    a node whose share holds fewer samples than ``1 - q`` of its count reads the difference from
+    other shares, and a larger share lends its surplus: counts stay equal, the local fraction
+    of the smaller node drops (``local_fraction()`` tells).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        catalog,
+        root=None,
+        *,
+        q=0.1,
+        num_replicas=None,
+        rank=None,
+        ranks_per_node=None,
+        shuffle=True,
+        seed=0,
+        drop_last=False,
+        world_size=None,
+    ):
+        super().__init__(dataset, num_replicas or world_size, rank, shuffle, seed, drop_last)
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q={q} is not a fraction in [0, 1]")
+        self.q = q
+        self.ranks_per_node = _ranks_per_node(ranks_per_node, self.num_replicas)
+        self.nodes = self.num_replicas // self.ranks_per_node
+        self.node = self.rank // self.ranks_per_node
+        catalog, root = _catalog_and_root(catalog, root, self.nodes)
+        if catalog.image_shares is None or catalog.shares != self.nodes:
+            raise ValueError(
+                f"the catalog was made with shares={catalog.shares}, but the job has {self.nodes} "
+                f"nodes ({self.num_replicas} ranks, {self.ranks_per_node} per node): make it "
+                f"with packfs.Catalog(..., shares={self.nodes})"
+            )
+        located = _locate(dataset, catalog, root)
+        shares = torch.tensor([catalog.image_shares[f.image] for f in located], dtype=torch.long)
+        # Samples of each share, in dataset order.
+        self._local = [torch.nonzero(shares == k).flatten() for k in range(self.nodes)]
+        self._per_node = self.num_samples * self.ranks_per_node
+
+    def _keep(self):
+        target = round((1.0 - self.q) * self._per_node)
+        return [min(len(s), target) for s in self._local]
+
+    def local_fraction(self):
+        """The fraction of this node's samples that come from its share, every epoch (only which
+        samples changes); each of its ranks is within one sample of it."""
+        return self._keep()[self.node] / self._per_node if self._per_node else 1.0
+
+    def indices(self):
+        """This rank's sample indices for the current epoch (a LongTensor)."""
+        g = self._generator()
+        keep = self._keep()
+        kept, pool, source = [], [], []
+        for k, samples in enumerate(self._local):
+            mine = samples[self._order(len(samples), g)]
+            kept.append(mine[: keep[k]])
+            pool.append(mine[keep[k] :])
+            source.append(torch.full((len(mine) - keep[k],), k, dtype=torch.long))
+        pool, source = torch.cat(pool), torch.cat(source)
+        surplus = len(pool) - (self.nodes * self._per_node - sum(keep))
+        if surplus > 0:
+            # drop_last: the tail left out this epoch is a random part of the pool.
+            chosen = torch.sort(self._order(len(pool), g)[: len(pool) - surplus]).values
+            pool, source = pool[chosen], source[chosen]
+        elif surplus < 0:
+            # Padding, as DistributedSampler does: repeat samples (from the pool, else from all).
+            base, base_source = (pool, source) if len(pool) else (
+                torch.cat(kept),
+                torch.cat([torch.full((len(s),), k, dtype=torch.long) for k, s in enumerate(kept)]),
+            )
+            repeat = torch.arange(-surplus) % len(base)
+            pool, source = torch.cat([pool, base[repeat]]), torch.cat([source, base_source[repeat]])
+        # Pool grouped by source node, each group in random order.
+        grouped = torch.argsort(source, stable=True)
+        pool, source = pool[grouped], source[grouped]
+        give = torch.bincount(source, minlength=self.nodes).tolist()
+        need = [self._per_node - k for k in keep]
+        counts = transfer_counts(give, need)
+        starts = [0] * self.nodes
+        at = 0
+        for j in range(self.nodes):
+            starts[j] = at
+            at += give[j]
+        received = []
+        for j in range(self.nodes):
+            begin = starts[j] + sum(counts[j][: self.node])
+            received.append(pool[begin : begin + counts[j][self.node]])
+        # Dealt round-robin from local-then-remote, so each of the node's ranks gets the node's
+        # local fraction give or take one sample; then each rank's own order is shuffled.
+        node_samples = torch.cat([kept[self.node], *received])
+        mine = node_samples[self.rank % self.ranks_per_node :: self.ranks_per_node]
+        return mine[self._order(len(mine), g)]
+
+
+class ShardOrderedSampler(_EpochSampler):
+    """``DistributedSampler`` for cold epochs read from the parallel file system: images in a
+    random order, each read in runs of ``run_length`` consecutive members (archive order), the
+    runs of an image in random order, then mixed across neighbouring images by a shuffle buffer
+    of ``buffer`` runs (as WebDataset shuffles shards and keeps a buffer). Each rank reads its
+    own contiguous stretch of that order, so the PFS sees long sequential reads rather than one
+    request per sample at a random place.
+
+    Shards packed in path order hold one class after another: pack with ``packfs pack
+    --shuffle`` so a run mixes classes. Counts, padding and ``drop_last`` are as
+    DistributedSampler's."""
+
+    def __init__(
+        self,
+        dataset,
+        catalog,
+        root=None,
+        *,
+        run_length=32,
+        buffer=16,
+        num_replicas=None,
+        rank=None,
+        shuffle=True,
+        seed=0,
+        drop_last=False,
+        world_size=None,
+    ):
+        super().__init__(dataset, num_replicas or world_size, rank, shuffle, seed, drop_last)
+        if run_length < 1 or buffer < 1:
+            raise ValueError("run_length and buffer are counts of at least 1")
+        self.run_length, self.buffer = run_length, buffer
+        catalog, root = _catalog_and_root(catalog, root, None)
+        located = _locate(dataset, catalog, root)
+        image = torch.tensor([f.image for f in located], dtype=torch.long)
+        offset = torch.tensor([f.offset for f in located], dtype=torch.long)
+        # Each image's samples in archive order: by offset, then (stable) by image.
+        by_place = torch.argsort(offset, stable=True)
+        by_place = by_place[torch.argsort(image[by_place], stable=True)]
+        _, sizes = torch.unique_consecutive(image[by_place], return_counts=True)
+        self._images = [
+            list(torch.split(members, run_length))
+            for members in torch.split(by_place, sizes.tolist())
+        ]
+
+    def indices(self):
+        """This rank's sample indices for the current epoch (a LongTensor)."""
+        g = self._generator()
+        runs = []
+        for i in self._order(len(self._images), g).tolist():
+            image_runs = self._images[i]
+            runs += [image_runs[r] for r in self._order(len(image_runs), g).tolist()]
+        if not runs:
+            return torch.zeros(0, dtype=torch.long)
+        stream = torch.cat(runs)
+        run_id = torch.repeat_interleave(
+            torch.arange(len(runs)), torch.tensor([len(r) for r in runs])
+        )
+        if self.total_size > len(stream):
+            repeat = torch.arange(self.total_size) % len(stream)
+            stream, run_id = stream[repeat], run_id[repeat] + len(runs) * (
+                torch.arange(self.total_size) // len(stream)
+            )
+        mine = slice(self.rank * self.num_samples, (self.rank + 1) * self.num_samples)
+        stream, run_id = stream[mine], run_id[mine]
+        # Back into runs (a run cut by the rank boundary stays cut), then the shuffle buffer.
+        cuts = torch.nonzero(run_id[1:] != run_id[:-1]).flatten() + 1
+        pieces = list(torch.tensor_split(stream, cuts))
+        if not self.shuffle:
+            return stream
+        out, held = [], []
+        for piece in pieces:
+            held.append(piece)
+            if len(held) == self.buffer:
+                out.append(held.pop(int(torch.randint(len(held), (1,), generator=g))))
+        while held:
+            out.append(held.pop(int(torch.randint(len(held), (1,), generator=g))))
+        return torch.cat(out)

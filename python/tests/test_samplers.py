@@ -1,0 +1,238 @@
+"""Properties of packfs.torch's samplers over random catalogs (hypothesis): every sample once per
+epoch across all ranks (up to DistributedSampler's padding or drop_last), equal counts on every
+rank, fixed by (seed, epoch), new each epoch, the local fraction 1 - q on balanced shares.
+
+The catalogs here are made in memory with arbitrary image-to-share assignments (a superset of
+the binary's rule, which test_torch_mount.py checks against real staging)."""
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import packfs  # noqa: E402
+from packfs.torch import ShardOrderedSampler, ShareSampler, transfer_counts  # noqa: E402
+
+
+def catalog(sizes, shares, nodes):
+    """A Catalog of images holding ``sizes[i]`` files each, image i in share ``shares[i]``."""
+    c = object.__new__(packfs.Catalog)
+    c.images = [f"shard-{i}.tar" for i in range(len(sizes))]
+    c.image_sizes = [0] * len(sizes)
+    c.shares = nodes
+    c.image_shares = list(shares)
+    c.files = []
+    for image, n in enumerate(sizes):
+        c.files += [packfs.File(f"img{image}/f{k}", 100, image, 512 * (k + 1)) for k in range(n)]
+    return c
+
+
+def run_epoch(make, world, epoch):
+    per_rank = []
+    for rank in range(world):
+        sampler = make(rank)
+        sampler.set_epoch(epoch)
+        per_rank.append(list(sampler))
+        assert len(per_rank[-1]) == len(sampler)
+    return per_rank
+
+
+def check_once(per_rank, total, world, drop_last):
+    counts = {len(r) for r in per_rank}
+    assert len(counts) == 1, f"ranks got different counts {counts}: DDP would hang"
+    each = counts.pop()
+    assert each == (total // world if drop_last else -(-total // world))
+    seen = collections.Counter(i for r in per_rank for i in r)
+    assert all(0 <= i < total for i in seen)
+    if drop_last:
+        assert max(seen.values(), default=1) == 1, "a sample twice"
+        assert len(seen) == each * world
+    else:
+        assert len(seen) == total, "a sample was left out"
+        assert sum(seen.values()) - total == each * world - total, "padding beyond the rule"
+
+
+layouts = st.integers(1, 4).flatmap(
+    lambda nodes: st.tuples(
+        st.just(nodes),
+        st.integers(1, 3),  # ranks per node
+        st.lists(st.integers(0, 40), min_size=1, max_size=12),  # files per image
+        st.floats(0, 1),
+        st.booleans(),
+        st.integers(0, 2**31),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts)
+def test_share_sampler_reads_every_sample_once_with_equal_counts(layout):
+    nodes, rpn, sizes, q, drop_last, seed = layout
+    shares = [i % nodes for i in range(len(sizes))]
+    cat = catalog(sizes, shares, nodes)
+    paths = [f.path for f in cat.files]
+    world = nodes * rpn
+
+    def make(rank):
+        return ShareSampler(
+            paths, cat, q=q, num_replicas=world, rank=rank, ranks_per_node=rpn,
+            seed=seed, drop_last=drop_last,
+        )
+
+    for epoch in (0, 1):
+        check_once(run_epoch(make, world, epoch), len(paths), world, drop_last)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 6),
+    st.integers(1, 4),
+    st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]),
+    st.integers(0, 2**31),
+)
+def test_on_balanced_shares_each_rank_reads_one_minus_q_locally(nodes, rpn, q, seed):
+    # Two images of 200 files per node: every share the same size.
+    sizes = [200] * (2 * nodes)
+    shares = [i % nodes for i in range(len(sizes))]
+    cat = catalog(sizes, shares, nodes)
+    paths = [f.path for f in cat.files]
+    world = nodes * rpn
+    file_share = [cat.image_shares[f.image] for f in cat.files]
+    samplers = [
+        ShareSampler(paths, cat, q=q, num_replicas=world, rank=r, ranks_per_node=rpn, seed=seed)
+        for r in range(world)
+    ]
+    remote_sources = collections.Counter()
+    for r, s in enumerate(samplers):
+        node = r // rpn
+        local = sum(1 for i in s if file_share[i] == node)
+        assert abs(local - s.local_fraction() * len(s)) <= 1
+        remote_sources.update(file_share[i] for i in s if file_share[i] != node)
+    # The node as a whole (its ranks together) is within 1% of 1 - q.
+    for node in range(nodes):
+        idx = [i for r in range(node * rpn, (node + 1) * rpn) for i in samplers[r]]
+        local = sum(1 for i in idx if file_share[i] == node) / len(idx)
+        assert abs(local - (1 - q)) <= 0.01
+    if q >= 0.3:
+        # The remote reads come from every other share, not from one neighbour.
+        assert len(remote_sources) == nodes
+
+
+def test_uneven_shares_keep_counts_equal_and_say_the_local_fraction():
+    # Five images over four nodes: share 0 holds two images, so it lends its surplus.
+    sizes = [100] * 5
+    cat = catalog(sizes, [i % 4 for i in range(5)], 4)
+    paths = [f.path for f in cat.files]
+    per_rank = run_epoch(
+        lambda r: ShareSampler(paths, cat, q=0.1, num_replicas=4, rank=r, ranks_per_node=1), 4, 3
+    )
+    check_once(per_rank, 500, 4, False)
+    fractions = [
+        ShareSampler(paths, cat, q=0.1, num_replicas=4, rank=r, ranks_per_node=1).local_fraction()
+        for r in range(4)
+    ]
+    # 125 samples per node: node 0 keeps 112 (0.9 x 125, rounded) of its 200, the others have
+    # only 100 each and read the other 25 from share 0.
+    assert fractions == [112 / 125, 100 / 125, 100 / 125, 100 / 125]
+
+
+def test_order_is_fixed_by_seed_and_epoch_and_changes_with_the_epoch():
+    cat = catalog([50] * 8, [i % 2 for i in range(8)], 2)
+    paths = [f.path for f in cat.files]
+    for make in (
+        lambda seed: ShareSampler(paths, cat, q=0.2, num_replicas=4, rank=1, ranks_per_node=2, seed=seed),
+        lambda seed: ShardOrderedSampler(paths, cat, run_length=8, num_replicas=4, rank=1, seed=seed),
+    ):
+        a, b = make(7), make(7)
+        a.set_epoch(3)
+        b.set_epoch(3)
+        assert list(a) == list(b)
+        b.set_epoch(4)
+        assert list(a) != list(b)
+        assert list(make(8)) != list(make(7))
+
+
+def test_q_zero_reads_only_the_share_and_a_fresh_part_is_exchanged_each_epoch():
+    cat = catalog([100] * 8, [i % 4 for i in range(8)], 4)
+    paths = [f.path for f in cat.files]
+    s = ShareSampler(paths, cat, q=0.0, num_replicas=4, rank=2, ranks_per_node=1)
+    assert {cat.files[i].image % 4 for i in s} == {2}
+    s = ShareSampler(paths, cat, q=0.25, num_replicas=4, rank=2, ranks_per_node=1)
+    remote = []
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        remote.append({i for i in s if cat.files[i].image % 4 != 2})
+    assert len(remote[0]) == len(remote[1]) == 50
+    assert remote[0] != remote[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=8), st.data())
+def test_transfer_counts_meet_both_sums_and_avoid_the_diagonal(give, data):
+    total = sum(give)
+    n = len(give)
+    cuts = sorted(data.draw(st.lists(st.integers(0, total), min_size=n - 1, max_size=n - 1)))
+    need = [b - a for a, b in zip([0] + cuts, cuts + [total])]
+    x = transfer_counts(give, need)
+    assert all(v >= 0 for row in x for v in row)
+    assert [sum(row) for row in x] == give
+    assert [sum(x[j][k] for j in range(n)) for k in range(n)] == need
+    # Hall's condition: a node can avoid its own samples iff the others can take what it gives
+    # and give what it needs.
+    if all(give[k] + need[k] <= total for k in range(n)):
+        assert all(x[k][k] == 0 for k in range(n)), (give, need, x)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 60), min_size=1, max_size=10),
+    st.integers(1, 5),
+    st.integers(1, 16),
+    st.integers(1, 8),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_shard_ordered_reads_every_sample_once_in_long_runs(sizes, world, run, buffer, drop_last, seed):
+    cat = catalog(sizes, [0] * len(sizes), 1)
+    paths = [f.path for f in cat.files]
+
+    def make(rank):
+        return ShardOrderedSampler(
+            paths, cat, run_length=run, buffer=buffer, num_replicas=world, rank=rank,
+            seed=seed, drop_last=drop_last,
+        )
+
+    per_rank = run_epoch(make, world, 1)
+    check_once(per_rank, len(paths), world, drop_last)
+    place = [(f.image, f.offset) for f in cat.files]
+    for order in per_rank:
+        # A jump is a step to anything but the next member of the same image. Runs are cut at
+        # run_length, at an image's end and at the rank's edges (padding wraps once more).
+        jumps = sum(
+            1
+            for a, b in zip(order, order[1:])
+            if not (place[a][0] == place[b][0] and place[b][1] == place[a][1] + 512)
+        )
+        runs_in_images = sum(-(-n // run) for n in sizes)
+        assert jumps <= min(len(order), 2 * runs_in_images + 2)
+        if sizes == [max(sizes)] * len(sizes) and run > 1 and len(order) >= 4 * run:
+            assert jumps <= len(order) / run + len(sizes) + 2
+
+
+def test_a_sampler_refuses_what_it_cannot_place():
+    cat = catalog([3], [0], 1)
+    with pytest.raises(ValueError, match="not a file of the catalog"):
+        ShareSampler(["img0/f0", "elsewhere"], cat, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="not under the mount's root"):
+        ShareSampler(["/data/img0/f0"], cat, "/mnt", num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="shares=2"):
+        ShareSampler(["img0/f0"], cat, num_replicas=2, rank=0, ranks_per_node=1)
+    with pytest.raises(ValueError, match="does not divide"):
+        ShareSampler(["img0/f0"], cat, num_replicas=3, rank=0, ranks_per_node=2)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        ShareSampler(["img0/f0"], cat)
+    with pytest.raises(TypeError, match="samples"):
+        ShareSampler(object(), cat, num_replicas=1, rank=0)

@@ -1,0 +1,153 @@
+"""packfs.torch over real mounts: the loader gives torchvision's images, the share sampler's local
+reads are the ones --stage-share staged (the binary's rule, not a copy of it), and a 2-process
+gloo DDP run over two staged mounts trains through whole epochs with equal counts."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+Image = pytest.importorskip("PIL.Image")
+
+import packfs  # noqa: E402
+from packfs.torch import ShareSampler, pil_loader  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Four classes of 16x16 images (JPEG, PNG, one greyscale, one palette) dealt over four tar
+    shards written by GNU tar."""
+    base = tmp_path_factory.mktemp("images")
+    src = base / "src"
+    rng = torch.Generator().manual_seed(5)
+    names = []
+    for c in range(4):
+        (src / f"class{c}").mkdir(parents=True)
+        for i in range(12):
+            pixels = (torch.rand((16, 16, 3), generator=rng) * 64 + 60 * c).to(torch.uint8).numpy()
+            image = Image.fromarray(pixels)
+            if i == 0:
+                image = image.convert("L")
+            elif i == 1:
+                image = image.convert("P")
+            name = f"class{c}/{i:02d}." + ("png" if i % 3 == 1 else "jpg")
+            image.save(src / name)
+            names.append(name)
+    out = []
+    for k in range(4):
+        shard = base / f"shard-{k}.tar"
+        subprocess.run(["tar", "-cf", shard, "-C", src, *names[k::4]], check=True)
+        out.append(str(shard))
+    return src, out
+
+
+def wait_for(what, probe, seconds=20):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {seconds} s for {what}")
+        time.sleep(0.1)
+
+
+def test_pil_loader_gives_torchvisions_images(shards):
+    src, images = shards
+    with packfs.mount(images) as m:
+        ours = torchvision.datasets.ImageFolder(m.path, loader=pil_loader)
+        theirs = torchvision.datasets.ImageFolder(src)
+        assert len(ours) == len(theirs) == 48
+        for (a, la), (b, lb) in zip(ours, theirs):
+            assert la == lb and a.mode == b.mode == "RGB" and a.size == b.size
+            assert a.tobytes() == b.tobytes()
+
+
+def test_a_nodes_local_reads_are_its_staged_share(shards, tmp_path):
+    _, images = shards
+    for node in range(2):
+        stage = tmp_path / f"stage{node}"
+        with packfs.mount(images, stage=stage, stage_share=(node, 2)) as m:
+            wait_for("staging", lambda: m.status()["counters"]["stage"]["status"] == "complete")
+            dataset = torchvision.datasets.ImageFolder(m.path)
+            sizes = [os.path.getsize(p) for p, _ in dataset.samples]
+
+            def read(q):
+                before = m.status()["counters"]["served"]
+                wanted = 0
+                for rank in (2 * node, 2 * node + 1):
+                    sampler = ShareSampler(dataset, m, q=q, num_replicas=4, rank=rank, ranks_per_node=2)
+                    for i in sampler:
+                        wanted += len(packfs.open_bytes(dataset.samples[i][0]))
+                        assert len(packfs.open_bytes(dataset.samples[i][0])) == sizes[i]
+
+                def settled():
+                    now = m.status()["counters"]["served"]
+                    got = {k: now[k] - before[k] for k in ("ram_bytes", "staged_bytes", "source_bytes")}
+                    return got if sum(got.values()) >= wanted else None
+
+                return wait_for("the counters", settled)
+
+            local = read(0.0)
+            assert local["source_bytes"] == 0, local
+            assert local["staged_bytes"] > 0, local
+            remote = read(1.0)
+            assert remote["source_bytes"] > 0, remote
+            assert remote["staged_bytes"] == 0, remote
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5])
+def test_two_ranks_train_with_ddp_over_two_staged_mounts(shards, tmp_path, q):
+    _, images = shards
+    port = free_port()
+    with packfs.mount(images, stage=tmp_path / "s0", stage_share=(0, 2)) as m0, packfs.mount(
+        images, stage=tmp_path / "s1", stage_share=(1, 2)
+    ) as m1:
+        ranks = []
+        for rank, m in enumerate((m0, m1)):
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                NODE_MOUNT=str(m.path),
+                SHARDS=":".join(images),
+                Q=str(q),
+            )
+            ranks.append(
+                subprocess.Popen(
+                    [sys.executable, os.path.join(HERE, "ddp_worker.py")],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        results = []
+        for p in ranks:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err.decode()
+            results.append(json.loads(out))
+    assert [r["rank"] for r in results] == [0, 1]
+    for epoch in range(3):
+        seen = [r["epochs"][epoch]["samples"] for r in results]
+        assert len(seen[0]) == len(seen[1]) == 24, "equal counts, or DDP hangs"
+        assert sorted(seen[0] + seen[1]) == list(range(48))
+        for r in results:
+            assert r["epochs"][epoch]["loss"] > 0
+    assert [r["local"] for r in results] == [1 - q, 1 - q]
+    assert results[0]["epochs"][0]["samples"] != results[0]["epochs"][1]["samples"]
