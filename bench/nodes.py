@@ -60,7 +60,10 @@ def reader(row, root, rel_paths, catalog, nodes, node, epochs, barrier, out):
         barrier.wait()
 
 
-def served(mnt):
+def served(mnt, settle=True):
+    """A node's source and stage counters, once its stats file has caught up (every second)."""
+    if settle:
+        time.sleep(1.2)
     c = packfs.status(mnt)[0]["counters"]
     return {"pfs_bytes": c["source"]["bytes"], "pfs_reads": c["source"]["reads"],
             "staged": (c.get("stage") or {}).get("present_bytes", 0),
@@ -98,15 +101,17 @@ def one_row(row, pfs, work, nodes, epochs, rel_paths, dataset_bytes, cache_size)
         for epoch in range(epochs):
             if epoch == 1 and stages:
                 t = time.perf_counter()
-                while any(served(m.path)["stage_status"] != "complete" for m in mounts):
+                while any(served(m.path, False)["stage_status"] != "complete" for m in mounts):
                     time.sleep(0.2)
                 result["stage_wait_s"] = round(time.perf_counter() - t, 1)
             peers.drop_caches()
-            before = [served(m.path) for m in mounts]
+            time.sleep(1.2)
+            before = [served(m.path, False) for m in mounts]
             sim_before = pfs.counters()
             barrier.wait()
             barrier.wait()
-            after = [served(m.path) for m in mounts]
+            time.sleep(1.2)
+            after = [served(m.path, False) for m in mounts]
             sim = pfsbench.ops_between(sim_before, pfs.counters())
             per_node = [out.get() for _ in range(nodes)]
             per_node.sort()

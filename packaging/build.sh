@@ -59,6 +59,12 @@ check() {
     dpkg -i target/debian/packfs_*.deb
     /usr/bin/packfs --version
     [ "$(readlink -f /usr/sbin/mount.fuse.packfs)" = /usr/bin/packfs ]
+    # The distribution's Python imports the package the .deb put in dist-packages, and it finds
+    # the .deb's binary.
+    if [ -x /usr/bin/python3 ]; then
+        (cd / && env -u PACKFS_BIN PATH=/usr/bin:/bin /usr/bin/python3 -c \
+            'import packfs; assert packfs.__file__.startswith("/usr/lib/python3/dist-packages/"), packfs.__file__; assert packfs.binary() == "/usr/bin/packfs", packfs.binary(); print("import packfs (.deb):", packfs.__file__)')
+    fi
     MANWIDTH=100 man -P cat packfs-mount | grep -q -- --idle-timeout
     bash -c 'source /usr/share/bash-completion/completions/packfs
              COMP_WORDS=(packfs um); COMP_CWORD=1; _packfs packfs um packfs

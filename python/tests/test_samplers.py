@@ -94,8 +94,9 @@ def test_share_sampler_reads_every_sample_once_with_equal_counts(layout):
     st.integers(0, 2**31),
 )
 def test_on_balanced_shares_each_rank_reads_one_minus_q_locally(nodes, rpn, q, seed):
-    # Two images of 200 files per node: every share the same size.
-    sizes = [200] * (2 * nodes)
+    # Two images of 240 files per node: every share the same size, no padding (480 is a
+    # multiple of every rank count per node drawn here).
+    sizes = [240] * (2 * nodes)
     shares = [i % nodes for i in range(len(sizes))]
     cat = catalog(sizes, shares, nodes)
     paths = [f.path for f in cat.files]
@@ -109,7 +110,8 @@ def test_on_balanced_shares_each_rank_reads_one_minus_q_locally(nodes, rpn, q, s
     for r, s in enumerate(samplers):
         node = r // rpn
         local = sum(1 for i in s if file_share[i] == node)
-        assert abs(local - s.local_fraction() * len(s)) <= 1
+        # Round-robin dealing: within one sample; padding repeats may also land at home.
+        assert abs(local - s.local_fraction() * len(s)) <= 1 + (s.total_size - s.total)
         remote_sources.update(file_share[i] for i in s if file_share[i] != node)
     # The node as a whole (its ranks together) is within 1% of 1 - q.
     for node in range(nodes):

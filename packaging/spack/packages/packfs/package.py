@@ -1,6 +1,6 @@
 # Spack recipe for packfs: `spack repo add packaging/spack && spack install packfs`.
 # Builds with cargo (Spack's CargoPackage), then installs the man pages and shell completions
-# the binary generates from its own argument definitions.
+# the binary generates from its own argument definitions, and (+python) `import packfs`.
 
 import os
 
@@ -21,6 +21,9 @@ class Packfs(CargoPackage):
     version("0.2.0", tag="v0.2.0")
 
     depends_on("rust@1.88:", type="build")
+    # `import packfs` (pure Python over the binary; packfs.torch needs py-torch, not required).
+    variant("python", default=True, description="Install the packfs Python package")
+    extends("python", when="+python")
     # Mounting as an ordinary user needs the system's setuid fusermount3 (package fuse3 of the
     # distribution): Spack cannot install a setuid helper, so it is not a dependency here.
 
@@ -37,6 +40,13 @@ class Packfs(CargoPackage):
             mkdirp(os.path.dirname(path))
             with open(path, "w") as out:
                 packfs("completions", shell, output=out)
+
+    @run_after("install")
+    def install_python_package(self):
+        if self.spec.satisfies("+python"):
+            # purelib: the site-packages path relative to a prefix (python's package property).
+            purelib = self.spec["python"].package.purelib
+            install_tree("python/packfs", join_path(self.prefix, purelib, "packfs"))
 
     @run_after("install")
     @on_package_attributes(run_tests=True)
