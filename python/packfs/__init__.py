@@ -12,6 +12,7 @@ Importing it needs nothing but the standard library.
 """
 
 import base64
+import gc
 import json
 import os
 import shutil
@@ -207,22 +208,38 @@ class Catalog:
         if isinstance(source, Mount):
             source = source.source
         args = ["ls", "--json"] + (["--shares", str(shares)] if shares else []) + _sources(source)
-        lines = _run(args).stdout.splitlines()
-        # One parse of the whole listing as an array: twice as fast as a parse per line.
-        rows = json.loads(b"[" + b",".join(lines) + b"]")
-        head = rows[0]
-        if head.get("packfs_ls") != 1:
-            raise MountError(f"packfs ls --json speaks version {head.get('packfs_ls')}, not 1")
-        n = head["images"]
-        self.shares = shares or None
-        self.images = [_name(r, "path") for r in rows[1 : 1 + n]]
-        self.image_sizes = [r["size"] for r in rows[1 : 1 + n]]
-        self.image_shares = [r["share"] for r in rows[1 : 1 + n]] if shares else None
-        self.files = [
-            File(_name(r, "path"), r["size"], r["image"], r["offset"])
-            for r in rows[1 + n :]
-            if r["kind"] == "file"
-        ]
+        listing = _run(args).stdout
+        # A million rows make ten million small objects: the cyclic garbage collector, which
+        # would walk them all again and again while they are made (1.8 s of 4 for ImageNet's
+        # 1.28 M files), has nothing to collect here. One parse of the whole listing as an array
+        # is twice as fast as a parse per line (JSON strings hold no raw newline).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            rows = json.loads(b"[" + listing.rstrip(b"\n").replace(b"\n", b",") + b"]")
+            del listing
+            head = rows[0]
+            if head.get("packfs_ls") != 1:
+                raise MountError(f"packfs ls --json speaks version {head.get('packfs_ls')}, not 1")
+            n = head["images"]
+            self.shares = shares or None
+            self.images = [_name(r, "path") for r in rows[1 : 1 + n]]
+            self.image_sizes = [r["size"] for r in rows[1 : 1 + n]]
+            self.image_shares = [r["share"] for r in rows[1 : 1 + n]] if shares else None
+            self.files = [
+                File(
+                    r["path"] if "path_b64" not in r else base64.b64decode(r["path_b64"]),
+                    r["size"],
+                    r["image"],
+                    r["offset"],
+                )
+                for r in rows[1 + n :]
+                if r["kind"] == "file"
+            ]
+            del rows
+        finally:
+            if collecting:
+                gc.enable()
 
     def __len__(self):
         return len(self.files)
