@@ -501,11 +501,15 @@ manifest = json.load(open(os.path.join(out, "flat.json")))
 assert manifest["__kind__"] == "wids-shard-index-v1"
 assert sum(s["nsamples"] for s in manifest["shardlist"]) == n
 try:
-    import wids  # needs torch
+    import wids  # a package of its own (webdataset 1.0 no longer carries it); needs torch
 except ImportError:
-    print("wids (it needs torch) is not installed: the manifest was checked by its fields", file=sys.stderr)
+    if {"python:wids", "all"} & set(os.environ.get("PACKFS_REQUIRE", "").split(",")):
+        raise
+    print("SKIPPED (python:wids): wids is not installed: the manifest was checked by its fields", file=sys.stderr)
 else:
-    ds = wids.ShardListDataset(os.path.join(out, "flat.json"))
+    # The raw bytes (no decoding: these .jpg are not images), cached under the test's directory.
+    ds = wids.ShardListDataset(os.path.join(out, "flat.json"), transformations=[],
+                               cache_dir=os.path.join(out, "wids-cache"))
     assert len(ds) == n, (len(ds), n)
     s = ds[len(ds) - 1]
     assert s[".jpg"].read() == open(os.path.join(src, os.path.basename(s["__key__"]) + ".jpg"), "rb").read()

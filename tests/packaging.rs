@@ -290,7 +290,10 @@ fn man_pages_render_and_bash_completes_subcommands() {
                 "{text}"
             );
         }
-        _ => eprintln!("SKIPPED (man rendering): man(1) is not installed"),
+        _ => skip(
+            "man",
+            "man(1) is not installed: the man page is not rendered",
+        ),
     }
 
     let script = dir.path().join("packfs.bash");

@@ -212,7 +212,7 @@ fn packfs_over_shards_on_it_asks_no_metadata_per_sample() {
 #[test]
 fn a_sample_over_128k_costs_one_source_read() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: raising the kernel readahead needs root");
+        skip("root", "raising the kernel readahead needs root");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! The Python package (`python/packfs`) tested with pytest against the binary built here:
 //! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build and the
 //! package taken from the source tree. pytest, torch, torchvision and hypothesis come from the venv
-//! `.ci/run` makes; it sets PACKFS_REQUIRE_TORCH, so a skipped test fails there.
+//! `.ci/run` makes; its PACKFS_REQUIRE names python:torch, so a skipped test fails there.
 
 mod common;
 
@@ -41,7 +41,7 @@ fn the_python_package_passes_its_pytest_suite() {
     // The suite ran (pytest exits 5, not 0, when it collects nothing; this is belt and braces).
     assert!(stdout.contains(" passed"), "{stdout}");
     // The torch tests skip where torch is not installed; CI installs it and says so.
-    if std::env::var_os("PACKFS_REQUIRE_TORCH").is_some() {
+    if required("python:torch") {
         assert!(
             !stdout.contains("skipped"),
             "CI must run every test:\n{stdout}"

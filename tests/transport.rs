@@ -60,8 +60,9 @@ impl Trial {
     fn start(parameter: &str) -> Option<Trial> {
         let one = PARAMETER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let Some(param) = Parameter::set(parameter) else {
-            eprintln!(
-                "SKIPPED: {PARAMETER} cannot be set here (no FUSE over io_uring, or not root)"
+            skip(
+                "uring",
+                &format!("{PARAMETER} cannot be set here (no FUSE over io_uring, or not root)"),
             );
             return None;
         };

@@ -39,9 +39,10 @@ fn user_mounts_possible() -> bool {
         .iter()
         .any(|p| Path::new(p).exists());
     if !found {
-        eprintln!(
-            "SKIPPED: fusermount3 is not installed (package fuse3; `bash .ci/run` installs it), \
-             so ordinary users cannot mount here"
+        skip(
+            "fusermount3",
+            "fusermount3 is not installed (package fuse3; `bash .ci/run` installs it), so \
+             ordinary users cannot mount here",
         );
         return false;
     }
@@ -61,9 +62,12 @@ fn user_mounts_possible() -> bool {
         );
         return true;
     }
-    eprintln!(
-        "SKIPPED: /dev/fuse has mode {mode:04o}, so ordinary users cannot mount (as root: \
-         chmod 0666 /dev/fuse, as the fuse3 package's udev rule does)"
+    skip(
+        "user-mounts",
+        &format!(
+            "/dev/fuse has mode {mode:04o}, so ordinary users cannot mount (as root: chmod 0666 \
+             /dev/fuse, as the fuse3 package's udev rule does)"
+        ),
     );
     false
 }

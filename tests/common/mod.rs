@@ -397,12 +397,34 @@ pub fn python_with(module: &str, package: &str) -> Option<PathBuf> {
             return Some(python);
         }
     }
-    eprintln!(
-        "SKIPPED: the Python package `{package}` is not installed (bash .ci/run installs it into \
-         target/test-venv: python3 -m venv target/test-venv && target/test-venv/bin/pip install \
-         {package})"
+    skip(
+        &format!("python:{module}"),
+        &format!(
+            "the Python package `{package}` is not installed (bash .ci/run installs it into \
+             target/test-venv: python3 -m venv target/test-venv && target/test-venv/bin/pip \
+             install {package})"
+        ),
     );
     None
+}
+
+/// Whether `PACKFS_REQUIRE` (comma-separated requirements, or `all`) names `requirement`.
+/// `.ci/run` names everything it installs or sets up, so CI never passes by skipping.
+pub fn required(requirement: &str) -> bool {
+    std::env::var("PACKFS_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|r| r.trim() == requirement || r.trim() == "all")
+}
+
+/// A test (or a part of one) that cannot run here: says SKIPPED with the reason and lets the
+/// caller return, unless `PACKFS_REQUIRE` names `requirement`; then the test fails.
+pub fn skip(requirement: &str, why: &str) {
+    assert!(
+        !required(requirement),
+        "PACKFS_REQUIRE names {requirement:?}, but {why}"
+    );
+    eprintln!("SKIPPED ({requirement}): {why}");
 }
 
 /// Runs a Python script with `args`; panics with its output unless it succeeds; returns stdout.
