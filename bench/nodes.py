@@ -44,12 +44,8 @@ def sampler_for(row, dataset, catalog, root, nodes, node, epoch):
     return s
 
 
-class Paths(list):
-    """A dataset of paths (what the samplers and DistributedSampler index)."""
-
-
 def reader(row, root, rel_paths, catalog, nodes, node, epochs, barrier, out):
-    dataset = Paths(os.path.join(root, p) for p in rel_paths)
+    dataset = [os.path.join(root, p) for p in rel_paths]  # what the samplers index
     for epoch in range(epochs):
         order = list(sampler_for(row, dataset, catalog, root, nodes, node, epoch))
         barrier.wait()  # the parent dropped caches and read the counters
@@ -60,10 +56,8 @@ def reader(row, root, rel_paths, catalog, nodes, node, epochs, barrier, out):
         barrier.wait()
 
 
-def served(mnt, settle=True):
-    """A node's source and stage counters, once its stats file has caught up (every second)."""
-    if settle:
-        time.sleep(1.2)
+def served(mnt):
+    """A node's source and stage counters, as its stats file (rewritten every second) has them."""
     c = packfs.status(mnt)[0]["counters"]
     return {"pfs_bytes": c["source"]["bytes"], "pfs_reads": c["source"]["reads"],
             "staged": (c.get("stage") or {}).get("present_bytes", 0),
@@ -101,17 +95,17 @@ def one_row(row, pfs, work, nodes, epochs, rel_paths, dataset_bytes, cache_size)
         for epoch in range(epochs):
             if epoch == 1 and stages:
                 t = time.perf_counter()
-                while any(served(m.path, False)["stage_status"] != "complete" for m in mounts):
+                while any(served(m.path)["stage_status"] != "complete" for m in mounts):
                     time.sleep(0.2)
                 result["stage_wait_s"] = round(time.perf_counter() - t, 1)
             peers.drop_caches()
-            time.sleep(1.2)
-            before = [served(m.path, False) for m in mounts]
+            time.sleep(1.2)  # the stats files catch up
+            before = [served(m.path) for m in mounts]
             sim_before = pfs.counters()
             barrier.wait()
             barrier.wait()
-            time.sleep(1.2)
-            after = [served(m.path, False) for m in mounts]
+            time.sleep(1.2)  # the stats files catch up
+            after = [served(m.path) for m in mounts]
             sim = pfsbench.ops_between(sim_before, pfs.counters())
             per_node = [out.get() for _ in range(nodes)]
             per_node.sort()

@@ -72,12 +72,7 @@ fn the_json_export_is_read_back_by_python_byte_for_byte() {
     std::os::unix::fs::symlink("../a/one.bin", src.join("b/link")).unwrap();
 
     let tar = d.join("plain.tar");
-    run(Command::new("tar")
-        .arg("-cf")
-        .arg(&tar)
-        .arg("-C")
-        .arg(&src)
-        .arg("a"));
+    tar_members(&src, &tar, &["a"]);
     let zip = d.join("stored.zip");
     run(Command::new("zip")
         .args(["-q", "-r", "-0", "-y"])

@@ -227,12 +227,7 @@ class Catalog:
             self.image_sizes = [r["size"] for r in rows[1 : 1 + n]]
             self.image_shares = [r["share"] for r in rows[1 : 1 + n]] if shares else None
             self.files = [
-                File(
-                    r["path"] if "path_b64" not in r else base64.b64decode(r["path_b64"]),
-                    r["size"],
-                    r["image"],
-                    r["offset"],
-                )
+                File(_name(r, "path"), r["size"], r["image"], r["offset"])
                 for r in rows[1 + n :]
                 if r["kind"] == "file"
             ]

@@ -12,6 +12,7 @@ ImageFolder or DatasetFolder (``.samples``), or a sequence of paths. Only this m
 """
 
 import io
+import itertools
 import math
 import os
 
@@ -51,13 +52,13 @@ def _paths(dataset):
     )
 
 
-def _locate(dataset, catalog, root):
-    """Per dataset index, the catalog's File for it; a path that is not a file of the catalog is
-    an error naming it (the sampler would otherwise place it on no node)."""
+def _locate(paths, catalog, root):
+    """Per dataset index, the catalog's File for its path; a path that is not a file of the
+    catalog is an error naming it (the sampler would otherwise place it on no node)."""
     by_path = {os.fsdecode(f.path): f for f in catalog.files}
     prefix = os.fsdecode(os.path.abspath(root)).rstrip("/") + "/" if root is not None else None
     located = []
-    for path in _paths(dataset):
+    for path in paths:
         text = os.fsdecode(path)
         if prefix is not None and text.startswith(prefix):
             text = text[len(prefix) :]
@@ -123,10 +124,10 @@ class _EpochSampler(Sampler):
     """What both samplers share with DistributedSampler: rank and world, the per-rank count
     (padding by repetition, or dropping the tail with drop_last), set_epoch."""
 
-    def __init__(self, dataset, num_replicas, rank, shuffle, seed, drop_last):
+    def __init__(self, total, num_replicas, rank, shuffle, seed, drop_last):
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
-        self.total = total = len(_paths(dataset))
+        self.total = total
         if drop_last:
             self.num_samples = total // self.num_replicas
         else:
@@ -266,7 +267,8 @@ class ShareSampler(_EpochSampler):
         drop_last=False,
         world_size=None,
     ):
-        super().__init__(dataset, num_replicas or world_size, rank, shuffle, seed, drop_last)
+        paths = _paths(dataset)
+        super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q={q} is not a fraction in [0, 1]")
         self.q = q
@@ -280,7 +282,7 @@ class ShareSampler(_EpochSampler):
                 f"nodes ({self.num_replicas} ranks, {self.ranks_per_node} per node): make it "
                 f"with packfs.Catalog(..., shares={self.nodes})"
             )
-        located = _locate(dataset, catalog, root)
+        located = _locate(paths, catalog, root)
         shares = torch.tensor([catalog.image_shares[f.image] for f in located], dtype=torch.long)
         # Samples of each share, in dataset order.
         self._local = [torch.nonzero(shares == k).flatten() for k in range(self.nodes)]
@@ -325,11 +327,7 @@ class ShareSampler(_EpochSampler):
         give = torch.bincount(source, minlength=self.nodes).tolist()
         need = [self._per_node - k for k in keep]
         counts = transfer_counts(give, need)
-        starts = [0] * self.nodes
-        at = 0
-        for j in range(self.nodes):
-            starts[j] = at
-            at += give[j]
+        starts = [0, *itertools.accumulate(give)]
         received = []
         for j in range(self.nodes):
             begin = starts[j] + sum(counts[j][: self.node])
@@ -368,12 +366,13 @@ class ShardOrderedSampler(_EpochSampler):
         drop_last=False,
         world_size=None,
     ):
-        super().__init__(dataset, num_replicas or world_size, rank, shuffle, seed, drop_last)
+        paths = _paths(dataset)
+        super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
         if run_length < 1 or buffer < 1:
             raise ValueError("run_length and buffer are counts of at least 1")
         self.run_length, self.buffer = run_length, buffer
         catalog, root = _catalog_and_root(catalog, root, None)
-        located = _locate(dataset, catalog, root)
+        located = _locate(paths, catalog, root)
         image = torch.tensor([f.image for f in located], dtype=torch.long)
         offset = torch.tensor([f.offset for f in located], dtype=torch.long)
         # Each image's samples in archive order: by offset, then (stable) by image.
@@ -405,11 +404,11 @@ class ShardOrderedSampler(_EpochSampler):
             )
         mine = slice(self.rank * self.num_samples, (self.rank + 1) * self.num_samples)
         stream, run_id = stream[mine], run_id[mine]
-        # Back into runs (a run cut by the rank boundary stays cut), then the shuffle buffer.
-        cuts = torch.nonzero(run_id[1:] != run_id[:-1]).flatten() + 1
-        pieces = list(torch.tensor_split(stream, cuts))
         if not self.shuffle:
             return stream
+        # Back into runs (a run cut by the rank boundary stays cut), then the shuffle buffer.
+        cuts = torch.nonzero(run_id[1:] != run_id[:-1]).flatten() + 1
+        pieces = torch.tensor_split(stream, cuts)
         out, held = [], []
         for piece in pieces:
             held.append(piece)

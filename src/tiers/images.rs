@@ -127,12 +127,11 @@ impl Images {
         // another node's share; staging stopped: budget reached, directory full), a whole chunk
         // for a small read is waste: 43x more bytes read than served was measured after a stop,
         // 7.6x the dataset per epoch for the other shares of 4 nodes. Read exactly then.
-        let staging = self
-            .stage
-            .as_ref()
-            .is_some_and(|s| s.keeps(image) && !s.stopped());
+        let kept = self.stage.as_ref().filter(|s| s.keeps(image));
+        let staging = kept.is_some_and(|s| !s.stopped());
         let chunked = fetch == Fetch::Chunks && self.has_ram && (self.chunked || staging);
-        if self.stage.is_none() && !chunked {
+        // Nothing local can hold these bytes: one read of exactly them, not one per chunk.
+        if kept.is_none() && !chunked {
             return self.read_source(image, offset, buf);
         }
         let mut done = 0;
