@@ -175,7 +175,12 @@ fn slow_read_does_not_stall_lookups() {
     // Signals are sent with kill(2): spawning a process while a FUSE read is pending in this
     // process can block in fork, which would turn a failure into a hang.
     let signal = |sig| assert_eq!(unsafe { libc::kill(lower.pid, sig) }, 0);
+    // The upper's startup read parts of inner.tar through the lower mount, and the kernel may
+    // keep those pages (and what its readahead fetched around them): a read they cover would not
+    // reach the stopped daemon. Dropping them after the stop makes every read below ask it.
+    let inner = File::open(lower.dir.join("inner.tar")).unwrap();
     signal(libc::SIGSTOP);
+    let cached = drop_cached_pages(&inner);
     let (tx, rx) = std::sync::mpsc::channel();
     let readers: Vec<_> = ["big.bin", "big2.bin"]
         .into_iter()
@@ -194,7 +199,7 @@ fn slow_read_does_not_stall_lookups() {
     // The reads are stuck behind the stopped daemon...
     assert!(
         rx.recv_timeout(Duration::from_millis(500)).is_err(),
-        "read did not block"
+        "read did not block ({cached} pages of the lower image were still cached after the drop)"
     );
     // ...and lookups of names never seen before still answer.
     let (ltx, lrx) = std::sync::mpsc::channel();
@@ -213,6 +218,35 @@ fn slow_read_does_not_stall_lookups() {
         assert_eq!(data, bytes(seed, 4 << 20)[3 << 20..(3 << 20) + 65536]);
     }
     drop(upper);
+    drop(inner);
+}
+
+/// Drops the kernel's cached pages of `file` (clean pages: no request reaches its file system)
+/// and returns how many are still cached afterwards, counted with mincore(2).
+fn drop_cached_pages(file: &File) -> usize {
+    use std::os::fd::AsRawFd;
+    let (fd, len) = (file.as_raw_fd(), file.metadata().unwrap().len() as usize);
+    assert_eq!(
+        unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) },
+        0
+    );
+    // Mapping a file reads nothing; mincore only looks at the page cache.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    let r = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+    unsafe { libc::munmap(map, len) };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|&&v| v & 1 != 0).count()
 }
 
 /// File data stays in the kernel's page cache across opens (the images never change): after a
