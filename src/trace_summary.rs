@@ -7,7 +7,7 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use crate::fs::requests::counts_as_error;
+use crate::fs::counts_as_error;
 
 /// Per operation: the figures the mount's counters have (exact percentiles here), and the sum
 /// of the requests' durations.

@@ -38,6 +38,9 @@ pub enum Error {
         len: usize,
         error: io::Error,
     },
+    /// The mount is stopping: its read pool is gone, and a read handed to it cannot be answered.
+    #[error("the mount is stopping")]
+    Stopping,
     /// Answering panicked: a bug, or an input no check foresaw. The request fails alone.
     #[error("{request} panicked: {message}")]
     Panicked { request: String, message: String },
@@ -71,7 +74,9 @@ impl Error {
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink | Error::NotFile => libc::EINVAL,
             // A request fails rather than answer wrongly.
-            Error::Damaged(_) | Error::Io { .. } | Error::Panicked { .. } => libc::EIO,
+            Error::Damaged(_) | Error::Io { .. } | Error::Panicked { .. } | Error::Stopping => {
+                libc::EIO
+            }
         }
     }
 

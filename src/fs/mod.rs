@@ -4,9 +4,10 @@
 //! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts
 //! and `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its latency, `trace` writes each one with `--trace`; `error_log` keeps a flood of failures from flooding the log.
 
-mod adapter;
 mod attr;
+mod classic;
 pub mod core;
+mod dispatch;
 pub mod error;
 pub mod error_log;
 pub mod readahead;
@@ -17,7 +18,8 @@ mod session;
 pub mod trace;
 
 pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};
-pub use adapter::{Observer, PackFs};
+pub use classic::PackFs;
+pub use dispatch::{Observer, counts_as_error};
 pub use error::Error;
 pub use session::{
     DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions, Mounted, ReaddirPlus, SUBTYPE, Transport, mount,

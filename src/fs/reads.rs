@@ -10,64 +10,35 @@
 //! core's business; an I/O error becomes EIO for that read only.
 
 use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use fuser::{Errno, ReplyData};
 use tracing::warn;
 
-use super::adapter::{Observer, failed};
-use super::core::{Core, Ino};
-use super::error::guarded;
-use super::requests::Op;
+use super::core::Ino;
+use super::dispatch::{DataReply, Dispatch, Reply, SentData};
+use super::error::Error;
 
-pub struct ReadJob {
+/// A read to answer through `reply`, whichever transport it came by.
+pub struct ReadJob<R> {
     pub ino: Ino,
     pub offset: u64,
     pub size: u32,
-    pub reply: ReadReply,
+    pub reply: R,
     /// When the request came in (its latency includes the wait for a worker).
     pub started: Instant,
 }
 
-/// Where a read's answer goes: fuser's reply on the classic loop, or a ring entry's payload
-/// buffer (`ring`), whose queue commits it.
-pub enum ReadReply {
-    Fuse(ReplyData),
-    Ring(super::ring::RingReply),
-}
-
-impl ReadReply {
-    fn data(self, bytes: &[u8]) {
-        match self {
-            ReadReply::Fuse(reply) => reply.data(bytes),
-            ReadReply::Ring(reply) => reply.data(bytes),
-        }
-    }
-
-    fn error(self, errno: Errno) {
-        match self {
-            ReadReply::Fuse(reply) => reply.error(errno),
-            ReadReply::Ring(reply) => reply.error(errno.code()),
-        }
-    }
-}
-
-/// What a read needs besides the job: the core that answers and the observer that records it.
-struct Server {
-    core: Arc<Core>,
-    observer: Arc<Observer>,
-}
-
 pub struct Reads {
-    server: Arc<Server>,
+    server: Arc<Dispatch>,
     /// Request threads allowed to read inline at once.
     inline_limit: usize,
     inline_now: AtomicUsize,
-    pool: Option<Sender<ReadJob>>,
+    pool: Option<Sender<ReadJob<SentData>>>,
     workers: Arc<Workers>,
 }
 
@@ -79,7 +50,7 @@ struct Workers {
     max: usize,
     alive: AtomicUsize,
     idle: AtomicUsize,
-    jobs: Receiver<ReadJob>,
+    jobs: Receiver<ReadJob<SentData>>,
     handles: Mutex<Vec<JoinHandle<()>>>,
     /// When a worker last finished a read, in ms since `epoch`: busy workers that finish reads
     /// are CPU-bound or I/O-bound, not stuck, and more threads would only cost memory.
@@ -104,11 +75,9 @@ impl Reads {
     pub fn start(
         request_threads: usize,
         io_threads: usize,
-        core: Arc<Core>,
-        observer: Arc<Observer>,
+        server: Arc<Dispatch>,
     ) -> std::io::Result<Self> {
-        let server = Arc::new(Server { core, observer });
-        let (tx, rx) = crossbeam_channel::unbounded::<ReadJob>();
+        let (tx, rx) = crossbeam_channel::unbounded::<ReadJob<SentData>>();
         let base = io_threads.max(1);
         let workers = Arc::new(Workers {
             base,
@@ -133,7 +102,7 @@ impl Reads {
     }
 
     /// Serves the read here or in the pool (see the module comment).
-    pub fn submit(&self, job: ReadJob) {
+    pub fn submit<R: DataReply + Send + 'static>(&self, job: ReadJob<R>) {
         if self.inline_now.fetch_add(1, Ordering::AcqRel) < self.inline_limit {
             serve(job, &self.server);
             self.inline_now.fetch_sub(1, Ordering::AcqRel);
@@ -141,10 +110,17 @@ impl Reads {
         }
         self.inline_now.fetch_sub(1, Ordering::AcqRel);
         let Some(pool) = &self.pool else {
-            return job.reply.error(Errno::EIO);
+            return job.reply.error(Error::Stopping.errno());
+        };
+        let job = ReadJob {
+            ino: job.ino,
+            offset: job.offset,
+            size: job.size,
+            reply: SentData::new(job.reply),
+            started: job.started,
         };
         if let Err(unsent) = pool.send(job) {
-            return unsent.into_inner().reply.error(Errno::EIO);
+            return unsent.into_inner().reply.error(Error::Stopping.errno());
         }
         grow_if_behind(&self.workers, &self.server);
     }
@@ -163,7 +139,7 @@ impl Reads {
 /// for `STALLED`: the others are stuck inside reads. Called on every hand-off and by every worker
 /// that takes a read, so no read stays queued behind stuck ones. (Growing whenever all were busy
 /// doubled the daemon's threads and RSS under 64 readers of compressed data, for nothing.)
-fn grow_if_behind(w: &Arc<Workers>, server: &Arc<Server>) {
+fn grow_if_behind(w: &Arc<Workers>, server: &Arc<Dispatch>) {
     let now_ms = w.epoch.elapsed().as_millis() as u64;
     let stalled =
         now_ms.saturating_sub(w.last_done_ms.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64;
@@ -176,7 +152,7 @@ fn grow_if_behind(w: &Arc<Workers>, server: &Arc<Server>) {
     }
 }
 
-fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Server>) -> std::io::Result<()> {
+fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Dispatch>) -> std::io::Result<()> {
     let n = workers.alive.fetch_add(1, Ordering::AcqRel);
     let (w, server) = (workers.clone(), server.clone());
     let spawned = std::thread::Builder::new()
@@ -228,39 +204,16 @@ fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Server>) -> std::io::Result
     }
 }
 
-fn serve(job: ReadJob, server: &Server) {
-    let core = &server.core;
+fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
     BUFFER.with_borrow_mut(|buf| {
-        let read = guarded(
-            || {
-                format!(
-                    "read of {} bytes at {} of inode {}",
-                    job.size, job.offset, job.ino
-                )
-            },
-            || core.read(job.ino, job.offset, job.size, buf),
-        );
-        let result = match read {
-            Ok(served) => {
-                let len = served.bytes().len() as u32;
-                job.reply.data(served.bytes());
-                Ok(len)
-            }
-            Err(e) => {
-                let errno = failed(e);
-                job.reply.error(errno);
-                Err(errno)
-            }
-        };
-        server.observer.done(
-            Op::Read,
-            job.ino,
-            None,
-            job.offset,
-            job.size,
-            job.started,
-            result,
-        );
+        let ReadJob {
+            ino,
+            offset,
+            size,
+            reply,
+            started,
+        } = job;
+        server.read(ino, offset, size, started, buf, reply);
         // Keep at most one large request's worth of buffer per thread (its bytes stay: the next
         // read overwrites them instead of clearing them first).
         buf.truncate(2 << 20);

@@ -56,10 +56,44 @@ impl Op {
     }
 }
 
-/// Whether a reply with `errno` counts as an error: "no such file" is an answer, and packfs
-/// refuses `open`, `opendir` (ENOSYS) and `ioctl` (ENOTTY) on purpose.
-pub fn counts_as_error(errno: i32) -> bool {
-    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
+/// One request, as the counters and the trace record it.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub op: Op,
+    pub ino: u64,
+    /// The name looked up in directory `ino`.
+    pub name: Option<&'a [u8]>,
+    pub offset: u64,
+    pub size: u32,
+    pub started: Instant,
+}
+
+impl<'a> Request<'a> {
+    pub fn new(op: Op, ino: u64, started: Instant) -> Request<'a> {
+        Request {
+            op,
+            ino,
+            name: None,
+            offset: 0,
+            size: 0,
+            started,
+        }
+    }
+
+    pub fn named(self, name: &'a [u8]) -> Request<'a> {
+        Request {
+            name: Some(name),
+            ..self
+        }
+    }
+
+    pub fn at(self, offset: u64, size: u32) -> Request<'a> {
+        Request {
+            offset,
+            size,
+            ..self
+        }
+    }
 }
 
 /// Histogram buckets: four per power of two of nanoseconds (an upper edge is at most 19% above

@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 
 use tracing::warn;
 
-use super::adapter::Observer;
+use super::dispatch::{Dispatch, Observer};
 use super::ring::{self, Rings};
 use super::{Core, Owner, PackFs};
 
@@ -138,12 +138,8 @@ pub fn mount(
             }
         };
     let (inited, init_done) = crossbeam_channel::bounded(1);
-    let fs = PackFs::new(
-        core.clone(),
-        opts,
-        observer.clone(),
-        uring.then_some(inited),
-    )?;
+    let dispatch = Arc::new(Dispatch::new(core, observer));
+    let fs = PackFs::new(dispatch.clone(), opts, uring.then_some(inited))?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -181,7 +177,7 @@ pub fn mount(
             }
             let _ = tx.send(result);
         })?;
-    let rings = ring_fd.and_then(|fd| start_rings(fd, &init_done, core, observer, opts.io_threads));
+    let rings = ring_fd.and_then(|fd| start_rings(fd, &init_done, dispatch, opts.io_threads));
     let transport = match rings {
         Some(_) => Transport::Uring,
         None => Transport::Classic,
@@ -200,8 +196,7 @@ pub fn mount(
 fn start_rings(
     fd: std::os::fd::OwnedFd,
     init_done: &Receiver<bool>,
-    core: Arc<Core>,
-    observer: Arc<Observer>,
+    dispatch: Arc<Dispatch>,
     io_threads: usize,
 ) -> Option<Rings> {
     match init_done.recv_timeout(Duration::from_secs(10)) {
@@ -219,7 +214,7 @@ fn start_rings(
             return None;
         }
     }
-    match Rings::start(fd, core, observer, io_threads) {
+    match Rings::start(fd, dispatch, io_threads) {
         Ok(rings) => Some(rings),
         Err(e) => {
             warn!(

@@ -16,7 +16,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use tracing::{info, warn};
 
-use super::requests::Op;
+use super::requests::{Op, Request};
 use crate::catalog::Catalog;
 use crate::tiers::served_by;
 
@@ -89,25 +89,16 @@ impl Trace {
         })
     }
 
-    /// Queues one request that started at `started`; takes this thread's tier marks.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record(
-        &self,
-        op: Op,
-        ino: u64,
-        name: Option<&[u8]>,
-        offset: u64,
-        size: u32,
-        started: Instant,
-        result: Result<u32, i32>,
-    ) {
+    /// Queues one answered request; takes this thread's tier marks.
+    pub fn record(&self, req: &Request, result: Result<u32, i32>) {
+        let started = req.started;
         let start_ns = started.saturating_duration_since(self.epoch).as_nanos() as u64;
         let record = Record {
-            op,
-            ino,
-            name: name.map(Box::from),
-            offset,
-            size,
+            op: req.op,
+            ino: req.ino,
+            name: req.name.map(Box::from),
+            offset: req.offset,
+            size: req.size,
             result,
             start_ns,
             dur_ns: started.elapsed().as_nanos() as u64,

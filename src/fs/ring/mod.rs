@@ -19,11 +19,8 @@ use std::time::Duration;
 
 use tracing::info;
 
-use super::adapter::Observer;
-use super::core::Core;
+use super::dispatch::Dispatch;
 use super::reads::Reads;
-
-pub use queue::RingReply;
 
 /// Entries per queue, and for all queues together. Every request in flight holds an entry until
 /// it is answered, reads stuck on slow storage too, and a request that finds none free waits in
@@ -71,8 +68,7 @@ fn queues() -> usize {
 
 /// What the queues share.
 pub(super) struct Server {
-    pub core: Arc<Core>,
-    pub observer: Arc<Observer>,
+    pub dispatch: Arc<Dispatch>,
     pub reads: Reads,
 }
 
@@ -84,19 +80,10 @@ pub struct Rings {
 impl Rings {
     /// Registers `DEPTH` entries on every queue of the connection on `fd`, one pinned thread per
     /// queue. The kernel takes registrations only once INIT is answered: retried until then.
-    pub fn start(
-        fd: OwnedFd,
-        core: Arc<Core>,
-        observer: Arc<Observer>,
-        io_threads: usize,
-    ) -> io::Result<Rings> {
+    pub fn start(fd: OwnedFd, dispatch: Arc<Dispatch>, io_threads: usize) -> io::Result<Rings> {
         // One request thread's worth of inline reads: none (see the module comment).
-        let reads = Reads::start(1, io_threads, core.clone(), observer.clone())?;
-        let server = Arc::new(Server {
-            core,
-            observer,
-            reads,
-        });
+        let reads = Reads::start(1, io_threads, dispatch.clone())?;
+        let server = Arc::new(Server { dispatch, reads });
         let fd = Arc::new(fd);
         let n = queues();
         let depth = depth(n);

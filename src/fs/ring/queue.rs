@@ -4,25 +4,23 @@
 //! pool, which writes the data into the entry's payload buffer and wakes the queue (an eventfd
 //! read on the ring) to commit it.
 
-use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use fuser::Errno;
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use tracing::{debug, warn};
 
 use super::wire::*;
 use super::{MAX_PAYLOAD, Server};
-use crate::fs::adapter::failed;
-use crate::fs::error::{Error, guarded};
-use crate::fs::reads::{ReadJob, ReadReply};
-use crate::fs::requests::Op;
-use crate::read_at;
+use crate::fs::core::{Attr, DirEntry, Listing};
+use crate::fs::dispatch::{
+    AttrReply, DataReply, DirReply, EntryReply, Refused, Reply, StatfsReply,
+};
+use crate::fs::error::Error;
+use crate::fs::reads::ReadJob;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -82,7 +80,7 @@ type Done = (u32, Result<usize, i32>);
 
 /// A read's way back to its entry. The pool writes into the entry's payload buffer, which the
 /// queue leaves alone until the answer comes back through `done`.
-pub struct RingReply {
+struct RingReply {
     payload: *mut u8,
     cap: usize,
     entry: u32,
@@ -96,19 +94,23 @@ pub struct RingReply {
 // pending (`run` waits for them).
 unsafe impl Send for RingReply {}
 
-impl RingReply {
-    pub fn data(mut self, bytes: &[u8]) {
+impl DataReply for RingReply {
+    fn data(mut self, bytes: &[u8]) {
         let n = bytes.len().min(self.cap);
         // SAFETY: `payload` points at `cap` bytes this reply alone writes until it answers, and
         // `n` <= `cap`; `bytes` is another buffer.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.payload, n) };
         self.answer(Ok(n));
     }
+}
 
-    pub fn error(mut self, errno: i32) {
+impl Reply for RingReply {
+    fn error(mut self, errno: i32) {
         self.answer(Err(errno));
     }
+}
 
+impl RingReply {
     fn answer(&mut self, result: Result<usize, i32>) {
         self.answered = true;
         let _ = self.done.send((self.entry, result));
@@ -124,7 +126,7 @@ impl Drop for RingReply {
     /// entry waiting forever.
     fn drop(&mut self) {
         if !self.answered {
-            self.answer(Err(libc::EIO));
+            self.answer(Err(Error::Stopping.errno()));
         }
     }
 }
@@ -418,60 +420,41 @@ impl<'a> Queue<'a> {
         size: u32,
         started: Instant,
     ) -> io::Result<()> {
-        let core = &self.server.core;
-        let buf = &mut self.read_buf;
-        let payload = &mut self.entries[i].payload;
-        let inline = read_at::without_waiting(|| {
-            guarded(
-                || format!("read of {size} bytes at {offset} of inode {ino}"),
-                || {
-                    core.read(ino, offset, size, buf).map(|served| {
-                        let bytes = served.bytes();
-                        let n = bytes.len().min(payload.len());
-                        payload[..n].copy_from_slice(&bytes[..n]);
-                        n
-                    })
-                },
-            )
-        });
-        let result = match inline {
-            Err(Error::Io { ref error, .. }) if error.kind() == io::ErrorKind::WouldBlock => {
-                let e = &mut self.entries[i];
-                let reply = RingReply {
-                    payload: e.payload.as_mut_ptr(),
-                    cap: e.payload.len(),
-                    entry: i as u32,
-                    done: self.done_tx.clone(),
-                    wake: self.wake.clone(),
-                    answered: false,
-                };
-                self.pending += 1;
-                self.server.reads.submit(ReadJob {
-                    ino,
-                    offset,
-                    size,
-                    reply: ReadReply::Ring(reply),
-                    started,
-                });
-                return self.grow_if_short();
-            }
-            Ok(n) => Ok(n),
-            Err(e) => Err(failed(e)),
+        let mut out = (0, 0);
+        let reply = InEntry {
+            payload: &mut self.entries[i].payload,
+            out: &mut out,
         };
-        let recorded = result.as_ref().map(|&n| n as u32).map_err(|e| *e);
-        self.server
-            .observer
-            .done(Op::Read, ino, None, offset, size, started, recorded);
-        match result {
-            Ok(n) => self.commit(i, 0, n),
-            Err(errno) => self.commit(i, -errno.code(), 0),
+        let dispatch = &self.server.dispatch;
+        let tried =
+            dispatch.read_without_waiting(ino, offset, size, started, &mut self.read_buf, reply);
+        if tried.is_ok() {
+            return self.commit(i, out.0, out.1);
         }
+        let e = &mut self.entries[i];
+        let reply = RingReply {
+            payload: e.payload.as_mut_ptr(),
+            cap: e.payload.len(),
+            entry: i as u32,
+            done: self.done_tx.clone(),
+            wake: self.wake.clone(),
+            answered: false,
+        };
+        self.pending += 1;
+        self.server.reads.submit(ReadJob {
+            ino,
+            offset,
+            size,
+            reply,
+            started,
+        });
+        self.grow_if_short()
     }
 
     /// Answers the request that arrived in entry `i` (or hands a read to the pool).
     fn request(&mut self, i: usize) -> io::Result<()> {
         let started = Instant::now();
-        self.server.observer.requests.through_ring();
+        self.server.dispatch.observer().requests.through_ring();
         let e = &mut self.entries[i];
         let Some(h) = InHeader::parse(&e.header[..IN_HEADER]) else {
             return Ok(());
@@ -501,9 +484,72 @@ impl<'a> Queue<'a> {
     }
 }
 
-/// Answers every request but READ, as `adapter` does on the classic loop, into `payload` (which
-/// holds the request's own payload, `in_len` bytes, on the way in). Returns the errno (negative,
-/// or 0) and the reply's length.
+/// A reply written into a ring entry's payload buffer; `out` gets what the commit needs: the
+/// errno (negative, or 0) and the reply's length.
+struct InEntry<'a> {
+    payload: &'a mut [u8],
+    out: &'a mut (i32, usize),
+}
+
+impl Reply for InEntry<'_> {
+    fn error(self, errno: i32) {
+        *self.out = (-errno, 0);
+    }
+}
+
+impl EntryReply for InEntry<'_> {
+    fn entry(self, attr: &Attr) {
+        *self.out = (0, put_entry(self.payload, attr));
+    }
+}
+
+impl AttrReply for InEntry<'_> {
+    fn attr(self, attr: &Attr) {
+        *self.out = (0, put_attr_out(self.payload, attr));
+    }
+}
+
+impl DataReply for InEntry<'_> {
+    fn data(self, bytes: &[u8]) {
+        let n = bytes.len().min(self.payload.len());
+        self.payload[..n].copy_from_slice(&bytes[..n]);
+        *self.out = (0, n);
+    }
+}
+
+impl StatfsReply for InEntry<'_> {
+    fn statfs(self, blocks: u64, files: u64) {
+        *self.out = (0, put_statfs(self.payload, blocks, files));
+    }
+}
+
+/// A listing written into the payload buffer.
+struct DirOut<'a> {
+    listing: DirBuffer<'a>,
+    out: &'a mut (i32, usize),
+}
+
+impl Listing for DirOut<'_> {
+    fn add(&mut self, e: DirEntry) -> bool {
+        self.listing.add(e)
+    }
+}
+
+impl Reply for DirOut<'_> {
+    fn error(self, errno: i32) {
+        *self.out = (-errno, 0);
+    }
+}
+
+impl DirReply for DirOut<'_> {
+    fn ok(self) {
+        *self.out = (0, self.listing.len);
+    }
+}
+
+/// Answers every request but READ through the dispatcher, into `payload` (which holds the
+/// request's own payload, `in_len` bytes, on the way in). Returns the errno (negative, or 0) and
+/// the reply's length.
 fn answer(
     server: &Server,
     h: &InHeader,
@@ -512,87 +558,74 @@ fn answer(
     payload: &mut [u8],
     started: Instant,
 ) -> (i32, usize) {
-    let core = &server.core;
+    let dispatch = &server.dispatch;
     let ino = h.nodeid;
-    // A name is at most FUSE_NAME_MAX (1024) bytes: copied out of the payload, which the reply
-    // overwrites, without an allocation.
-    let mut name_buf = [0u8; 1024];
-    let mut name_len = None;
-    let (op, result): (Option<Op>, Result<usize, Errno>) = match h.opcode {
+    let mut out = (0, 0);
+    match h.opcode {
         LOOKUP => {
+            // A name is at most FUSE_NAME_MAX (1024) bytes: copied out of the payload, which the
+            // reply overwrites, without an allocation.
+            let mut name_buf = [0u8; 1024];
             let raw = &payload[..in_len];
             let name = raw.split(|&c| c == 0).next().unwrap_or(&[]);
             let n = name.len().min(name_buf.len());
             name_buf[..n].copy_from_slice(&name[..n]);
-            name_len = Some(n);
-            let name = &name_buf[..n];
-            let found = guarded(
-                || format!("lookup of {:?} in inode {ino}", OsStr::from_bytes(name)),
-                || core.lookup(ino, name),
-            );
-            (
-                Some(Op::Lookup),
-                found.map(|a| put_entry(payload, &a)).map_err(failed),
-            )
+            let reply = InEntry {
+                payload,
+                out: &mut out,
+            };
+            dispatch.lookup(ino, &name_buf[..n], started, reply);
         }
-        GETATTR => (
-            Some(Op::Getattr),
-            guarded(|| format!("getattr of inode {ino}"), || core.getattr(ino))
-                .map(|a| put_attr_out(payload, &a))
-                .map_err(failed),
-        ),
-        READLINK => (
-            Some(Op::Readlink),
-            guarded(|| format!("readlink of inode {ino}"), || core.readlink(ino))
-                .map(|target| {
-                    let n = target.len().min(payload.len());
-                    payload[..n].copy_from_slice(&target[..n]);
-                    n
-                })
-                .map_err(failed),
-        ),
+        GETATTR => dispatch.getattr(ino, started, InEntry::new(payload, &mut out)),
+        READLINK => dispatch.readlink(ino, started, InEntry::new(payload, &mut out)),
         READDIR | READDIRPLUS if op_in.len() >= 20 => {
             let plus = h.opcode == READDIRPLUS;
             let offset = u64_at(op_in, 8);
             let size = (u32_at(op_in, 16) as usize).min(payload.len());
-            let mut out = DirBuffer {
-                buf: &mut payload[..size],
-                len: 0,
-                plus,
+            let reply = DirOut {
+                listing: DirBuffer {
+                    buf: &mut payload[..size],
+                    len: 0,
+                    plus,
+                },
+                out: &mut out,
             };
-            let listed = guarded(
-                || format!("listing of inode {ino}"),
-                || core.list(ino, offset, plus, &mut out),
-            );
-            let op = if plus { Op::Readdirplus } else { Op::Readdir };
-            (Some(op), listed.map(|()| out.len).map_err(failed))
+            dispatch.list(ino, offset, plus, started, reply);
         }
-        // As on the classic loop (adapter.rs says why).
-        OPEN => (Some(Op::Open), Err(Errno::ENOSYS)),
-        OPENDIR => (Some(Op::Opendir), Err(Errno::ENOSYS)),
-        FLUSH => (None, Err(Errno::ENOSYS)),
-        IOCTL => (Some(Op::Ioctl), Err(Errno::ENOTTY)),
-        STATFS => {
-            let (blocks, files) = crate::fs::attr::statfs_figures(core.usage());
-            (Some(Op::Statfs), Ok(put_statfs(payload, blocks, files)))
-        }
-        RELEASE | RELEASEDIR | DESTROY => (None, Ok(0)),
-        _ => (None, Err(Errno::ENOSYS)),
-    };
-    if let Some(op) = op {
-        let recorded = result.as_ref().map(|&n| n as u32).map_err(|e| *e);
-        server.observer.done(
-            op,
+        OPEN => dispatch.refuse(Refused::Open, ino, started, InEntry::new(payload, &mut out)),
+        OPENDIR => dispatch.refuse(
+            Refused::Opendir,
             ino,
-            name_len.map(|n| &name_buf[..n]),
-            0,
-            0,
             started,
-            recorded,
-        );
+            InEntry::new(payload, &mut out),
+        ),
+        FLUSH => dispatch.refuse(
+            Refused::Flush,
+            ino,
+            started,
+            InEntry::new(payload, &mut out),
+        ),
+        IOCTL => dispatch.refuse(
+            Refused::Ioctl,
+            ino,
+            started,
+            InEntry::new(payload, &mut out),
+        ),
+        STATFS => dispatch.statfs(ino, started, InEntry::new(payload, &mut out)),
+        // Nothing to release or tear down per request: acknowledged.
+        RELEASE | RELEASEDIR | DESTROY => {}
+        _ => dispatch.refuse(
+            Refused::Unsupported,
+            ino,
+            started,
+            InEntry::new(payload, &mut out),
+        ),
     }
-    match result {
-        Ok(len) => (0, len),
-        Err(errno) => (-errno.code(), 0),
+    out
+}
+
+impl<'a> InEntry<'a> {
+    fn new(payload: &'a mut [u8], out: &'a mut (i32, usize)) -> InEntry<'a> {
+        InEntry { payload, out }
     }
 }

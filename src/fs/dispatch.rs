@@ -1,0 +1,327 @@
+//! What every FUSE transport does alike, written once: run a request's answer under `guarded` (a
+//! panic fails that request alone), choose its errno (from `fs::Error`, or the table of requests
+//! refused on purpose), and record it with the `Observer`. A transport only decodes requests and
+//! encodes replies, through the reply traits below: the classic loop (`classic.rs`, through fuser)
+//! and FUSE over io_uring (`ring/`) are each one such adapter, and so would a third be.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{debug, error};
+
+use super::core::{Attr, Core, Ino, Listing};
+use super::error::{Error, guarded};
+use super::requests::{Op, Request, Requests};
+use super::trace::Trace;
+use crate::read_at;
+
+/// Every reply can fail with an errno.
+pub trait Reply {
+    fn error(self, errno: i32);
+}
+
+/// The answer to LOOKUP: an entry with its attributes.
+pub trait EntryReply: Reply {
+    fn entry(self, attr: &Attr);
+}
+
+/// The answer to GETATTR.
+pub trait AttrReply: Reply {
+    fn attr(self, attr: &Attr);
+}
+
+/// The answer to READ and READLINK: bytes.
+pub trait DataReply: Reply {
+    fn data(self, bytes: &[u8]);
+}
+
+/// The answer to STATFS: the figures of `attr::statfs_figures`.
+pub trait StatfsReply: Reply {
+    fn statfs(self, blocks: u64, files: u64);
+}
+
+/// The answer to READDIR and READDIRPLUS: a `Listing` that is finished with `ok`.
+pub trait DirReply: Reply + Listing {
+    fn ok(self);
+}
+
+/// A data reply handed to another thread (the read pool), whichever transport it belongs to.
+pub struct SentData(Box<Answer>);
+
+/// Sends the bytes, or the errno.
+type Answer = dyn FnOnce(Result<&[u8], i32>) + Send;
+
+impl SentData {
+    pub fn new<R: DataReply + Send + 'static>(reply: R) -> SentData {
+        SentData(Box::new(move |answer| match answer {
+            Ok(bytes) => reply.data(bytes),
+            Err(errno) => reply.error(errno),
+        }))
+    }
+}
+
+impl Reply for SentData {
+    fn error(self, errno: i32) {
+        (self.0)(Err(errno))
+    }
+}
+
+impl DataReply for SentData {
+    fn data(self, bytes: &[u8]) {
+        (self.0)(Ok(bytes))
+    }
+}
+
+/// Requests packfs answers with an errno alone, on every transport.
+#[derive(Clone, Copy, Debug)]
+pub enum Refused {
+    Open,
+    Opendir,
+    Flush,
+    Ioctl,
+    /// An operation a read-only mount of archives does not implement (writes, xattrs, locks...).
+    Unsupported,
+}
+
+impl Refused {
+    /// The errno, and the operation the refusal is counted under (none: not counted).
+    fn answer(self) -> (i32, Option<Op>) {
+        match self {
+            // ENOSYS makes the kernel stop sending OPEN and RELEASE for good and keep every
+            // file's pages cached across opens (FOPEN_KEEP_CACHE): one round trip less per sample.
+            Refused::Open => (libc::ENOSYS, Some(Op::Open)),
+            // As for OPEN: no OPENDIR/RELEASEDIR, and listings cached by the kernel
+            // (FOPEN_CACHE_DIR).
+            Refused::Opendir => (libc::ENOSYS, Some(Op::Opendir)),
+            // Nothing to flush in a read-only file system: ENOSYS makes the kernel stop sending
+            // FLUSH at every close.
+            Refused::Flush => (libc::ENOSYS, None),
+            // Python's `open()` asks every file `isatty()` (TCGETS), which FUSE forwards on every
+            // open and keeps forwarding after a refusal: answered at once.
+            Refused::Ioctl => (libc::ENOTTY, Some(Op::Ioctl)),
+            Refused::Unsupported => (libc::ENOSYS, None),
+        }
+    }
+}
+
+/// Whether a reply with `errno` counts as an error in the counters: "no such file" is an answer,
+/// and the refusals above are on purpose.
+pub fn counts_as_error(errno: i32) -> bool {
+    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
+}
+
+/// Where every answered request is recorded: the counters always, the trace with `--trace`.
+#[derive(Default)]
+pub struct Observer {
+    pub requests: Arc<Requests>,
+    pub trace: Option<Trace>,
+}
+
+impl Observer {
+    /// Records `req`, which replied `result` (bytes, or an errno).
+    pub fn done(&self, req: &Request, result: Result<u32, i32>) {
+        let failed = result.is_err_and(counts_as_error);
+        let bytes = *result.as_ref().unwrap_or(&0) as u64;
+        self.requests.record(req.op, req.started, bytes, failed);
+        if let Some(trace) = &self.trace {
+            trace.record(req, result);
+        }
+    }
+}
+
+/// The errno of a failed request, logged when the failure is the data's rather than the caller's.
+fn failed(err: Error) -> i32 {
+    if err.is_worth_logging() && super::error_log::global().admit(&err.log_key(), Instant::now()) {
+        match &err {
+            Error::Io {
+                image,
+                offset,
+                path,
+                file_offset,
+                len,
+                error,
+            } => error!(
+                image = %image.display(),
+                offset,
+                file_offset,
+                len,
+                path = %String::from_utf8_lossy(path),
+                "read failed, returning EIO: {error}"
+            ),
+            other => error!("request failed, returning EIO: {other}"),
+        }
+    } else {
+        debug!("request failed: {err}");
+    }
+    err.errno()
+}
+
+/// The core and the observer, as every transport's requests reach them.
+pub struct Dispatch {
+    core: Arc<Core>,
+    observer: Arc<Observer>,
+}
+
+impl Dispatch {
+    pub fn new(core: Arc<Core>, observer: Arc<Observer>) -> Dispatch {
+        Dispatch { core, observer }
+    }
+
+    pub fn observer(&self) -> &Observer {
+        &self.observer
+    }
+
+    /// Sends `answer` through `reply` (`send` returns the bytes replied), or its errno; records it.
+    fn finish<T, R: Reply>(
+        &self,
+        req: Request,
+        answer: Result<T, Error>,
+        reply: R,
+        send: impl FnOnce(R, T) -> u32,
+    ) {
+        let result = match answer {
+            Ok(value) => Ok(send(reply, value)),
+            Err(e) => {
+                let errno = failed(e);
+                reply.error(errno);
+                Err(errno)
+            }
+        };
+        self.observer.done(&req, result);
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8], started: Instant, reply: impl EntryReply) {
+        let answer = guarded(
+            || format!("lookup of {:?} in inode {parent}", OsStr::from_bytes(name)),
+            || self.core.lookup(parent, name),
+        );
+        let req = Request::new(Op::Lookup, parent, started).named(name);
+        self.finish(req, answer, reply, |reply, attr| {
+            reply.entry(&attr);
+            0
+        });
+    }
+
+    pub fn getattr(&self, ino: Ino, started: Instant, reply: impl AttrReply) {
+        let answer = guarded(
+            || format!("getattr of inode {ino}"),
+            || self.core.getattr(ino),
+        );
+        let req = Request::new(Op::Getattr, ino, started);
+        self.finish(req, answer, reply, |reply, attr| {
+            reply.attr(&attr);
+            0
+        });
+    }
+
+    pub fn readlink(&self, ino: Ino, started: Instant, reply: impl DataReply) {
+        let answer = guarded(
+            || format!("readlink of inode {ino}"),
+            || self.core.readlink(ino),
+        );
+        let req = Request::new(Op::Readlink, ino, started);
+        self.finish(req, answer, reply, |reply, target| {
+            reply.data(target);
+            target.len() as u32
+        });
+    }
+
+    /// One listing for READDIR (`with_attrs` false) and READDIRPLUS.
+    pub fn list(
+        &self,
+        ino: Ino,
+        offset: u64,
+        with_attrs: bool,
+        started: Instant,
+        mut reply: impl DirReply,
+    ) {
+        let answer = guarded(
+            || format!("listing of inode {ino}"),
+            || self.core.list(ino, offset, with_attrs, &mut reply),
+        );
+        let op = if with_attrs {
+            Op::Readdirplus
+        } else {
+            Op::Readdir
+        };
+        let req = Request::new(op, ino, started).at(offset, 0);
+        self.finish(req, answer, reply, |reply, ()| {
+            reply.ok();
+            0
+        });
+    }
+
+    pub fn statfs(&self, ino: Ino, started: Instant, reply: impl StatfsReply) {
+        let (blocks, files) = super::attr::statfs_figures(self.core.usage());
+        debug!(blocks, files, "statfs");
+        reply.statfs(blocks, files);
+        self.observer
+            .done(&Request::new(Op::Statfs, ino, started), Ok(0));
+    }
+
+    /// Answers a request packfs refuses (see `Refused`).
+    pub fn refuse(&self, what: Refused, ino: Ino, started: Instant, reply: impl Reply) {
+        let (errno, op) = what.answer();
+        reply.error(errno);
+        if let Some(op) = op {
+            self.observer
+                .done(&Request::new(op, ino, started), Err(errno));
+        }
+    }
+
+    /// Answers a read of `size` bytes at `offset` of `ino`, assembled in `buf` where it must be.
+    pub fn read(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        started: Instant,
+        buf: &mut Vec<u8>,
+        reply: impl DataReply,
+    ) {
+        let answer = guarded(
+            || format!("read of {size} bytes at {offset} of inode {ino}"),
+            || self.core.read(ino, offset, size, buf),
+        );
+        let req = Request::new(Op::Read, ino, started).at(offset, size);
+        self.finish(req, answer, reply, |reply, served| {
+            let bytes = served.bytes();
+            reply.data(bytes);
+            bytes.len() as u32
+        });
+    }
+
+    /// As `read`, but only from memory (page cache, RAM cache, staged copy): a read that would
+    /// wait for storage is not answered, and its reply comes back for the read pool.
+    pub fn read_without_waiting<R: DataReply>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        started: Instant,
+        buf: &mut Vec<u8>,
+        reply: R,
+    ) -> Result<(), R> {
+        let answer = read_at::without_waiting(|| {
+            guarded(
+                || format!("read of {size} bytes at {offset} of inode {ino}"),
+                || self.core.read(ino, offset, size, buf),
+            )
+        });
+        if let Err(Error::Io { error, .. }) = &answer
+            && error.kind() == io::ErrorKind::WouldBlock
+        {
+            return Err(reply);
+        }
+        let req = Request::new(Op::Read, ino, started).at(offset, size);
+        self.finish(req, answer, reply, |reply, served| {
+            let bytes = served.bytes();
+            reply.data(bytes);
+            bytes.len() as u32
+        });
+        Ok(())
+    }
+}
