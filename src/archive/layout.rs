@@ -10,38 +10,12 @@
 use std::fmt;
 use std::io;
 
-use super::codec::{self, Codec};
-use super::inflate::{self, Checkpoints, Located, Restart};
+use super::codec;
+use super::inflate::{self, Checkpoints};
+use super::plan::{Encoding, Located, MAX_UNIT, Piece, PlanError, Unit, UnitKind, WholeCrc};
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
 use crate::read_at::ReadAt;
-
-/// How a member's bytes are stored at its data offset.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Encoding {
-    /// `size` bytes as they are (tar, zip stored): served with one pread.
-    #[default]
-    Stored,
-    /// A raw deflate stream that inflates to `size` bytes (zip deflated); self-terminating, so
-    /// its compressed length is not needed to read it.
-    Deflate,
-    /// Squashfs data blocks and tail fragment, described by a `squashfs::block_map` record.
-    Squashfs,
-    /// Bytes as they are, with their CRC-32 (a zip member stored, or a tar member `packfs pack`
-    /// wrote): a `CRC_RECORD` in the catalog's arena.
-    StoredCrc,
-    /// A zip member deflated, with its CRC-32: a `CRC_RECORD` in the catalog's arena.
-    ZipDeflated,
-    /// A sparse file: data segments and holes, a `sparse_map` record in the catalog's arena.
-    Sparse,
-    /// A deflate stream served through restart checkpoints (a zip member larger than
-    /// `inflate::SPACING`): an `inflate::table` record in the catalog's arena.
-    Checkpointed,
-}
-
-/// The most bytes one unit may decode to, or occupy encoded: a checkpoint interval's bound,
-/// above every squashfs block (1 MiB) and every whole deflated member packfs indexes (32 MiB).
-pub const MAX_UNIT: usize = inflate::MAX_INTERVAL;
 
 /// Bytes of a layout record with a CRC-32 (zip members, tar members packfs wrote): the data offset
 /// (u64) and the CRC-32 (u32), little-endian.
@@ -53,21 +27,6 @@ pub fn crc_record(data_offset: u64, crc: u32) -> [u8; CRC_RECORD] {
     r[..8].copy_from_slice(&data_offset.to_le_bytes());
     r[8..].copy_from_slice(&crc.to_le_bytes());
     r
-}
-
-impl Encoding {
-    /// Whether the catalog keeps a record for this encoding in its arena (the entry's offset
-    /// then points to the record).
-    pub fn has_record(self) -> bool {
-        matches!(
-            self,
-            Encoding::Squashfs
-                | Encoding::StoredCrc
-                | Encoding::ZipDeflated
-                | Encoding::Sparse
-                | Encoding::Checkpointed
-        )
-    }
 }
 
 /// A file's layout as the catalog holds it.
@@ -121,129 +80,7 @@ pub fn read_checkpoints<'a, E: From<PlanError>>(
     Ok(Checkpoints::decode(entries, whole(offset, len)?).map_err(invalid)?)
 }
 
-/// A piece of a read, in file order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece<'a> {
-    Zeros(usize),
-    /// `len` image bytes at `at`; `crc` is the whole file's checksum when the format keeps one
-    /// (the executor checks the whole file once before serving any part of it).
-    Stored {
-        at: u64,
-        len: usize,
-        crc: Option<WholeCrc>,
-    },
-    /// `len` bytes from `from` of what `unit` decodes to.
-    Decoded {
-        unit: Unit<'a>,
-        from: usize,
-        len: usize,
-    },
-}
-
-impl Piece<'_> {
-    pub fn len(&self) -> usize {
-        match self {
-            Piece::Zeros(len) | Piece::Stored { len, .. } | Piece::Decoded { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// The extent of a whole stored file and the CRC-32 its bytes must have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WholeCrc {
-    pub at: u64,
-    pub len: u64,
-    pub crc: u32,
-}
-
-/// A run of image bytes that decodes as one. Decoded units are what the RAM cache keeps, keyed by
-/// (image, `key()`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unit<'a> {
-    /// Image offset of the encoded bytes.
-    pub at: u64,
-    kind: UnitKind<'a>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum UnitKind<'a> {
-    /// `len` encoded bytes that decode to at least `need` and at most `limit` bytes; `what` names
-    /// it in errors.
-    Block {
-        codec: Codec,
-        len: u32,
-        need: usize,
-        limit: usize,
-        what: &'static str,
-    },
-    /// A raw deflate stream that inflates to exactly `size` bytes, with that CRC-32 if known.
-    DeflateStream { size: u64, crc: Option<u32> },
-    /// One interval of a deflate stream, inflated from its checkpoint (`inflate::table`).
-    Restart(Restart<'a>),
-}
-
-impl<'a> Unit<'a> {
-    /// A block of `len` encoded bytes at `at` that must decode to exactly `size` bytes.
-    pub fn block(codec: Codec, at: u64, len: u32, size: usize) -> Unit<'a> {
-        Unit {
-            at,
-            kind: UnitKind::Block {
-                codec,
-                len,
-                need: size,
-                limit: size,
-                what: "block",
-            },
-        }
-    }
-
-    /// A squashfs fragment block: at most `limit` bytes, of which the first `need` are used.
-    pub fn fragment_block(codec: Codec, at: u64, len: u32, need: usize, limit: usize) -> Unit<'a> {
-        Unit {
-            at,
-            kind: UnitKind::Block {
-                codec,
-                len,
-                need,
-                limit,
-                what: "fragment block",
-            },
-        }
-    }
-
-    /// An interval of a deflate stream, restarted at image offset `at` (see `inflate::table`).
-    pub fn restart(at: u64, restart: Restart<'a>) -> Unit<'a> {
-        Unit {
-            at,
-            kind: UnitKind::Restart(restart),
-        }
-    }
-
-    /// How many bytes the unit decodes to, when its kind fixes it (0 otherwise).
-    pub fn decoded_len(&self) -> usize {
-        match self.kind {
-            UnitKind::Restart(r) => r.len,
-            UnitKind::Block { need, .. } => need,
-            UnitKind::DeflateStream { size, .. } => size as usize,
-        }
-    }
-
-    pub fn deflate_stream(at: u64, size: u64, crc: Option<u32>) -> Unit<'a> {
-        Unit {
-            at,
-            kind: UnitKind::DeflateStream { size, crc },
-        }
-    }
-
-    /// The RAM cache key within the image.
-    pub fn key(&self) -> u64 {
-        self.at
-    }
-
+impl Unit<'_> {
     /// Reads the encoded bytes from `image` (through whatever tiers it stands for) and decodes
     /// them. A result of the wrong length is `InvalidData`, like a corrupt stream.
     pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
@@ -321,19 +158,6 @@ pub fn check_crc(bytes: &[u8], crc: Option<u32>) -> Result<(), String> {
 thread_local! {
     /// Encoded bytes of the block being decoded on this thread.
     static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A layout that cannot be read as recorded: the image offset of the problem and what it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanError {
-    pub at: u64,
-    pub why: String,
-}
-
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.why)
-    }
 }
 
 impl<'a> Layout<'a> {
@@ -595,6 +419,7 @@ impl<'a> Iterator for Plan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::codec::Codec;
     use crate::archive::squashfs::block_map::{Extent, STORED, Tail};
 
     #[test]

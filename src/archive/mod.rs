@@ -12,6 +12,7 @@ mod format;
 pub mod inflate;
 pub mod layout;
 pub mod name;
+pub mod plan;
 pub mod sparse_map;
 pub mod spill;
 pub mod squashfs;
@@ -26,7 +27,8 @@ use tracing::warn;
 
 pub use fingerprint::Fingerprint;
 pub use format::{Format, INDEX_MAGIC};
-pub use layout::{Encoding, Layout};
+pub use layout::Layout;
+pub use plan::Encoding;
 
 /// What a member is, after format-specific types are folded away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //! 8  n x (u64 file offset, u64 length, u64 image offset), by file offset, not overlapping
 //! ```
 
-use super::layout::{Piece, PlanError};
+use super::plan::{Piece, PlanError};
 
 const HEAD: usize = 8;
 const SEGMENT: usize = 24;

@@ -78,29 +78,13 @@ impl Entry {
     /// How the file's bytes are stored at `offset` of its image; the code itself when no
     /// encoding has it (a damaged or crafted index: never read as stored bytes).
     pub fn encoding(&self) -> Result<Encoding, u32> {
-        Ok(match self.mode >> ENCODING_SHIFT {
-            0 => Encoding::Stored,
-            1 => Encoding::Deflate,
-            2 => Encoding::Squashfs,
-            3 => Encoding::StoredCrc,
-            4 => Encoding::ZipDeflated,
-            5 => Encoding::Sparse,
-            6 => Encoding::Checkpointed,
-            code => return Err(code),
-        })
+        let code = self.mode >> ENCODING_SHIFT;
+        Encoding::from_code(code).ok_or(code)
     }
 
     /// The `mode` bits that record `encoding`.
     pub fn encoding_bits(encoding: Encoding) -> u32 {
-        match encoding {
-            Encoding::Stored => 0,
-            Encoding::Deflate => 1 << ENCODING_SHIFT,
-            Encoding::Squashfs => 2 << ENCODING_SHIFT,
-            Encoding::StoredCrc => 3 << ENCODING_SHIFT,
-            Encoding::ZipDeflated => 4 << ENCODING_SHIFT,
-            Encoding::Sparse => 5 << ENCODING_SHIFT,
-            Encoding::Checkpointed => 6 << ENCODING_SHIFT,
-        }
+        encoding.code() << ENCODING_SHIFT
     }
 
     pub fn permissions(&self) -> u16 {

@@ -33,8 +33,8 @@ pub enum CatalogError {
     Invalid(String),
 }
 
-impl From<crate::archive::layout::PlanError> for CatalogError {
-    fn from(e: crate::archive::layout::PlanError) -> Self {
+impl From<crate::archive::plan::PlanError> for CatalogError {
+    fn from(e: crate::archive::plan::PlanError) -> Self {
         CatalogError::Invalid(e.why)
     }
 }

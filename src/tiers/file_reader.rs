@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::images::{Fetch, Images};
 use super::ram_cache::Decoded;
-use crate::archive::layout::{Layout, Piece, Unit, WholeCrc, check_crc};
+use crate::archive::layout::{Layout, check_crc};
+use crate::archive::plan::{Piece, Unit, WholeCrc};
 use crate::read_at::ReadAt;
 
 /// A failed read: the image offset it failed at (for the log) and why.

@@ -379,7 +379,7 @@ pub struct Finished {
 mod tests {
     use super::super::{Checkpoints, Restart, inflate_interval};
     use super::*;
-    use crate::archive::layout::Piece;
+    use crate::archive::plan::Piece;
     use std::io::Write;
 
     /// Bytes that compress a little, in many deflate blocks.

@@ -5,7 +5,7 @@
 //! (the method of zlib's zran.c and indexed_gzip). The indexer inflates a stream once, at scan
 //! time, and notes such a checkpoint at the first block boundary after every `SPACING` bytes of
 //! output; the table goes into the catalog and the index. A read then inflates one interval (at
-//! most `SPACING` plus one block) from the checkpoint before it, as a `layout::Unit` that the RAM
+//! most `SPACING` plus one block) from the checkpoint before it, as a `plan::Unit` that the RAM
 //! cache keeps under its byte budget, and checks the interval's CRC-32 recorded at scan time.
 //!
 //! This serves zip members deflated beyond `SPACING` bytes and gzip-compressed tars (`.tar.gz`),
@@ -18,9 +18,10 @@ mod indexer;
 mod restart;
 pub mod table;
 
+pub use crate::archive::plan::{Located, Restart};
 pub use gzip::is_gzip;
 pub use indexer::{Indexer, InflateError, Wrapper};
-pub use restart::{Located, Restart, inflate_interval};
+pub use restart::inflate_interval;
 pub use table::Checkpoints;
 
 /// Decoded bytes between checkpoints, unless `PACKFS_CHECKPOINT_SPACING` says otherwise when an
@@ -63,7 +64,7 @@ pub const WINDOW: usize = 32 * 1024;
 /// The longest interval a table may describe, and so the most one read can make the daemon
 /// inflate and hold: the largest spacing plus the longest block a sane encoder writes (zlib's are
 /// at most 16 K symbols of 258 bytes, 4 MiB). A stream with a longer block is refused at scan time.
-pub const MAX_INTERVAL: usize = 64 << 20;
+pub const MAX_INTERVAL: usize = crate::archive::plan::MAX_UNIT;
 
 #[cfg(test)]
 mod tests {

@@ -9,97 +9,12 @@ use miniz_oxide::inflate::core::inflate_flags::{
 use miniz_oxide::inflate::core::{BlockBoundaryState, DecompressorOxide, decompress};
 
 use super::MAX_INTERVAL;
+use crate::archive::plan::Restart;
 use crate::read_at::ReadAt;
 
 /// Compressed bytes read at a time when the interval's compressed length is not known (the last
 /// interval of a stream) or larger than this.
 const READ: u64 = 1 << 20;
-
-/// What restarting at a checkpoint takes: the leftover `bit_count` bits `bits` of the byte
-/// before it, `window` (the output before it), and what the interval must be: `len` bytes of
-/// CRC-32 `crc` (recorded when the stream was indexed), from `in_len` compressed bytes if known.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Restart<'a> {
-    pub in_len: Option<u64>,
-    pub bit_count: u8,
-    pub bits: u8,
-    pub window: Located<'a>,
-    pub len: usize,
-    pub crc: u32,
-}
-
-/// Bytes at hand, or `len` bytes at `at` of a file (an index or a spill file), read when
-/// used: a checkpoint table's record, and a checkpoint's window in it. Windows are 1.6 % of a
-/// stream's decoded size: read through a mapping they would stay in the daemon's memory, 640 MiB
-/// after one pass over a member that inflates to 40 GiB; read with pread, they pass through the
-/// decode buffer.
-#[derive(Clone, Copy, Debug)]
-pub enum Located<'a> {
-    Bytes(&'a [u8]),
-    File {
-        file: &'a std::fs::File,
-        at: u64,
-        len: u64,
-    },
-}
-
-impl<'a> Located<'a> {
-    pub fn len(&self) -> u64 {
-        match self {
-            Located::Bytes(b) => b.len() as u64,
-            Located::File { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `len` bytes from `from`, if they lie inside.
-    pub fn part(&self, from: u64, len: u64) -> Option<Located<'a>> {
-        let end = from.checked_add(len).filter(|&e| e <= self.len())?;
-        Some(match *self {
-            Located::Bytes(b) => Located::Bytes(&b[from as usize..end as usize]),
-            Located::File { file, at, .. } => Located::File {
-                file,
-                at: at + from,
-                len,
-            },
-        })
-    }
-
-    /// Copies the bytes into `out` (`len()` bytes).
-    fn read_into(&self, out: &mut [u8]) -> io::Result<()> {
-        match self {
-            Located::Bytes(b) => {
-                out.copy_from_slice(b);
-                Ok(())
-            }
-            Located::File { file, at, .. } => {
-                std::os::unix::fs::FileExt::read_exact_at(*file, out, *at)
-            }
-        }
-    }
-}
-
-impl PartialEq for Located<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Located::Bytes(a), Located::Bytes(b)) => a == b,
-            (
-                Located::File { file, at, len },
-                Located::File {
-                    file: f2,
-                    at: a2,
-                    len: l2,
-                },
-            ) => std::ptr::eq(*file, *f2) && at == a2 && len == l2,
-            _ => false,
-        }
-    }
-}
-
-impl Eq for Located<'_> {}
 
 /// Decodes the interval `restart` describes, whose compressed bytes start at image offset `at`.
 pub fn inflate_interval(image: &dyn ReadAt, at: u64, restart: &Restart) -> io::Result<Vec<u8>> {

@@ -14,7 +14,7 @@
 //! read, never a panic or an allocation beyond `MAX_INTERVAL`.
 
 use super::{Located, MAX_INTERVAL, Restart, WINDOW};
-use crate::archive::layout::{Piece, PlanError, Unit};
+use crate::archive::plan::{Piece, PlanError, Unit};
 
 pub const HEAD: usize = 16;
 const ENTRY: usize = 32;

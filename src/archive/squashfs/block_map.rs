@@ -17,7 +17,7 @@
 
 use super::{codec_from_id, codec_id};
 use crate::archive::codec::Codec;
-use crate::archive::layout::{Piece, PlanError, Unit};
+use crate::archive::plan::{Piece, PlanError, Unit};
 
 const FRAGMENT: usize = 16;
 const CHECKPOINT_EVERY: usize = 64;
