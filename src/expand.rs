@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::source::ImageLocation;
+
 /// A pattern that cannot be expanded.
 #[derive(Debug, thiserror::Error)]
 pub enum ExpandError {
@@ -36,14 +38,15 @@ pub fn expand_images(patterns: &[String]) -> Result<Vec<PathBuf>, ExpandError> {
     let mut out = Vec::new();
     for pattern in patterns {
         for word in expand_braces(pattern)? {
-            if crate::remote::is_url(std::path::Path::new(&word)) {
+            if ImageLocation::new(std::path::Path::new(&word)).is_object() {
                 // A URL is never a local glob; an s3:// glob is expanded by listing the bucket.
                 if word.contains(['*', '?', '[']) {
-                    let matched =
-                        crate::remote::expand_glob(&word).map_err(|error| ExpandError::Remote {
+                    let matched = crate::source::remote::expand_glob(&word).map_err(|error| {
+                        ExpandError::Remote {
                             pattern: word.clone(),
                             error,
-                        })?;
+                        }
+                    })?;
                     if matched.is_empty() {
                         return Err(ExpandError::NoMatch(word));
                     }

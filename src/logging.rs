@@ -164,7 +164,7 @@ impl<W: Write> Write for Redacting<W> {
         // Borrowed, not copied, when the line is UTF-8 (always, from the formatter).
         let text = String::from_utf8_lossy(buf);
         self.0
-            .write_all(crate::remote::redact::urls(&text).as_bytes())?;
+            .write_all(crate::source::remote::redact::urls(&text).as_bytes())?;
         Ok(buf.len())
     }
 
@@ -252,7 +252,7 @@ impl<S: tracing::Subscriber> Layer<S> for Syslog {
             Level::INFO => libc::LOG_INFO,
             _ => libc::LOG_DEBUG,
         };
-        let line = crate::remote::redact::urls(&line.0).replace('\0', "\\0");
+        let line = crate::source::remote::redact::urls(&line.0).replace('\0', "\\0");
         let Ok(text) = std::ffi::CString::new(line) else {
             return;
         };
@@ -308,7 +308,7 @@ mod tests {
             let mode = std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600);
         }
-        assert!(is_ours("packfs::remote") && is_ours("fuser") && !is_ours("ureq::run"));
+        assert!(is_ours("packfs::source::remote") && is_ours("fuser") && !is_ours("ureq::run"));
         assert!(!is_ours("packfsx"));
     }
 }

@@ -38,7 +38,10 @@ fn main() -> ExitCode {
         Err(e) => {
             // Whatever a message quotes (a URL with a password, say), no secret reaches the terminal.
             let message = format!("{e:#}");
-            eprintln!("packfs: error: {}", packfs::remote::redact::urls(&message));
+            eprintln!(
+                "packfs: error: {}",
+                packfs::source::remote::redact::urls(&message)
+            );
             ExitCode::FAILURE
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use packfs::catalog::DuplicatePolicy;
 use packfs::fs::{Core, Owner};
-use packfs::read_at::ReadAt;
+use packfs::source::read_at::ReadAt;
 use packfs::tiers::faults::{Fault, Faulty, Gate};
 use packfs::tiers::{self, Source, TierOptions};
 

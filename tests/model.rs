@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use packfs::catalog::{self, Catalog, DuplicatePolicy, Kind};
 use packfs::fs::{Attr, Core, DirEntry, Error, Ino, Listing, Owner, ROOT_INO};
-use packfs::read_at::ReadAt;
+use packfs::source::read_at::ReadAt;
 use packfs::tiers::faults::{Fault, Faulty};
 use packfs::tiers::{self, Source, TierOptions};
 use proptest::prelude::*;

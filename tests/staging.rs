@@ -549,9 +549,9 @@ fn reads_are_exact_once_staging_stopped() {
 /// by the walk (issue 17: 5.99 GB read from the PFS for 2.62 GB).
 #[test]
 fn chunks_reads_fetched_are_staged_without_a_second_source_read() {
-    use packfs::archive::Fingerprint;
     use packfs::catalog::ImageInfo;
-    use packfs::read_at::ReadAt;
+    use packfs::source::Fingerprint;
+    use packfs::source::read_at::ReadAt;
     use packfs::tiers::faults::{Fault, Faulty, Gate};
     use packfs::tiers::stage::{Stage, StageMode, StageOptions, run_copier};
     use packfs::tiers::{Fetch, Images, Source, SourceImage};

@@ -11,9 +11,10 @@ use std::os::fd::FromRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use packfs::archive::{ArchiveError, ScannedImage, fingerprint::Fingerprint};
+use packfs::archive::{ArchiveError, ScannedImage};
 use packfs::catalog::{DuplicatePolicy, Kind, ROOT, index};
-use packfs::read_at::ReadAt;
+use packfs::source::Fingerprint;
+use packfs::source::read_at::ReadAt;
 use packfs::tiers::{self, Source, SourceImage, TierOptions};
 
 /// Bytes read of each file: its head and its tail (a tiny input can describe a huge sparse file).

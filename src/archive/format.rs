@@ -2,7 +2,7 @@
 
 use std::io;
 
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// The first bytes of a packfs index file.
 pub const INDEX_MAGIC: &[u8; 8] = b"PACKFSIX";

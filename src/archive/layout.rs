@@ -15,7 +15,7 @@ use super::inflate::{self, Checkpoints};
 use super::plan::{Encoding, Located, MAX_UNIT, Piece, PlanError, Unit, UnitKind, WholeCrc};
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// Bytes of a layout record with a CRC-32 (zip members, tar members packfs wrote): the data offset
 /// (u64) and the CRC-32 (u32), little-endian.

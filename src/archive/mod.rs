@@ -7,7 +7,6 @@
 
 mod clashes;
 pub mod codec;
-pub mod fingerprint;
 mod format;
 pub mod inflate;
 pub mod layout;
@@ -25,7 +24,9 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
-pub use fingerprint::Fingerprint;
+use crate::source::Fingerprint;
+use crate::source::read_at::ReadAt;
+
 pub use format::{Format, INDEX_MAGIC};
 pub use layout::Layout;
 pub use plan::Encoding;
@@ -237,18 +238,12 @@ impl ArchiveError {
     }
 }
 
-/// Scans an image, detecting its format from its content: a file, or an object named by URL
-/// (read in large blocks, so the scan costs few requests).
-pub fn scan(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    let (data, fingerprint) =
-        crate::remote::open_scannable(path).map_err(|e| ArchiveError::io(path, e))?;
-    scan_data(path, &*data, fingerprint)
-}
-
-/// Scans the image at `path` whose bytes `file` reads and whose fingerprint is `fingerprint`.
-fn scan_data(
+/// Scans the image named `path` (a file's path or an object's URL, for messages and the
+/// catalog), whose bytes `file` reads and whose fingerprint is `fingerprint`, detecting its
+/// format from its content.
+pub fn scan(
     path: &Path,
-    file: &dyn crate::read_at::ReadAt,
+    file: &dyn ReadAt,
     fingerprint: Fingerprint,
 ) -> Result<ScannedImage, ArchiveError> {
     let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);

@@ -12,7 +12,7 @@ use super::layout::crc_record;
 use super::name::sanitize;
 use super::spill::{TableFile, TableRef};
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
-use crate::read_at::{Cursor, ReadAt};
+use crate::source::read_at::{Cursor, ReadAt};
 
 /// Deflated members up to this size are inflated whole (one `layout::Unit`) into the RAM cache;
 /// larger ones are inflated once at scan time to place restart checkpoints (`inflate`), and read

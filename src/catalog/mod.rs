@@ -19,8 +19,8 @@ pub use entry::{Entry, Kind};
 pub use store::CatalogError;
 use store::Store;
 
-use crate::archive::Fingerprint;
 use crate::archive::layout::{Layout, read_checkpoints};
+use crate::source::Fingerprint;
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]

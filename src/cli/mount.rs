@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use packfs::daemon::{self, MountRequest};
 use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
 use packfs::logging::Destination;
+use packfs::source::ImageLocation;
 
 use super::args::{Images, Listings, Merge, Staging, Transports, absolute};
 use super::progress::ScanBar;
@@ -198,10 +199,8 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
 /// The source column of /proc/mounts: the index or first image, absolute, and how many more.
 fn dataset_name(images: &[String]) -> String {
     let first = images.first().map_or(String::new(), |p| {
-        if packfs::remote::is_url(std::path::Path::new(p)) {
-            return p.clone();
-        }
-        std::path::absolute(p).map_or_else(|_| p.clone(), |a| a.display().to_string())
+        ImageLocation::from_arg(std::path::Path::new(p))
+            .map_or_else(|_| p.clone(), |loc| loc.name().display().to_string())
     });
     match images.len() {
         0 | 1 => first,

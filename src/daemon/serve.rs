@@ -260,7 +260,7 @@ fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> Tie
     let remote = catalog
         .images()
         .iter()
-        .any(|i| crate::remote::is_url(&i.path));
+        .any(|i| crate::source::ImageLocation::new(&i.path).is_object());
     // Whole chunks from a store pay off only while they stay in RAM until their neighbours are
     // read: measured with 441 MB of shards behind a 64 MiB cache, shuffled reads fetched 9.6x the
     // bytes in as many requests as samples (docs/benchmarks.md, "From an object store").

@@ -147,7 +147,7 @@ pub struct Counters {
     pub ram: RamStats,
     pub stage: Option<StageStats>,
     /// Requests to object stores and HTTP servers, per store (empty for files).
-    pub remote: Vec<crate::remote::StoreStats>,
+    pub remote: Vec<crate::source::remote::StoreStats>,
     /// FUSE requests by operation: count, errors, bytes and latency percentiles.
     pub requests: serde_json::Map<String, serde_json::Value>,
     /// Requests answered with an error (not counting "no such file" and refused ioctls).
@@ -182,7 +182,7 @@ impl Counters {
             source: images.source().stats(),
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
-            remote: crate::remote::stats(),
+            remote: crate::source::remote::stats(),
             requests,
             errors,
             ring_requests: src.requests.through_rings(),
@@ -269,15 +269,16 @@ impl Counters {
             "The RAM cache's budget.",
             &one(self.ram.budget),
         );
-        let per_store = |value: fn(&crate::remote::StoreStats) -> u64| -> Vec<(String, f64)> {
-            self.remote
-                .iter()
-                .map(|s| {
-                    let store = prometheus_label(&s.store);
-                    (format!(",store=\"{store}\""), value(s) as f64)
-                })
-                .collect()
-        };
+        let per_store =
+            |value: fn(&crate::source::remote::StoreStats) -> u64| -> Vec<(String, f64)> {
+                self.remote
+                    .iter()
+                    .map(|s| {
+                        let store = prometheus_label(&s.store);
+                        (format!(",store=\"{store}\""), value(s) as f64)
+                    })
+                    .collect()
+            };
         if !self.remote.is_empty() {
             family(
                 "remote_requests_total",

@@ -13,6 +13,7 @@ use crate::archive::{self, ArchiveError, ScannedImage};
 use crate::catalog::index::{self, IndexError};
 use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
 use crate::expand::{ExpandError, expand_images};
+use crate::source::{ArgError, ImageLocation};
 use crate::tiers::{Source, SourceError};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
@@ -22,11 +23,8 @@ const SCAN_THREADS: usize = 8;
 pub enum DatasetError {
     #[error("no images given")]
     NoImages,
-    #[error("bad path {}: {error}", path.display())]
-    BadPath {
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    BadLocation(#[from] ArgError),
     #[error(transparent)]
     Expand(#[from] ExpandError),
     #[error(transparent)]
@@ -89,13 +87,20 @@ pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
     }
     paths
         .into_iter()
-        .map(|p| match crate::remote::is_url(&p) {
-            true => Ok(p),
-            false => {
-                std::path::absolute(&p).map_err(|error| DatasetError::BadPath { path: p, error })
-            }
+        .map(|p| {
+            ImageLocation::from_arg(&p)
+                .map(ImageLocation::into_name)
+                .map_err(DatasetError::BadLocation)
         })
         .collect()
+}
+
+/// Opens the image named `path` (a file, or an object by URL) and scans it.
+pub fn scan_image(path: &Path) -> Result<ScannedImage, ArchiveError> {
+    let (data, fingerprint) = ImageLocation::new(path)
+        .open_for_scan()
+        .map_err(|e| ArchiveError::io(path, e))?;
+    archive::scan(path, &*data, fingerprint)
 }
 
 /// The one index among `paths`, if they are exactly one index file.
@@ -209,7 +214,7 @@ pub fn scan_all(paths: &[PathBuf], on_scan: OnScan) -> Result<Vec<ScannedImage>,
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
-                    let result = archive::scan(path);
+                    let result = scan_image(path);
                     let found = result
                         .as_ref()
                         .map_or(0, |image| image.members.len() as u64);

@@ -16,7 +16,7 @@ use super::core::{Attr, Core, Ino, Listing};
 use super::error::{Error, guarded};
 use super::requests::{Op, Request, Requests};
 use super::trace::Trace;
-use crate::read_at;
+use crate::source::read_at;
 
 /// Every reply can fail with an errno.
 pub trait Reply {

@@ -13,7 +13,8 @@ use super::PackError;
 use super::gather::{Item, ItemKind, Sources};
 use super::tar_writer;
 use crate::archive::layout::crc_record;
-use crate::archive::{self, Encoding, Fingerprint, Member, MemberKind, ScannedImage};
+use crate::archive::{Encoding, Member, MemberKind, ScannedImage};
+use crate::source::Fingerprint;
 
 /// Members read at once, ahead of the writer: at most this many bytes or members per batch.
 const BATCH_BYTES: u64 = 8 << 20;
@@ -190,7 +191,7 @@ impl Writer<'_> {
             path: plan.path.clone(),
             why,
         };
-        let scanned = archive::scan(&plan.path).map_err(|e| differs(e.to_string()))?;
+        let scanned = crate::dataset::scan_image(&plan.path).map_err(|e| differs(e.to_string()))?;
         if scanned.members.len() != plan.members.len() {
             return Err(differs(format!(
                 "it has {} members, this pack plans {}",
@@ -198,10 +199,11 @@ impl Writer<'_> {
                 plan.members.len()
             )));
         }
-        let file = crate::read_at::open_regular(&plan.path).map_err(|error| PackError::Read {
-            path: plan.path.clone(),
-            error,
-        })?;
+        let file =
+            crate::source::read_at::open_regular(&plan.path).map_err(|error| PackError::Read {
+                path: plan.path.clone(),
+                error,
+            })?;
         let mut image = ScannedImage::new(plan.path.clone(), scanned.fingerprint);
         let mut data = Vec::new();
         for (m, &i) in scanned.members.iter().zip(&plan.members) {

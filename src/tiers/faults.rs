@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// What happens to a read that touches a fault's range.
 #[derive(Clone, Debug)]
@@ -76,9 +76,9 @@ impl ReadAt for Faulty {
             }
             // A slow or stuck region is what a no-wait read must not wait for.
             if matches!(fault, Fault::Latency(_) | Fault::Stall(_))
-                && crate::read_at::waiting_refused()
+                && crate::source::read_at::waiting_refused()
             {
-                return Err(crate::read_at::would_block());
+                return Err(crate::source::read_at::would_block());
             }
             self.injected.fetch_add(1, Ordering::Relaxed);
             match fault {
@@ -91,7 +91,7 @@ impl ReadAt for Faulty {
         self.inner.read_at(&mut buf[..len], offset)
     }
 
-    fn current(&self) -> Option<io::Result<crate::read_at::Stamp>> {
+    fn current(&self) -> Option<io::Result<crate::source::read_at::Stamp>> {
         self.inner.current()
     }
 }
@@ -152,12 +152,12 @@ mod tests {
             }
         });
         let mut buf = [0u8; 50];
-        let err =
-            crate::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 120)).unwrap_err();
+        let err = crate::source::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 120))
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
         assert_eq!(faulty.injected(), 0, "a refusal is not an injected fault");
         // Outside the region, and once allowed to wait, reads go on.
-        crate::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 0)).unwrap();
+        crate::source::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 0)).unwrap();
         opener.join().unwrap();
         faulty.read_exact_at(&mut buf, 120).unwrap();
     }

@@ -12,7 +12,7 @@ use super::images::{Fetch, Images};
 use super::ram_cache::Decoded;
 use crate::archive::layout::{Layout, check_crc};
 use crate::archive::plan::{Piece, Unit, WholeCrc};
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// A failed read: the image offset it failed at (for the log) and why.
 #[derive(Debug)]

@@ -108,7 +108,7 @@ impl RamCache {
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if crate::read_at::waiting_refused() {
+        if crate::source::read_at::waiting_refused() {
             return self.fetch_without_waiting(image, offset, load);
         }
         let mut loaded = false;
@@ -144,7 +144,7 @@ impl RamCache {
                 super::served_by::mark(super::served_by::RAM);
                 Ok((value, false))
             }
-            GuardResult::Timeout => Err(crate::read_at::would_block()),
+            GuardResult::Timeout => Err(crate::source::read_at::would_block()),
             GuardResult::Guard(guard) => {
                 self.loads.fetch_add(1, Ordering::Relaxed);
                 // A failed load drops the guard: waiting loaders then load themselves.

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::archive::fingerprint::{show_time, stamp_differences};
 use crate::catalog::ImageInfo;
-use crate::read_at::{ReadAt, Stamp};
+use crate::source::ImageLocation;
+use crate::source::fingerprint::{show_time, stamp_differences};
+use crate::source::read_at::{ReadAt, Stamp};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -82,7 +83,7 @@ impl Source {
                 path: path.clone(),
                 error,
             };
-            let (data, fingerprint) = crate::remote::open_any(path).map_err(open_error)?;
+            let (data, fingerprint) = ImageLocation::new(path).open().map_err(open_error)?;
             let info = ImageInfo {
                 path: path.clone(),
                 fingerprint,
@@ -280,7 +281,7 @@ fn open_parallel<I: Sync, T: Send>(
 
 fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
     let path = info.path.clone();
-    let (data, now) = match crate::remote::open_any(&path) {
+    let (data, now) = match ImageLocation::new(&path).open() {
         Ok(v) => v,
         Err(error) => return Err(SourceError::Open { path, error }),
     };
@@ -289,7 +290,7 @@ fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
         None => Ok(image(path, data, now.size)),
         Some(mut what) => {
             let same_bytes = (was.size, was.head, was.tail) == (now.size, now.head, now.tail);
-            if same_bytes && crate::remote::is_url(&path) {
+            if same_bytes && ImageLocation::new(&path).is_object() {
                 what.push_str(
                     "; size and both ends are unchanged: the object was probably uploaded again \
                      with the same bytes, rebuild the index to serve it",

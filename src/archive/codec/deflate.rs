@@ -5,7 +5,7 @@ use std::io;
 
 use flate2::{Decompress, FlushDecompress, Status};
 
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// Compressed bytes read per request while inflating a stream.
 const READ_CHUNK: usize = 256 * 1024;

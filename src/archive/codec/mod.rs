@@ -10,7 +10,7 @@ mod zstd;
 
 use std::io;
 
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// The compressions packfs decodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use miniz_oxide::inflate::core::{DecompressorOxide, decompress};
 use super::table::{self, Checkpoint};
 use super::{MAX_INTERVAL, WINDOW, gzip};
 use crate::archive::spill::{TableFile, TableRef, Windows};
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// Compressed bytes read at a time (sequential reads, large enough for a parallel filesystem).
 const INPUT: usize = 1 << 20;

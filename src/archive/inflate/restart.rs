@@ -10,7 +10,7 @@ use miniz_oxide::inflate::core::{BlockBoundaryState, DecompressorOxide, decompre
 
 use super::MAX_INTERVAL;
 use crate::archive::plan::Restart;
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 
 /// Compressed bytes read at a time when the interval's compressed length is not known (the last
 /// interval of a stream) or larger than this.

@@ -14,7 +14,7 @@ use backhand::{FilesystemReader, InnerNode, SquashfsFileReader};
 use super::codec::Codec;
 use super::name::sanitize;
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
-use crate::read_at::{Cursor, ReadAt};
+use crate::source::read_at::{Cursor, ReadAt};
 use block_map::{BlockMap, Extent, STORED, Tail};
 use superblock::Superblock;
 

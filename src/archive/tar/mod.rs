@@ -21,7 +21,7 @@ use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::name::sanitize;
 use super::sparse_map;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
-use crate::read_at::ReadAt;
+use crate::source::read_at::ReadAt;
 use fields::{Field, apply_pax, number, signed, trim_nul, verify_checksum};
 
 const BLOCK: u64 = 512;
@@ -636,7 +636,7 @@ fn resolve_hard_links(image: &mut ScannedImage) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::Fingerprint;
+    use crate::source::Fingerprint;
 
     fn scanned(bytes: Vec<u8>) -> ScannedImage {
         let fingerprint = Fingerprint {

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::archive::Fingerprint;
+use crate::source::Fingerprint;
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
 pub const VERSION: u32 = 5;

@@ -14,6 +14,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::store::{Chunks, Mapped, Part, Store};
 use super::{Catalog, CatalogError, Entry, ImageInfo, ROOT};
+use crate::source::ImageLocation;
 use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord};
 
 pub use format::{MAGIC, VERSION};
@@ -84,7 +85,7 @@ pub fn check_replaceable(dest: &Path, force: bool) -> Result<(), IndexError> {
     } else {
         use crate::archive::Format;
         let format =
-            crate::read_at::open_regular(dest).and_then(|f| Format::detect(&f, meta.len()));
+            crate::source::read_at::open_regular(dest).and_then(|f| Format::detect(&f, meta.len()));
         match format {
             Ok(Format::Zip) => "a zip image".into(),
             Ok(Format::Squashfs) => "a squashfs image".into(),
@@ -113,15 +114,10 @@ pub struct Written {
 
 /// True if `path` starts with the index magic (false for anything unreadable).
 pub fn is_index(path: &Path) -> bool {
-    use std::io::Read;
     let mut magic = [0u8; 8];
-    if crate::remote::is_url(path) {
-        return crate::remote::RemoteObject::open(path)
-            .and_then(|o| crate::read_at::ReadAt::read_exact_at(&o, &mut magic, 0))
-            .is_ok_and(|_| &magic == MAGIC);
-    }
-    crate::read_at::open_regular(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
+    ImageLocation::new(path)
+        .reader()
+        .and_then(|r| r.read_exact_at(&mut magic, 0))
         .is_ok_and(|_| &magic == MAGIC)
 }
 
@@ -149,10 +145,9 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     for image in catalog.images() {
         ImageRecord {
             // An object's URL is its own name wherever the index goes.
-            relative: if crate::remote::is_url(&image.path) {
-                image.path.clone()
-            } else {
-                format::relative_to(&image.path, dir)
+            relative: match ImageLocation::new(&image.path) {
+                ImageLocation::Object(url) => url,
+                ImageLocation::File(path) => format::relative_to(&path, dir),
             },
             absolute: image.path.clone(),
             fingerprint: image.fingerprint,
@@ -298,11 +293,12 @@ pub fn open(path: &Path) -> Result<Catalog, IndexError> {
 /// As `open`, looking for the images in `images_dir` first (by file name) when given: for
 /// images that moved since the index was written.
 pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, IndexError> {
-    if crate::remote::is_url(path) {
+    if ImageLocation::new(path).is_object() {
         return open_remote(path);
     }
     let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
-    let file = crate::read_at::open_regular(&path).map_err(io_error("cannot open index", &path))?;
+    let file = crate::source::read_at::open_regular(&path)
+        .map_err(io_error("cannot open index", &path))?;
     let len = file
         .metadata()
         .map_err(io_error("cannot stat index", &path))?
@@ -342,8 +338,8 @@ const MAX_REMOTE_INDEX: u64 = 4 << 30;
 /// An index kept in an object store (`s3://bucket/train.packfs-index`), read whole into memory.
 /// Its images are taken as recorded: URLs, or absolute paths on this node.
 fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
-    let object =
-        crate::remote::RemoteObject::open(url).map_err(io_error("cannot read index", url))?;
+    let object = crate::source::remote::RemoteObject::open(url)
+        .map_err(io_error("cannot read index", url))?;
     if object.size() > MAX_REMOTE_INDEX {
         let error = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -358,7 +354,7 @@ fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
     // Read straight into the mapping: no second copy of an index of up to 4 GiB.
     let map = map_filled(object.size() as usize, url, |buf| object.read_into(buf))?;
     from_map(map, url, None, |r| {
-        if crate::remote::is_url(&r.absolute) || r.absolute.exists() {
+        if ImageLocation::new(&r.absolute).may_exist() {
             return Ok(r.absolute.clone());
         }
         Err(IndexError::MissingImage {
@@ -485,7 +481,7 @@ fn locate(
     record: &ImageRecord,
     images_dir: Option<&Path>,
 ) -> Result<PathBuf, IndexError> {
-    if crate::remote::is_url(&record.absolute) {
+    if ImageLocation::new(&record.absolute).is_object() {
         return Ok(record.absolute.clone());
     }
     if let Some(dir) = images_dir {

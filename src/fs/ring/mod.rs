@@ -8,6 +8,7 @@
 //! Reads go to a read pool, as on the classic loop when it is busy: a queue thread stuck in a
 //! slow read would hold up every request issued on its CPU.
 
+mod answer;
 mod queue;
 pub mod wire;
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::state_file::StateFile;
-use crate::archive::Fingerprint;
+use crate::source::Fingerprint;
 
 pub const ABSENT: u64 = 0;
 /// Queued for the stager by a read that touched it.

@@ -11,7 +11,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::archive::Fingerprint;
+use crate::source::Fingerprint;
 
 const MAGIC: &[u8; 8] = b"PKFSSTG\x01";
 const HEADER: u64 = 64;

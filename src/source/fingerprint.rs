@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::read_at::{ReadAt, Stamp};
+use crate::source::read_at::{ReadAt, Stamp};
 
 /// Bytes hashed at each end of an image.
 pub const EDGE: u64 = 64 * 1024;

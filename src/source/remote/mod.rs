@@ -10,13 +10,13 @@ pub mod redact;
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 pub use client::{ObjectMeta, StoreStats};
-pub use location::{BadUrl, Location, is_url};
+pub(super) use location::is_url;
+pub use location::{BadUrl, Location};
 
-use crate::archive::Fingerprint;
-use crate::read_at::ReadAt;
+use super::Fingerprint;
+use super::read_at::ReadAt;
 
 /// An object opened for range reads: each read is one GET, refused if the object's ETag changed
 /// since it was opened.
@@ -61,8 +61,8 @@ impl ReadAt for RemoteObject {
             return Ok(0);
         }
         // A request to the store always waits for the network.
-        if crate::read_at::waiting_refused() {
-            return Err(crate::read_at::would_block());
+        if crate::source::read_at::waiting_refused() {
+            return Err(crate::source::read_at::would_block());
         }
         let n = (self.meta.size - offset).min(buf.len() as u64) as usize;
         client::client().get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
@@ -112,77 +112,4 @@ pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
 /// Every store's request counters so far in this process.
 pub fn stats() -> Vec<StoreStats> {
     client::client().stats()
-}
-
-/// Opens an image wherever it is, a file or an object named by URL, with its fingerprint as now.
-pub fn open_any(path: &Path) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
-    if is_url(path) {
-        let object = RemoteObject::open(path)?;
-        let fingerprint = object.fingerprint()?;
-        return Ok((Arc::new(object), fingerprint));
-    }
-    let file = crate::read_at::open_regular(path)?;
-    let fingerprint = Fingerprint::of(&file)?;
-    Ok((Arc::new(file), fingerprint))
-}
-
-/// As `open_any`, for a scan: an object is read through a few large blocks, so the scanner's
-/// many small reads (tar headers, zip directory entries, squashfs metadata) cost few requests.
-pub fn open_scannable(path: &Path) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
-    let (data, fingerprint) = open_any(path)?;
-    if is_url(path) {
-        return Ok((Arc::new(Blocks::new(data, SCAN_BLOCK)), fingerprint));
-    }
-    Ok((data, fingerprint))
-}
-
-/// Block size of a scan's reads of an object.
-const SCAN_BLOCK: u64 = 4 << 20;
-
-/// Reads through whole aligned blocks, keeping the last two: for one reader walking an object
-/// mostly forwards.
-struct Blocks {
-    inner: Arc<dyn ReadAt>,
-    block: u64,
-    kept: std::sync::Mutex<Vec<(u64, Arc<Vec<u8>>)>>,
-}
-
-impl Blocks {
-    fn new(inner: Arc<dyn ReadAt>, block: u64) -> Blocks {
-        Blocks {
-            inner,
-            block,
-            kept: Default::default(),
-        }
-    }
-
-    fn block_at(&self, start: u64) -> io::Result<Arc<Vec<u8>>> {
-        let mut kept = self.kept.lock().expect("not poisoned");
-        if let Some((_, b)) = kept.iter().find(|(s, _)| *s == start) {
-            return Ok(b.clone());
-        }
-        let mut bytes = vec![0u8; self.block as usize];
-        let n = self.inner.read_up_to(&mut bytes, start)?;
-        bytes.truncate(n);
-        let bytes = Arc::new(bytes);
-        if kept.len() == 2 {
-            kept.remove(0);
-        }
-        kept.push((start, bytes.clone()));
-        Ok(bytes)
-    }
-}
-
-impl ReadAt for Blocks {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        if buf.len() as u64 >= self.block {
-            return self.inner.read_at(buf, offset);
-        }
-        let start = offset - offset % self.block;
-        let block = self.block_at(start)?;
-        let from = (offset - start) as usize;
-        let n = block.len().saturating_sub(from).min(buf.len());
-        buf[..n].copy_from_slice(&block[from..from + n]);
-        Ok(n)
-    }
 }
