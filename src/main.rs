@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         // SAFETY: restores the default disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    if let Err(e) = packfs::logging::init(&args.log_setup()) {
+    if let Err(e) = packfs::util::logging::init(&args.log_setup()) {
         eprintln!("packfs: {e:#}");
         return ExitCode::FAILURE;
     }

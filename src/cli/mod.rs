@@ -11,7 +11,7 @@ mod mount;
 mod mount_helper;
 mod pack;
 mod progress;
-use packfs::size;
+use packfs::util::size;
 mod stage;
 mod staging;
 mod status;
@@ -84,8 +84,8 @@ impl Cli {
     }
 
     /// Where and how much to log: a mount daemon also logs INFO to its log.
-    pub fn log_setup(&self) -> packfs::logging::Setup {
-        let mut setup = packfs::logging::Setup {
+    pub fn log_setup(&self) -> packfs::util::logging::Setup {
+        let mut setup = packfs::util::logging::Setup {
             verbosity: self.verbose,
             quiet: self.quiet,
             ..Default::default()

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use packfs::daemon::{self, MountRequest};
 use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
-use packfs::logging::Destination;
 use packfs::source::ImageLocation;
+use packfs::util::logging::Destination;
 
 use super::args::{Images, Listings, Merge, Staging, Transports, absolute};
 use super::progress::ScanBar;

@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     shards: Option<usize>,
     /// Make as many shards as it takes for about this size each (e.g. 1G, 512MiB).
-    #[arg(long, value_name = "BYTES", value_parser = packfs::size::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = packfs::util::size::parse_bytes)]
     shard_size: Option<u64>,
     /// Assign samples to shards (and order them inside) in a random order fixed by --seed, so
     /// every shard is a random sample of the dataset.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use packfs::trace_summary::{self, Summary};
+use packfs::commands::trace_summary::{self, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

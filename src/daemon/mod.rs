@@ -53,7 +53,7 @@ pub enum MountError {
     )]
     NotEmpty(PathBuf),
     #[error("{0} (it holds the stats files; --stats-file PATH puts one elsewhere)")]
-    StatsDir(crate::safe_file::DirError),
+    StatsDir(crate::util::safe_file::DirError),
     #[error("cannot use mountpoint {}: {error}", path.display())]
     Mountpoint { path: PathBuf, error: io::Error },
     #[error(

@@ -482,12 +482,11 @@ struct PidFile(PathBuf);
 impl PidFile {
     fn create(path: &Path) -> Result<PidFile, MountError> {
         let pid = format!("{}\n", std::process::id());
-        crate::safe_file::replace(path, pid.as_bytes(), crate::safe_file::PRIVATE).map_err(
-            |error| MountError::PidFile {
+        crate::util::safe_file::replace(path, pid.as_bytes(), crate::util::safe_file::PRIVATE)
+            .map_err(|error| MountError::PidFile {
                 path: path.to_path_buf(),
                 error,
-            },
-        )?;
+            })?;
         Ok(PidFile(path.to_path_buf()))
     }
 }

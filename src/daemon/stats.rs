@@ -75,9 +75,9 @@ pub fn default_dir() -> (PathBuf, u32) {
 
 /// Makes or checks the default stats directory: in a shared /tmp another user could have made
 /// it first, to read or redirect what the daemon writes there.
-pub fn check_default_dir() -> Result<(), crate::safe_file::DirError> {
+pub fn check_default_dir() -> Result<(), crate::util::safe_file::DirError> {
     let (dir, mode) = default_dir();
-    crate::safe_file::private_dir(&dir, mode)
+    crate::util::safe_file::private_dir(&dir, mode)
 }
 
 /// Removes the stats file a daemon that died left for `mountpoint` (found at the default path;
@@ -471,14 +471,16 @@ fn write_once(
         let prom = default.with_extension("prom");
         let mode = match metrics_group {
             Some(_) => 0o640,
-            None => crate::safe_file::PRIVATE,
+            None => crate::util::safe_file::PRIVATE,
         };
         let prom_text = counters.to_prometheus();
-        let _ = crate::safe_file::replace_for(&prom, prom_text.as_bytes(), mode, metrics_group);
+        let _ =
+            crate::util::safe_file::replace_for(&prom, prom_text.as_bytes(), mode, metrics_group);
     }
     // Counters name the dataset, its paths and the daemon's pid: the owner's only.
     for (p, warned) in paths.iter().zip(warned.iter_mut()) {
-        let written = crate::safe_file::replace(p, text.as_bytes(), crate::safe_file::PRIVATE);
+        let written =
+            crate::util::safe_file::replace(p, text.as_bytes(), crate::util::safe_file::PRIVATE);
         if let Err(e) = written
             && !*warned
         {

@@ -12,9 +12,9 @@ use tracing::{info, warn};
 use crate::archive::{self, ArchiveError, ScannedImage};
 use crate::catalog::index::{self, IndexError};
 use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
-use crate::expand::{ExpandError, expand_images};
 use crate::source::{ArgError, ImageLocation};
 use crate::tiers::{Source, SourceError};
+use crate::util::expand::{ExpandError, expand_images};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
 const SCAN_THREADS: usize = 8;

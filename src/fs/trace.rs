@@ -63,7 +63,7 @@ impl Trace {
     /// Creates `path` (not following a symlink, refusing to overwrite another file than a
     /// regular one) and starts the writer. The file ends once its size passes `limit` bytes.
     pub fn create(path: &Path, limit: u64, catalog: Arc<Catalog>) -> std::io::Result<Trace> {
-        let file = crate::safe_file::create_truncate(path, crate::safe_file::PRIVATE)?;
+        let file = crate::util::safe_file::create_truncate(path, crate::util::safe_file::PRIVATE)?;
         let (tx, rx) = crossbeam_channel::bounded(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let writer = Writer {

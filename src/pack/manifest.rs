@@ -53,8 +53,10 @@ pub fn write(
     });
     let mut text = serde_json::to_vec_pretty(&doc).expect("JSON of plain values");
     text.push(b'\n');
-    crate::safe_file::replace(&report.manifest, &text, 0o644).map_err(|error| PackError::Write {
-        path: report.manifest.clone(),
-        error,
+    crate::util::safe_file::replace(&report.manifest, &text, 0o644).map_err(|error| {
+        PackError::Write {
+            path: report.manifest.clone(),
+            error,
+        }
     })
 }

@@ -71,7 +71,7 @@ pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenErr
         let hint = match (&error, catalog.index_path()) {
             (SourceError::Changed { .. }, Some(index)) => {
                 let paths: Vec<_> = catalog.images().iter().map(|i| i.path.clone()).collect();
-                let patterns: Vec<String> = crate::expand::as_patterns(&paths)
+                let patterns: Vec<String> = crate::util::expand::as_patterns(&paths)
                     .iter()
                     .map(|p| shell_quoted(p))
                     .collect();

@@ -52,7 +52,7 @@ fn spacing_from(value: Option<&str>) -> Result<u64, String> {
     let Some(value) = value else {
         return Ok(SPACING);
     };
-    match crate::size::parse_bytes(value)? {
+    match crate::util::size::parse_bytes(value)? {
         n if (64 << 10..=32 << 20).contains(&n) => Ok(n),
         n => Err(format!("{n} bytes is not from 64K to 32M")),
     }

@@ -80,7 +80,7 @@ impl StagedImage {
         let chunks = fp.size.div_ceil(chunk_size) as usize;
         let loaded = StateFile::open(&dir.join(format!("{name}.state")), chunk_size, fp, chunks)?;
         let data_path = dir.join(format!("{name}.data"));
-        let data = crate::safe_file::no_follow()
+        let data = crate::util::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

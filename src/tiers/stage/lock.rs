@@ -31,7 +31,7 @@ impl DirLock {
             dir: dir.display().to_string(),
             error,
         };
-        let file = crate::safe_file::no_follow()
+        let file = crate::util::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

@@ -68,7 +68,7 @@ impl StateFile {
     /// Opens or creates the progress file for `chunks` chunks of `chunk` bytes of the image with
     /// fingerprint `fp`; a file written for another source or chunk size is started over.
     pub fn open(path: &Path, chunk: u64, fp: &Fingerprint, chunks: usize) -> io::Result<Loaded> {
-        let mut file = crate::safe_file::no_follow()
+        let mut file = crate::util::safe_file::no_follow()
             .read(true)
             .write(true)
             .create(true)

@@ -187,7 +187,7 @@ struct LogFile {
 
 impl LogFile {
     fn open(path: &Path, limit: u64) -> io::Result<LogFile> {
-        let file = crate::safe_file::append(path)?;
+        let file = crate::util::safe_file::append(path)?;
         let written = file.metadata()?.len();
         Ok(LogFile {
             path: path.to_path_buf(),
@@ -201,7 +201,7 @@ impl LogFile {
         let mut old = self.path.clone().into_os_string();
         old.push(".1");
         std::fs::rename(&self.path, &old)?;
-        self.file = crate::safe_file::append(&self.path)?;
+        self.file = crate::util::safe_file::append(&self.path)?;
         self.written = 0;
         Ok(())
     }
