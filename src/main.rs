@@ -38,10 +38,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // Whatever a message quotes (a URL with a password, say), no secret reaches the terminal.
             let message = format!("{e:#}");
-            eprintln!(
-                "packfs: error: {}",
-                packfs::source::remote::redact::urls(&message)
-            );
+            let redact = packfs::source::remote::redact::urls;
+            eprintln!("packfs: error: {}", redact(&message));
+            for hint in cli::hints::for_error(&e) {
+                eprintln!("packfs: {}", redact(&hint));
+            }
             ExitCode::FAILURE
         }
     }

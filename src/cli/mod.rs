@@ -4,6 +4,7 @@ mod args;
 mod cat;
 mod demo;
 mod generate;
+pub mod hints;
 mod index;
 mod ls;
 mod ls_json;

@@ -3,6 +3,8 @@
 //! checked copy staged on node-local storage. `open` assembles the stack; `FileReader` executes
 //! the read plans that the formats make. Nothing here knows a format.
 
+/// Test-only: compiled for the tests (`testing` feature), never into a release build.
+#[cfg(any(test, feature = "testing"))]
 pub mod faults;
 mod file_reader;
 mod images;
@@ -12,12 +14,13 @@ pub mod served_by;
 mod source;
 pub mod stage;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use file_reader::{FileReader, ReadError, Served};
 pub use images::{Fetch, Images, TierStats};
 pub use ram_cache::{RamCache, RamStats};
-pub use source::{Source, SourceError, SourceImage, SourceStats};
+pub use source::{SameBytes, Source, SourceError, SourceImage, SourceStats};
 use stage::{Stage, StageError, StageOptions};
 
 use crate::catalog::Catalog;
@@ -58,47 +61,43 @@ impl TierOptions {
 /// Why the tiers could not be assembled.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    /// An image is missing or changed; `hint` says how to rebuild the index that names it.
-    #[error("{error}{hint}")]
-    Source { error: SourceError, hint: String },
+    /// An image is missing or changed; `stale` is set when an index describes it as it was.
+    #[error(
+        "{error}{}",
+        stale.as_ref().map_or(String::new(), |s| format!(
+            "; the index {} no longer describes it",
+            s.index.display()
+        ))
+    )]
+    Source {
+        error: SourceError,
+        stale: Option<StaleIndex>,
+    },
     #[error(transparent)]
     Stage(#[from] StageError),
+}
+
+/// An index that no longer describes its images, and the images it names (for the command
+/// that rebuilds it, which the CLI writes).
+#[derive(Debug)]
+pub struct StaleIndex {
+    pub index: PathBuf,
+    pub images: Vec<PathBuf>,
 }
 
 /// Opens the images of `catalog` (checking their fingerprints) and stacks the tiers over them.
 pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenError> {
     let source = Source::open(catalog.images()).map_err(|error| {
-        let hint = match (&error, catalog.index_path()) {
-            (SourceError::Changed { .. }, Some(index)) => {
-                let paths: Vec<_> = catalog.images().iter().map(|i| i.path.clone()).collect();
-                let patterns: Vec<String> = crate::util::expand::as_patterns(&paths)
-                    .iter()
-                    .map(|p| shell_quoted(p))
-                    .collect();
-                format!(
-                    "; the index {} no longer describes it: rebuild it with `packfs index -o {} {}`",
-                    index.display(),
-                    shell_quoted(&index.to_string_lossy()),
-                    patterns.join(" ")
-                )
-            }
-            _ => String::new(),
+        let stale = match (&error, catalog.index_path()) {
+            (SourceError::Changed { .. }, Some(index)) => Some(StaleIndex {
+                index: index.to_path_buf(),
+                images: catalog.images().iter().map(|i| i.path.clone()).collect(),
+            }),
+            _ => None,
         };
-        OpenError::Source { error, hint }
+        OpenError::Source { error, stale }
     })?;
     assemble(Arc::new(source), catalog, opts)
-}
-
-/// `word` as one shell word: single-quoted unless it is plain.
-fn shell_quoted(word: &str) -> String {
-    let plain = word
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 /// Stacks the tiers over an opened source (any `ReadAt` images, e.g. a fault injector in tests).

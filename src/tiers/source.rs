@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::catalog::ImageInfo;
 use crate::source::ImageLocation;
-use crate::source::fingerprint::{show_time, stamp_differences};
+use crate::source::fingerprint::stamp_differences;
 use crate::source::read_at::{ReadAt, Stamp};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
@@ -59,8 +59,42 @@ impl std::fmt::Debug for Source {
 pub enum SourceError {
     #[error("cannot open image {}: {error}", path.display())]
     Open { path: PathBuf, error: io::Error },
-    #[error("image {} changed since it was indexed: {what}", path.display())]
-    Changed { path: PathBuf, what: String },
+    #[error(
+        "image {} changed since it was indexed: {what}{}",
+        path.display(),
+        same_bytes.map_or("", SameBytes::says)
+    )]
+    Changed {
+        path: PathBuf,
+        what: String,
+        /// Set when size and both ends are unchanged: what probably happened.
+        same_bytes: Option<SameBytes>,
+    },
+}
+
+/// An image whose size and hashed ends are as indexed, while its time (or ETag) is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SameBytes {
+    /// An object uploaded again with the same bytes.
+    Reuploaded,
+    /// A file copied without its times (cp without -p, rsync without -t); the time it had when
+    /// indexed, in seconds and nanoseconds.
+    Copied { mtime: i64, mtime_nsec: u32 },
+}
+
+impl SameBytes {
+    fn says(self) -> &'static str {
+        match self {
+            SameBytes::Reuploaded => {
+                "; size and both ends are unchanged: the object was probably uploaded again with \
+                 the same bytes, and the index must be rebuilt to serve it"
+            }
+            SameBytes::Copied { .. } => {
+                "; size and both ends are unchanged: the image was probably copied without its \
+                 times"
+            }
+        }
+    }
 }
 
 /// Images are opened and fingerprinted this many at a time (latency-bound on a parallel FS).
@@ -288,23 +322,20 @@ fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
     let was = &info.fingerprint;
     match was.differences(&now) {
         None => Ok(image(path, data, now.size)),
-        Some(mut what) => {
-            let same_bytes = (was.size, was.head, was.tail) == (now.size, now.head, now.tail);
-            if same_bytes && ImageLocation::new(&path).is_object() {
-                what.push_str(
-                    "; size and both ends are unchanged: the object was probably uploaded again \
-                     with the same bytes, rebuild the index to serve it",
-                );
-            } else if same_bytes {
-                // Typically a copy that did not keep times (cp without -p, rsync without -t).
-                what.push_str(&format!(
-                    "; size and both ends are unchanged: if the image was only copied, \
-                     `touch -d {} {}` restores the recorded time",
-                    show_time(was.mtime, was.mtime_nsec),
-                    path.display()
-                ));
-            }
-            Err(SourceError::Changed { path, what })
+        Some(what) => {
+            let same = (was.size, was.head, was.tail) == (now.size, now.head, now.tail);
+            let same_bytes = same.then(|| match ImageLocation::new(&path).is_object() {
+                true => SameBytes::Reuploaded,
+                false => SameBytes::Copied {
+                    mtime: was.mtime,
+                    mtime_nsec: was.mtime_nsec,
+                },
+            });
+            Err(SourceError::Changed {
+                path,
+                what,
+                same_bytes,
+            })
         }
     }
 }
