@@ -1,6 +1,7 @@
 //! What to do next, as commands a user can copy, built from the library's typed errors: the
 //! library says what happened; the command line is the CLI's to write.
 
+use packfs::commands::cat::CatError;
 use packfs::commands::demo::DemoError;
 use packfs::daemon::MountError;
 use packfs::dataset::DatasetError;
@@ -53,6 +54,10 @@ fn causes<'e>(
         })
         .or_else(|| match cause.downcast_ref::<DemoError>() {
             Some(DemoError::Tiers(e)) => Some(e),
+            _ => None,
+        })
+        .or_else(|| match cause.downcast_ref::<CatError>() {
+            Some(CatError::Tiers(e)) => Some(e),
             _ => None,
         });
     if let Some(OpenError::Source { error, stale }) = open {
