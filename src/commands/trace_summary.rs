@@ -1,5 +1,5 @@
-//! `packfs trace summarize`: reads a trace written by `mount --trace` (one event per line, as
-//! the writer makes it; a trace cut short by a killed daemon still reads) and counts requests,
+//! `packfs trace summarize`: reads a trace written by `mount --trace` (one `fs::trace::Event` per
+//! line, the type the writer writes; a trace cut short by a killed daemon still reads) and counts requests,
 //! latencies, bytes per tier and the busiest paths.
 
 use std::collections::HashMap;
@@ -8,6 +8,7 @@ use std::io::BufRead;
 use serde::Serialize;
 
 use crate::fs::counts_as_error;
+use crate::fs::trace::{Event, TRACE_END};
 
 /// Per operation: the figures the mount's counters have (exact percentiles here), and the sum
 /// of the requests' durations.
@@ -56,44 +57,42 @@ pub fn summarize(input: impl BufRead, top: usize) -> std::io::Result<Summary> {
         if text.is_empty() || text == "[" || text == "]" {
             continue;
         }
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(text) else {
+        let Ok(event) = serde_json::from_str::<Event>(text) else {
             s.unreadable_lines += 1;
             continue;
         };
-        let name = event["name"].as_str().unwrap_or("");
-        match event["ph"].as_str() {
-            Some("M") if name == "packfs_trace_end" => {
+        match event {
+            Event::Meta { name, args, .. } if name == TRACE_END => {
                 s.complete = true;
-                s.dropped = event["args"]["dropped"].as_u64();
+                s.dropped = args.dropped;
             }
-            Some("X") => {
-                let args = &event["args"];
-                let (ts, dur) = (
-                    event["ts"].as_f64().unwrap_or(0.0),
-                    event["dur"].as_f64().unwrap_or(0.0),
-                );
+            Event::Meta { .. } => {}
+            Event::Request {
+                name,
+                ts,
+                dur,
+                args,
+                ..
+            } => {
                 first = first.min(ts);
                 last = last.max(ts + dur);
                 s.requests += 1;
                 let op = &mut s.ops.entry(name.to_string()).or_default().figures;
                 op.count += 1;
-                let bytes = args["bytes"].as_u64().unwrap_or(0);
+                let bytes = args.bytes.unwrap_or(0) as u64;
                 op.bytes += bytes;
-                let errno = args["errno"].as_i64();
-                if errno.is_some_and(|e| counts_as_error(e as i32)) {
+                if args.errno.is_some_and(counts_as_error) {
                     op.errors += 1;
                 }
                 durations.entry(name.to_string()).or_default().push(dur);
                 if name == "read" {
-                    let tier = args["tier"].as_str().unwrap_or("?").to_string();
+                    let tier = args.tier.as_deref().unwrap_or("?").to_string();
                     *s.tiers.entry(tier).or_default() += bytes;
-                    let path = args["path"].as_str().unwrap_or("?").to_string();
-                    let p = paths.entry(path).or_default();
+                    let p = paths.entry(args.path.into_owned()).or_default();
                     p.0 += 1;
                     p.1 += bytes;
                 }
             }
-            _ => {}
         }
     }
     if s.requests > 0 {

@@ -1,8 +1,12 @@
 //! The file system: `core` answers lookups, attributes, listings and reads from the catalog and
-//! the tiers, with one error type (`error`); `adapter` is the only module that knows fuser, and
-//! only decodes requests and encodes replies; `reads` serves file data inline or from a worker
-//! pool so that a slow read on the parallel filesystem never holds up a lookup; `session` mounts
-//! and `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its latency, `trace` writes each one with `--trace`; `error_log` keeps a flood of failures from flooding the log.
+//! the tiers, with one error type (`error`). `dispatch` does what every FUSE transport does alike
+//! (the guard, the errno, the refusals, the recording); the transports only decode requests and
+//! encode replies: `classic` (fuser on /dev/fuse, the only module that knows fuser besides
+//! `session`, which mounts) and `ring` (FUSE over io_uring). `reads` serves file data inline or
+//! from a worker pool, so that a slow read on the parallel filesystem never holds up a lookup;
+//! `readahead` sets the kernel's readahead for the mount; `requests` counts every request and its
+//! latency, `trace` writes each one with `--trace`; `error_log` keeps a flood of failures from
+//! flooding the log.
 
 mod attr;
 mod classic;

@@ -16,6 +16,12 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use tracing::{info, warn};
 
+mod event;
+
+use std::borrow::Cow;
+
+pub use event::{Event, MetaArgs, RequestArgs, TRACE_END};
+
 use super::requests::{Op, Request};
 use crate::catalog::Catalog;
 use crate::tiers::served_by;
@@ -76,6 +82,7 @@ impl Trace {
             over_limit: 0,
             threads: Vec::new(),
             paths: std::collections::HashMap::new(),
+            line: Vec::with_capacity(512),
         };
         let handle = std::thread::Builder::new()
             .name("packfs-trace".into())
@@ -136,19 +143,18 @@ struct Writer {
     over_limit: u64,
     threads: Vec<u32>,
     paths: std::collections::HashMap<u64, Box<str>>,
+    /// The event being written.
+    line: Vec<u8>,
 }
 
 impl Writer {
     fn run(mut self, rx: Receiver<Msg>) {
         let pid = std::process::id();
-        let head = format!(
-            "[\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":\"packfs\"}}}}"
-        );
-        if let Err(e) = self.emit(&head) {
+        let head = Event::named("process_name", pid, 0, "packfs".into());
+        if let Err(e) = self.emit("[\n", &head) {
             warn!("cannot write the trace {}: {e}", self.path.display());
             return;
         }
-        let mut line = String::with_capacity(512);
         loop {
             // Polled, not waited on: a receiver blocked in `recv` makes every request's send a
             // futex wake-up and a context switch (measured: 12% fewer warm opens per second on
@@ -165,19 +171,26 @@ impl Writer {
                 self.over_limit += 1;
                 continue;
             }
-            line.clear();
-            self.event(&r, pid, &mut line);
-            if let Err(e) = self.emit(&line) {
+            if let Err(e) = self.request(&r, pid) {
                 warn!("trace {} stopped: {e}", self.path.display());
                 return;
             }
         }
         let dropped = self.dropped.load(Ordering::Relaxed) + self.over_limit;
-        let tail = format!(
-            ",\n{{\"name\":\"packfs_trace_end\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"dropped\":{dropped},\"limit_bytes\":{}}}}}\n]\n",
-            self.limit
-        );
-        let ended = self.emit(&tail).and_then(|_| self.out.flush());
+        let tail = Event::Meta {
+            name: Cow::Borrowed(TRACE_END),
+            pid,
+            tid: 0,
+            args: MetaArgs {
+                dropped: Some(dropped),
+                limit_bytes: Some(self.limit),
+                ..MetaArgs::default()
+            },
+        };
+        let ended = self
+            .emit(",\n", &tail)
+            .and_then(|_| self.out.write_all(b"\n]\n"))
+            .and_then(|_| self.out.flush());
         match ended {
             Err(e) => warn!("cannot finish the trace {}: {e}", self.path.display()),
             Ok(()) if dropped > 0 => warn!(
@@ -189,59 +202,58 @@ impl Writer {
         }
     }
 
-    fn emit(&mut self, text: &str) -> std::io::Result<()> {
-        self.out.write_all(text.as_bytes())?;
-        self.written += text.len() as u64;
+    /// Writes `before` and then `event`, counting the bytes against the limit.
+    fn emit(&mut self, before: &str, event: &Event) -> std::io::Result<()> {
+        self.line.clear();
+        self.line.extend_from_slice(before.as_bytes());
+        serde_json::to_writer(&mut self.line, event)?;
+        self.out.write_all(&self.line)?;
+        self.written += self.line.len() as u64;
         Ok(())
     }
 
-    /// `,\n{event}` for one record (a thread's first event is preceded by its name).
-    fn event(&mut self, r: &Record, pid: u32, out: &mut String) {
-        use std::fmt::Write as _;
+    /// One record's event (a thread's first event is preceded by its name).
+    fn request(&mut self, r: &Record, pid: u32) -> std::io::Result<()> {
         if !self.threads.contains(&r.tid) {
             self.threads.push(r.tid);
-            let _ = write!(
-                out,
-                ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{},\"args\":{{\"name\":\"packfs-{}\"}}}}",
-                r.tid, r.tid
-            );
+            let named = Event::named("thread_name", pid, r.tid, format!("packfs-{}", r.tid));
+            self.emit(",\n", &named)?;
         }
-        let path = match &r.name {
+        let path: Cow<str> = match &r.name {
             // A lookup: the directory's path and the name asked for (not cached: names vary).
             Some(name) => {
-                let mut path = self.path_of(r.ino).to_vec();
+                let mut path = self.path_of(r.ino);
                 if path.len() > 1 {
                     path.push(b'/');
                 }
                 path.extend_from_slice(name);
-                json_string(&path)
+                Cow::Owned(String::from_utf8_lossy(&path).into_owned())
             }
-            None => self.json_path_of(r.ino).to_string(),
+            None => Cow::Owned(self.remembered_path(r.ino).to_string()),
         };
-        let _ = write!(
-            out,
-            ",\n{{\"name\":\"{}\",\"cat\":\"fuse\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":{pid},\"tid\":{},\"args\":{{\"ino\":{},\"path\":{},\"offset\":{},\"size\":{}",
-            r.op.name(),
-            r.start_ns as f64 / 1000.0,
-            r.dur_ns as f64 / 1000.0,
-            r.tid,
-            r.ino,
-            path,
-            r.offset,
-            r.size,
-        );
-        match r.result {
-            Ok(bytes) => {
-                let _ = write!(out, ",\"bytes\":{bytes}");
-            }
-            Err(errno) => {
-                let _ = write!(out, ",\"errno\":{errno}");
-            }
-        }
-        if r.op == Op::Read {
-            let _ = write!(out, ",\"tier\":\"{}\"", served_by::names(r.tiers));
-        }
-        out.push_str("}}");
+        let (bytes, errno) = match r.result {
+            Ok(bytes) => (Some(bytes), None),
+            Err(errno) => (None, Some(errno)),
+        };
+        let tier = (r.op == Op::Read).then(|| Cow::Borrowed(served_by::names(r.tiers)));
+        let event = Event::Request {
+            name: Cow::Borrowed(r.op.name()),
+            cat: Cow::Borrowed("fuse"),
+            ts: r.start_ns as f64 / 1000.0,
+            dur: r.dur_ns as f64 / 1000.0,
+            pid,
+            tid: r.tid,
+            args: RequestArgs {
+                ino: r.ino,
+                path,
+                offset: r.offset,
+                size: r.size,
+                bytes,
+                errno,
+                tier,
+            },
+        };
+        self.emit(",\n", &event)
     }
 
     /// The path of inode `ino`, from the catalog (`/` for the root or an unknown inode).
@@ -253,14 +265,14 @@ impl Writer {
         path
     }
 
-    /// The path of `ino` as a JSON string, remembered: a file's reads come many at a time, and
-    /// walking the catalog up to the root and escaping for each was most of the writer's time.
-    fn json_path_of(&mut self, ino: u64) -> &str {
+    /// The path of `ino`, remembered: a file's reads come many at a time, and walking the
+    /// catalog up to the root for each was most of the writer's time.
+    fn remembered_path(&mut self, ino: u64) -> &str {
         if self.paths.len() >= PATHS_REMEMBERED {
             self.paths.clear();
         }
         if !self.paths.contains_key(&ino) {
-            let path = json_string(&self.path_of(ino));
+            let path = String::from_utf8_lossy(&self.path_of(ino)).into_owned();
             self.paths.insert(ino, path.into());
         }
         &self.paths[&ino]
@@ -269,8 +281,3 @@ impl Writer {
 
 /// Paths the writer remembers at most (about 100 bytes each).
 const PATHS_REMEMBERED: usize = 1 << 20;
-
-/// `bytes` as a JSON string literal (lossy for non-UTF-8).
-fn json_string(bytes: &[u8]) -> String {
-    serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()).to_string()
-}
