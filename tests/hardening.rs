@@ -14,20 +14,14 @@ use common::*;
 
 /// A shard with `d/{a,b,c}.bin` and an empty directory `e`, and its index.
 fn dataset(dir: &Path) -> (PathBuf, PathBuf) {
-    let src = dir.join("src");
-    for (i, name) in ["a", "b", "c"].iter().enumerate() {
-        write_file(
-            &src.join(format!("d/{name}.bin")),
-            &bytes(i as u64, 5000),
-            0o644,
-        );
-    }
-    fs::create_dir_all(src.join("e")).unwrap();
-    let shard = dir.join("s.tar");
-    tar_members(&src, &shard, &["d", "e"]);
-    let index = dir.join("s.packfs-index");
-    run(packfs().arg("index").arg("-o").arg(&index).arg(&shard));
-    (shard, index)
+    fs::create_dir_all(dir.join("src/e")).unwrap();
+    let files: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (format!("d/{name}.bin"), bytes(i as u64, 5000)))
+        .collect();
+    let made = indexed_tar(dir, "s", &files);
+    (made.tar, made.index)
 }
 
 /// The entry records of an index: (byte offset of each 48-byte record, its name).

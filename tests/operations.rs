@@ -14,22 +14,15 @@ use serde_json::Value;
 
 /// A tar of `n` small files (1-20 KB: each is read with one request) and its index.
 fn dataset(dir: &Path, n: usize) -> PathBuf {
-    let src = dir.join("src");
-    let mut names = Vec::new();
-    for i in 0..n {
-        let name = format!("d/f{i:03}.bin");
-        write_file(
-            &src.join(&name),
-            &bytes(i as u64, 1000 + i * 997 % 19_000),
-            0o644,
-        );
-        names.push(name);
-    }
-    let tar = dir.join("a.tar");
-    tar_members(&src, &tar, &names);
-    let index = dir.join("a.packfs-index");
-    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
-    index
+    let files: Vec<_> = (0..n)
+        .map(|i| {
+            (
+                format!("d/f{i:03}.bin"),
+                bytes(i as u64, 1000 + i * 997 % 19_000),
+            )
+        })
+        .collect();
+    indexed_tar(dir, "a", &files).index
 }
 
 fn status_json(mnt: &Path) -> (bool, Value) {

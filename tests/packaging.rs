@@ -25,16 +25,13 @@ fn open_tempdir() -> tempfile::TempDir {
 
 /// A tar of three files and its index.
 fn dataset(dir: &Path) -> (PathBuf, PathBuf) {
-    let src = dir.join("src");
-    let names = ["d/a.bin", "d/b.bin", "d/c.bin"];
-    for (i, name) in names.iter().enumerate() {
-        write_file(&src.join(name), &bytes(i as u64, 5000 + i * 100), 0o644);
-    }
-    let tar = dir.join("a.tar");
-    tar_members(&src, &tar, &names);
-    let index = dir.join("a.packfs-index");
-    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
-    (src, index)
+    let files: Vec<_> = ["d/a.bin", "d/b.bin", "d/c.bin"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.to_string(), bytes(i as u64, 5000 + i * 100)))
+        .collect();
+    let made = indexed_tar(dir, "a", &files);
+    (made.src, made.index)
 }
 
 /// Runs a Slurm script as slurmd does: no PATH, Slurm's variables, the config in `conf`.
@@ -62,20 +59,6 @@ fn in_private_mount_namespace(script: &str) -> (String, String) {
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     (stdout, stderr)
-}
-
-fn as_user(uid: u32, args: &[&str]) -> std::process::Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid",
-            &uid.to_string(),
-            "--regid",
-            &uid.to_string(),
-            "--clear-groups",
-        ])
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -127,16 +110,16 @@ fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
 
     // The job's user reads the files (and owns them); another user cannot even list the job.
     let file = job.join("always/d/b.bin");
-    let read = as_user(65534, &["cat", file.to_str().unwrap()]);
+    let read = as_user(65534, "cat", &[file.to_str().unwrap()]);
     assert!(
         read.status.success(),
         "{}",
         String::from_utf8_lossy(&read.stderr)
     );
     assert_eq!(read.stdout, std::fs::read(src.join("d/b.bin")).unwrap());
-    let owner = as_user(65534, &["stat", "-c", "%u", file.to_str().unwrap()]);
+    let owner = as_user(65534, "stat", &["-c", "%u", file.to_str().unwrap()]);
     assert_eq!(String::from_utf8_lossy(&owner.stdout).trim(), "65534");
-    let other = as_user(65533, &["ls", job.to_str().unwrap()]);
+    let other = as_user(65533, "ls", &[job.to_str().unwrap()]);
     assert!(
         !other.status.success(),
         "another user listed the job's mounts"

@@ -14,19 +14,6 @@ use common::*;
 
 const NOBODY: u32 = 65534;
 
-/// Runs `program` as user `uid` (group `uid` too).
-fn as_user(uid: u32, program: &Path, args: &[&str]) -> Output {
-    Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .args(["--clear-groups", "--"])
-        .arg(program)
-        .args(args)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .output()
-        .expect("run setpriv")
-}
-
 fn as_nobody(packfs: &Path, args: &[&str]) -> Output {
     as_user(NOBODY, packfs, args)
 }

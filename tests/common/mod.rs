@@ -444,3 +444,43 @@ pub fn fs_options() -> packfs::fs::FsOptions {
         ..Default::default()
     }
 }
+
+/// A small dataset most tests mount: `files` (path under `src/`, bytes) written under
+/// `dir/src` (with whatever else is already there), tarred as `dir/<stem>.tar` (every top-level
+/// entry of `src`, in name order) and indexed as `dir/<stem>.packfs-index`.
+pub struct IndexedTar {
+    pub src: PathBuf,
+    pub tar: PathBuf,
+    pub index: PathBuf,
+}
+
+pub fn indexed_tar(dir: &Path, stem: &str, files: &[(String, Vec<u8>)]) -> IndexedTar {
+    let src = dir.join("src");
+    for (name, data) in files {
+        write_file(&src.join(name), data, 0o644);
+    }
+    let mut top: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    let tar = dir.join(format!("{stem}.tar"));
+    tar_members(&src, &tar, &top);
+    let index = dir.join(format!("{stem}.packfs-index"));
+    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
+    IndexedTar { src, tar, index }
+}
+
+/// Runs `program` with `args` as user and group `uid` (no supplementary groups, a plain PATH):
+/// how the tests play another user of the node.
+pub fn as_user(uid: u32, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "--"])
+        .arg(program)
+        .args(args)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .expect("run setpriv")
+}
