@@ -20,7 +20,7 @@ Per run: time to first sample (launch to the first file read), an ImageFolder sc
 epoch 2 of a shuffled read of every file with N readers (no decode), or one DataLoader epoch
 (decode + resize) with N workers; for each, files/s, the PFS operations by kind and the bytes
 read from the PFS (the simulator's counters), and the daemon's peak RSS. Results: a table,
-JSON and a chart in bench/out/. See docs/benchmarks.md, "On a parallel file system".
+JSON and a chart in bench/out/. See docs/benchmarks/parallel-fs.md.
 """
 import argparse, json, os, platform, shutil, subprocess, sys, time
 

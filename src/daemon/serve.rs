@@ -263,7 +263,7 @@ fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> Tie
         .any(|i| crate::source::ImageLocation::new(&i.path).is_object());
     // Whole chunks from a store pay off only while they stay in RAM until their neighbours are
     // read: measured with 441 MB of shards behind a 64 MiB cache, shuffled reads fetched 9.6x the
-    // bytes in as many requests as samples (docs/benchmarks.md, "From an object store").
+    // bytes in as many requests as samples (docs/benchmarks/object-store.md).
     let bytes: u64 = catalog.images().iter().map(|i| i.fingerprint.size).sum();
     let fits = bytes <= req.cache_size / 2;
     if remote && req.stage.is_none() && req.ram_chunks.is_none() && !fits {
@@ -301,7 +301,7 @@ fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> Tie
 /// are then evicted before their neighbours are read or staged, and fetched again. Measured with
 /// 4 MiB chunks (112 of them), staging and 32 readers: 265 requests and 1.1 GB for 441 MB with a
 /// 64 MiB cache, 170-182 with 128 MiB, 136-152 with 256 MiB (four chunks per read thread), 113
-/// with 1 GiB (docs/benchmarks.md, "From an object store").
+/// with 1 GiB (docs/benchmarks/object-store.md).
 fn small_cache_hint(cache_size: u64, chunk_size: u64, io_threads: usize) -> Option<String> {
     let per_thread = |n: u64| {
         chunk_size

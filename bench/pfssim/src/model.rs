@@ -28,7 +28,7 @@ pub struct Profile {
 const MB: u64 = 1_000_000;
 
 impl Profile {
-    /// Named sets: see docs/benchmarks.md ("On a parallel file system") for the sources.
+    /// Named sets: see docs/benchmarks/parallel-fs.md for the sources.
     pub fn named(name: &str) -> Option<Profile> {
         let us = Duration::from_micros;
         Some(match name {
