@@ -16,6 +16,7 @@ use super::plan::{Encoding, Located, MAX_UNIT, Piece, PlanError, Unit, UnitKind,
 use super::sparse_map::{self, SparseMap};
 use super::squashfs::block_map::{self, BlockMap};
 use crate::source::read_at::ReadAt;
+use crate::util::le;
 
 /// Bytes of a layout record with a CRC-32 (zip members, tar members packfs wrote): the data offset
 /// (u64) and the CRC-32 (u32), little-endian.
@@ -172,8 +173,8 @@ impl<'a> Layout<'a> {
     ) -> Result<Layout<'a>, E> {
         let zip = |offset| -> Result<(u64, Option<u32>), E> {
             let r = record(offset, CRC_RECORD)?;
-            let at = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-            let crc = u32::from_le_bytes(r[8..12].try_into().expect("4 bytes"));
+            let at = le::u64_at(r, 0);
+            let crc = le::u32_at(r, 8);
             Ok((at, Some(crc)))
         };
         Ok(match encoding {

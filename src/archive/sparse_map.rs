@@ -8,6 +8,7 @@
 //! ```
 
 use super::plan::{Piece, PlanError};
+use crate::util::le;
 
 const HEAD: usize = 8;
 const SEGMENT: usize = 24;
@@ -62,7 +63,7 @@ pub fn encode(
 
 /// The length of the record whose first 8 bytes are `head`.
 pub fn encoded_len(head: &[u8]) -> usize {
-    let count = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+    let count = le::u32_at(head, 0) as usize;
     HEAD + count * SEGMENT
 }
 
@@ -91,7 +92,7 @@ impl<'a> SparseMap<'a> {
     /// Segment `i`: (file offset, length, image offset).
     pub fn segment(&self, i: usize) -> (u64, u64, u64) {
         let s = &self.segments[i * SEGMENT..(i + 1) * SEGMENT];
-        let v = |k: usize| u64::from_le_bytes(s[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
+        let v = |k: usize| le::u64_at(s, k * 8);
         (v(0), v(1), v(2))
     }
 

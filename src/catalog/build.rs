@@ -14,6 +14,7 @@ use super::entry::{Entry, S_IFDIR, S_IFLNK, S_IFREG};
 use super::store::{Segment, Store};
 use super::{Catalog, ImageInfo};
 use crate::archive::{Member, MemberKind, ScannedImage};
+use crate::util::le;
 
 /// What to do when two images hold the same path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,7 +95,7 @@ fn cmp_paths(a: &[u8], b: &[u8]) -> Ordering {
 /// that share long prefixes is most of the build).
 fn mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
     let n = a.len().min(b.len());
-    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    let word = |s: &[u8], i: usize| le::u64_at(s, i);
     let mut i = 0;
     while i + 8 <= n {
         let diff = word(a, i) ^ word(b, i);

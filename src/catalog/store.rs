@@ -15,6 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::entry::Entry;
 use crate::archive::inflate::Located;
+use crate::util::le;
 
 const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
 
@@ -143,7 +144,7 @@ impl Chunks {
         let start = self.start + chunk * self.size;
         let end = (start + self.size).min(self.end);
         let at = self.table + chunk * 8;
-        let recorded = u64::from_le_bytes(map[at..at + 8].try_into().expect("8 bytes"));
+        let recorded = le::u64_at(map, at);
         if xxh3_64(&map[start..end]) == recorded {
             self.verified[word].fetch_or(bit, Ordering::Relaxed);
             return Ok(());

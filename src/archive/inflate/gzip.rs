@@ -2,6 +2,8 @@
 //! length after it. Read by hand: the indexer must know where each member's deflate data starts
 //! (flate2's readers hide that), and the format is a few fields.
 
+use crate::util::le;
+
 /// Whether `head` starts like a gzip member.
 pub fn is_gzip(head: &[u8]) -> bool {
     head.starts_with(&[0x1f, 0x8b])
@@ -39,7 +41,7 @@ pub fn header(mut next: impl FnMut(usize) -> Result<Vec<u8>, String>) -> Result<
     let mut len = 10u64;
     if flags & FEXTRA != 0 {
         let x = next(2)?;
-        let n = u16::from_le_bytes([x[0], x[1]]) as usize;
+        let n = le::u16_at(&x, 0) as usize;
         next(n)?;
         len += 2 + n as u64;
     }

@@ -14,6 +14,7 @@ use super::table::{self, Checkpoint};
 use super::{MAX_INTERVAL, WINDOW, gzip};
 use crate::archive::spill::{TableFile, TableRef, Windows};
 use crate::source::read_at::ReadAt;
+use crate::util::le;
 
 /// Compressed bytes read at a time (sequential reads, large enough for a parallel filesystem).
 const INPUT: usize = 1 << 20;
@@ -286,8 +287,8 @@ impl<'r> Indexer<'r> {
         }
         let trailer_at = self.in_pos;
         let trailer = self.take(8)?;
-        let crc = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
-        let size = u32::from_le_bytes(trailer[4..].try_into().expect("4 bytes"));
+        let crc = le::u32_at(&trailer, 0);
+        let size = le::u32_at(&trailer, 4);
         let got = std::mem::take(&mut self.member_crc).finalize();
         if crc != got || size != self.member_out as u32 {
             return Err(InflateError::Bad {

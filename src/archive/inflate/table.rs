@@ -15,6 +15,7 @@
 
 use super::{Located, MAX_INTERVAL, Restart, WINDOW};
 use crate::archive::plan::{Piece, PlanError, Unit};
+use crate::util::le::{self, u64_at};
 
 pub const HEAD: usize = 16;
 const ENTRY: usize = 32;
@@ -81,10 +82,6 @@ pub struct Checkpoints<'a> {
     count: usize,
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 impl<'a> Checkpoints<'a> {
     /// The length of the whole record whose head and entries are `entries` (as `encoded_len`
     /// sized them): up to the end of the last window.
@@ -95,7 +92,7 @@ impl<'a> Checkpoints<'a> {
         }
         let last = HEAD + (count - 1) * ENTRY;
         let window_at = u64_at(entries, last + 16);
-        let window_len = u16::from_le_bytes([entries[last + 28], entries[last + 29]]) as u64;
+        let window_len = le::u16_at(entries, last + 28) as u64;
         window_at
             .checked_add(window_len)
             .ok_or_else(|| "a window offset overflows".to_string())
@@ -170,8 +167,8 @@ impl<'a> Checkpoints<'a> {
         let e = HEAD + i * ENTRY;
         let b = &self.bytes[e..e + ENTRY];
         let (in_at, out_at, window_at) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 16));
-        let crc = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes"));
-        let window_len = u16::from_le_bytes([b[28], b[29]]) as usize;
+        let crc = le::u32_at(b, 24);
+        let window_len = le::u16_at(b, 28) as usize;
         let (bit_count, bits) = (b[30], b[31]);
         let next_out = match i + 1 < self.count {
             true => self.out_at(i + 1),
@@ -232,7 +229,7 @@ fn entries_count(bytes: &[u8]) -> Result<usize, String> {
     let head = bytes
         .get(..HEAD)
         .ok_or("the checkpoint table is cut short")?;
-    let count = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+    let count = le::u32_at(head, 8) as usize;
     if bytes.len() < HEAD + count * ENTRY {
         return Err("the checkpoint table is cut short".into());
     }

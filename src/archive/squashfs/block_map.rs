@@ -18,6 +18,7 @@
 use super::{codec_from_id, codec_id};
 use crate::archive::codec::Codec;
 use crate::archive::plan::{Piece, PlanError, Unit};
+use crate::util::le;
 
 const FRAGMENT: usize = 16;
 const CHECKPOINT_EVERY: usize = 64;
@@ -103,7 +104,7 @@ pub const HEAD: usize = 8;
 impl<'a> BlockMap<'a> {
     /// The length of the record that starts with `head` (its first 8 bytes).
     pub fn encoded_len(head: &[u8; HEAD]) -> usize {
-        let count = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
+        let count = le::u32_at(head, 4) as usize;
         let fragment = if head[2] & HAS_FRAGMENT != 0 {
             FRAGMENT
         } else {
@@ -125,17 +126,17 @@ impl<'a> BlockMap<'a> {
         if !(12..=20).contains(&block_log) {
             return Err(format!("block size 2^{block_log} is out of range"));
         }
-        let count = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) as usize;
+        let count = le::u32_at(head, 4) as usize;
         let mut at = HEAD;
         let tail = (head[2] & HAS_FRAGMENT != 0).then(|| {
             let f = &b[at..at + FRAGMENT];
             at += FRAGMENT;
             Tail {
                 block: Extent {
-                    start: u64::from_le_bytes(f[0..8].try_into().expect("8 bytes")),
-                    word: u32::from_le_bytes(f[8..12].try_into().expect("4 bytes")),
+                    start: le::u64_at(f, 0),
+                    word: le::u32_at(f, 8),
                 },
-                offset: u32::from_le_bytes(f[12..16].try_into().expect("4 bytes")),
+                offset: le::u32_at(f, 12),
             }
         });
         let checkpoints_len = count.div_ceil(CHECKPOINT_EVERY) * 8;
@@ -154,13 +155,13 @@ impl<'a> BlockMap<'a> {
     }
 
     fn word(&self, i: usize) -> u32 {
-        u32::from_le_bytes(self.words[i * 4..i * 4 + 4].try_into().expect("4 bytes"))
+        le::u32_at(self.words, i * 4)
     }
 
     /// Data block `i` (`i < count`).
     pub fn block(&self, i: usize) -> Extent {
         let c = i / CHECKPOINT_EVERY;
-        let base = u64::from_le_bytes(self.checkpoints[c * 8..c * 8 + 8].try_into().expect("8"));
+        let base = le::u64_at(self.checkpoints, c * 8);
         let skipped: u64 = (c * CHECKPOINT_EVERY..i)
             .map(|j| (self.word(j) & (STORED - 1)) as u64)
             .sum();

@@ -3,6 +3,7 @@
 
 use super::codec_from_id;
 use crate::archive::codec::Codec;
+use crate::util::le::{u16_at, u32_at, u64_at};
 
 pub const LEN: usize = 96;
 const NO_TABLE: u64 = u64::MAX;
@@ -15,16 +16,6 @@ pub struct Superblock {
     pub bytes_used: u64,
     pub inode_table: u64,
     pub dir_table: u64,
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 impl Superblock {

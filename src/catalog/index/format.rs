@@ -21,6 +21,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::source::Fingerprint;
+use crate::util::le::{put32, put64, u32_at, u64_at};
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
 pub const VERSION: u32 = 5;
@@ -112,7 +113,7 @@ impl Header {
         if b.len() < 12 {
             return Err(format!("truncated: {} bytes", b.len()));
         }
-        let version = get32(b, 8);
+        let version = u32_at(b, 8);
         if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(format!(
                 "index format version {version}, this packfs reads versions {OLDEST_VERSION} to \
@@ -131,24 +132,24 @@ impl Header {
             (20, CHUNK_SIZE as u32, "chunk size"),
         ];
         for (at, want, what) in fixed {
-            if get32(b, at) != want {
-                return Err(format!("{what} is {}, expected {want}", get32(b, at)));
+            if u32_at(b, at) != want {
+                return Err(format!("{what} is {}, expected {want}", u32_at(b, at)));
             }
         }
         let h = Header {
             version,
-            entry_count: get64(b, 24),
-            file_count: get64(b, 32),
-            file_bytes: get64(b, 40),
-            entries_off: get64(b, 48),
-            names_off: get64(b, 56),
-            names_len: get64(b, 64),
-            chunks_off: get64(b, 72),
-            chunk_count: get64(b, 80),
-            images_off: get64(b, 88),
-            images_len: get64(b, 96),
-            image_count: get32(b, 104),
-            meta_hash: get64(b, HASHED_HEADER),
+            entry_count: u64_at(b, 24),
+            file_count: u64_at(b, 32),
+            file_bytes: u64_at(b, 40),
+            entries_off: u64_at(b, 48),
+            names_off: u64_at(b, 56),
+            names_len: u64_at(b, 64),
+            chunks_off: u64_at(b, 72),
+            chunk_count: u64_at(b, 80),
+            images_off: u64_at(b, 88),
+            images_len: u64_at(b, 96),
+            image_count: u32_at(b, 104),
+            meta_hash: u64_at(b, HASHED_HEADER),
         };
         // The layout is a function of the sizes: anything else is damage.
         let expected = Header::layout(
@@ -240,12 +241,12 @@ impl ImageRecord {
             if b.len() < FIXED {
                 return None;
             }
-            let (fixed, stream) = match get32(b, 20) {
+            let (fixed, stream) = match u32_at(b, 20) {
                 FORMAT_TAR => (FIXED, None),
-                COMPRESSED if b.len() >= FIXED + 8 => (FIXED + 8, Some(get64(b, FIXED))),
+                COMPRESSED if b.len() >= FIXED + 8 => (FIXED + 8, Some(u64_at(b, FIXED))),
                 _ => return None,
             };
-            let (rel_len, abs_len) = (get32(b, 40) as usize, get32(b, 44) as usize);
+            let (rel_len, abs_len) = (u32_at(b, 40) as usize, u32_at(b, 44) as usize);
             let len = (fixed + rel_len).checked_add(abs_len)?.next_multiple_of(8);
             if b.len() < len {
                 return None;
@@ -255,11 +256,11 @@ impl ImageRecord {
             };
             out.push(ImageRecord {
                 fingerprint: Fingerprint {
-                    size: get64(b, 0),
-                    mtime: get64(b, 8) as i64,
-                    mtime_nsec: get32(b, 16),
-                    head: get64(b, 24),
-                    tail: get64(b, 32),
+                    size: u64_at(b, 0),
+                    mtime: u64_at(b, 8) as i64,
+                    mtime_nsec: u32_at(b, 16),
+                    head: u64_at(b, 24),
+                    tail: u64_at(b, 32),
                 },
                 relative: path(fixed, rel_len),
                 absolute: path(fixed + rel_len, abs_len),
@@ -284,22 +285,6 @@ pub fn relative_to(target: &Path, base: &Path) -> PathBuf {
         out.push(c);
     }
     out
-}
-
-fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn get32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-pub fn get64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::fs::core::{Attr, DirEntry, Listing};
 use crate::fs::dispatch::{
     AttrReply, DataReply, DirReply, EntryReply, Refused, Reply, StatfsReply,
 };
+use crate::util::le::{u32_at, u64_at};
 
 /// A reply written into a ring entry's payload buffer; `out` gets what the commit needs: the
 /// errno (negative, or 0) and the reply's length.

@@ -19,6 +19,7 @@ use super::{MAX_PAYLOAD, Server};
 use crate::fs::dispatch::{DataReply, Reply};
 use crate::fs::error::Error;
 use crate::fs::reads::ReadJob;
+use crate::util::le::{put16, put32, put64, u32_at, u64_at};
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;

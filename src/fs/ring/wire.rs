@@ -7,6 +7,7 @@
 use crate::catalog::Kind;
 use crate::fs::attr::{self, TTL};
 use crate::fs::core::{Attr, DirEntry, Listing};
+use crate::util::le::{put32, put64, u32_at, u64_at};
 
 pub const IN_HEADER: usize = 40;
 pub const OUT_HEADER: usize = 16;
@@ -40,26 +41,6 @@ pub fn op_in_size(opcode: u32) -> usize {
         FORGET | INTERRUPT | BATCH_FORGET => 8,
         _ => 0,
     }
-}
-
-pub fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-pub fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
-pub fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-pub fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
 #[derive(Clone, Copy, Debug)]

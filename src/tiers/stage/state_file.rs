@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::source::Fingerprint;
+use crate::util::le::u64_at;
 
 const MAGIC: &[u8; 8] = b"PKFSSTG\x01";
 const HEADER: u64 = 64;
@@ -43,10 +44,6 @@ fn header(chunk: u64, fp: &Fingerprint) -> [u8; HEADER as usize] {
     h[40..48].copy_from_slice(&fp.head.to_le_bytes());
     h[48..56].copy_from_slice(&fp.tail.to_le_bytes());
     h
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// Why a header does not describe this source and chunk size, in words.
