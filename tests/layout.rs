@@ -1,0 +1,243 @@
+//! The layout's rules, checked on the source text (docs/design.md, "Module map"): modules import
+//! each other in one direction (no cycle between the crate's top-level modules, nor between the
+//! parts of one module); only `fs` knows fuser and only `cli` knows clap; whether an image is a
+//! file or an object is told in `source/` alone; the file system's replies choose their errno
+//! in `fs/error.rs` and `fs/dispatch.rs` alone; no source file is over 600 lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const MAX_LINES: usize = 600;
+
+/// Every `.rs` file under `src/`, with its module path (`src/fs/ring/queue.rs`: fs, ring, queue;
+/// a `mod.rs` is its folder's module).
+fn sources() -> Vec<(PathBuf, Vec<String>, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(&root).unwrap().with_extension("");
+            let mut module: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if module.last().is_some_and(|m| m == "mod") {
+                module.pop();
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, module, text)
+        })
+        .collect()
+}
+
+/// The text of `text` without its comments and string literals' contents (roughly: enough to
+/// see paths in code, not in prose).
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let t = l.trim_start();
+            if t.starts_with("//") { "" } else { l }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules `code` names through `prefix` (`crate::`, `packfs::`, `super::`), each as the
+/// path that follows, braces expanded one level (`crate::{a, b::c}`: a, b).
+fn named_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + prefix.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        let parts: Vec<String> = path
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        let after = &rest[path.len()..];
+        if after.starts_with('{') {
+            let inner = &after[1..after.find('}').unwrap_or(after.len())];
+            for item in inner.split(',') {
+                let first = item.trim().split("::").next().unwrap_or("").trim();
+                if !first.is_empty() && first != "self" {
+                    let mut p = parts.clone();
+                    p.push(first.to_string());
+                    out.push(p);
+                }
+            }
+        } else if !parts.is_empty() {
+            out.push(parts);
+        }
+    }
+    out
+}
+
+/// A cycle in `edges`, if there is one.
+fn cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m.as_str()) {
+                Some(1) => {
+                    let from = stack.iter().position(|s| s == m).unwrap();
+                    let mut c = stack[from..].to_vec();
+                    c.push(m.clone());
+                    return Some(c);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(m, edges, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in edges.keys() {
+        if !state.contains_key(n.as_str())
+            && let Some(c) = visit(n, edges, &mut state, &mut Vec::new())
+        {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn modules_import_each_other_in_one_direction() {
+    let files = sources();
+    let tops: BTreeSet<String> = files
+        .iter()
+        .filter(|(_, m, _)| m.len() > 1 || !["lib", "main"].contains(&m[0].as_str()))
+        .map(|(_, m, _)| m[0].clone())
+        .collect();
+    // Between top-level modules, and between the parts of each (archive::layout ->
+    // archive::inflate, fs::classic -> fs::reads...).
+    let mut top_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut part_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (_, module, text) in &files {
+        if !tops.contains(&module[0]) {
+            continue;
+        }
+        let code = code_of(text);
+        let mut targets: Vec<Vec<String>> = named_after(&code, "crate::");
+        targets.extend(named_after(&code, "packfs::"));
+        // `super::x` from a file of module m names m's parent's x.
+        for rel in named_after(&code, "super::") {
+            let mut t = module[..module.len() - 1].to_vec();
+            t.extend(rel);
+            targets.push(t);
+        }
+        for t in targets {
+            if t.is_empty() || !tops.contains(&t[0]) {
+                continue;
+            }
+            if t[0] != module[0] {
+                top_edges
+                    .entry(module[0].clone())
+                    .or_default()
+                    .insert(t[0].clone());
+            } else if module.len() > 1 && t.len() > 1 && t[1] != module[1] {
+                let part = |m: &[String]| format!("{}::{}", m[0], m[1]);
+                part_edges.entry(part(module)).or_default().insert(part(&t));
+            }
+        }
+    }
+    assert!(top_edges.len() > 5, "the modules were read: {top_edges:?}");
+    assert_eq!(cycle(&top_edges), None, "top-level modules: {top_edges:?}");
+    assert_eq!(cycle(&part_edges), None, "parts of one module");
+}
+
+#[test]
+fn each_concern_stays_in_its_module() {
+    let mut broken = Vec::new();
+    for (path, module, text) in sources() {
+        let code = code_of(&text);
+        let shown = path.display();
+        let top = module[0].as_str();
+        if code.contains("fuser::") && top != "fs" {
+            broken.push(format!("{shown}: fuser outside fs/"));
+        }
+        if code.contains("clap::") && top != "cli" && top != "main" {
+            broken.push(format!("{shown}: clap outside cli/"));
+        }
+        if code.contains("is_url") && top != "source" {
+            broken.push(format!("{shown}: tells a URL from a path outside source/"));
+        }
+        // The file system's replies: errnos come from fs::Error or the refusal table. Errnos the
+        // kernel hands back (EAGAIN, EINTR from the ring) are results, not answers.
+        let chooses = module.len() > 1
+            && top == "fs"
+            && !["error", "dispatch"].contains(&module[1].as_str())
+            && ["libc::E", "Errno::E"].iter().any(|p| {
+                code.match_indices(p).any(|(at, _)| {
+                    let name: String = code[at + p.len() - 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase())
+                        .collect();
+                    !["EAGAIN", "EINTR", "EFD_CLOEXEC"].contains(&name.as_str())
+                        && !name.starts_with("EFD")
+                })
+            });
+        if chooses {
+            broken.push(format!(
+                "{shown}: chooses an errno outside fs/error.rs and fs/dispatch.rs"
+            ));
+        }
+        let lines = text.lines().count();
+        if lines > MAX_LINES {
+            broken.push(format!("{shown}: {lines} lines (at most {MAX_LINES})"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
+#[test]
+fn the_checks_see_what_they_look_for() {
+    // Each rule, shown a line that breaks it, says so: the tests above cannot pass by reading
+    // nothing.
+    let named = named_after(
+        "use crate::{fs::Core, source};\nuse super::plan::Piece;",
+        "crate::",
+    );
+    assert_eq!(
+        named,
+        vec![vec!["fs".to_string()], vec!["source".to_string()]]
+    );
+    let mut edges = BTreeMap::new();
+    edges.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
+    edges.insert("b".to_string(), BTreeSet::from(["a".to_string()]));
+    assert!(cycle(&edges).is_some());
+    assert_eq!(code_of("// crate::x\nlet y = 1;"), "\nlet y = 1;");
+}
