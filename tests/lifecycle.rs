@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn shard(dir: &Path) -> std::path::PathBuf {
-    let src = dir.join("src");
-    write_file(&src.join("train/a/1.jpg"), &bytes(1, 20_000), 0o644);
-    write_file(&src.join("train/b/2.jpg"), &bytes(2, 30_000), 0o644);
-    let shard = dir.join("s.tar");
-    tar_members(&src, &shard, &["train"]);
-    shard
+    let files = [
+        ("train/a/1.jpg".to_string(), bytes(1, 20_000)),
+        ("train/b/2.jpg".to_string(), bytes(2, 30_000)),
+    ];
+    tar_of(dir, "s", &files).1
 }
 
 fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {

@@ -455,6 +455,14 @@ pub struct IndexedTar {
 }
 
 pub fn indexed_tar(dir: &Path, stem: &str, files: &[(String, Vec<u8>)]) -> IndexedTar {
+    let (src, tar) = tar_of(dir, stem, files);
+    let index = dir.join(format!("{stem}.packfs-index"));
+    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
+    IndexedTar { src, tar, index }
+}
+
+/// As `indexed_tar`, without the index: (`dir/src`, `dir/<stem>.tar`).
+pub fn tar_of(dir: &Path, stem: &str, files: &[(String, Vec<u8>)]) -> (PathBuf, PathBuf) {
     let src = dir.join("src");
     for (name, data) in files {
         write_file(&src.join(name), data, 0o644);
@@ -466,9 +474,7 @@ pub fn indexed_tar(dir: &Path, stem: &str, files: &[(String, Vec<u8>)]) -> Index
     top.sort();
     let tar = dir.join(format!("{stem}.tar"));
     tar_members(&src, &tar, &top);
-    let index = dir.join(format!("{stem}.packfs-index"));
-    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
-    IndexedTar { src, tar, index }
+    (src, tar)
 }
 
 /// Runs `program` with `args` as user and group `uid` (no supplementary groups, a plain PATH):
