@@ -1,7 +1,7 @@
 //! The file system's answers, from the catalog and the tiers, without FUSE: lookup, attributes,
 //! symlink targets, listings (one implementation, with or without attributes) and reads. Every
-//! answer is a value or one `Error`; `adapter` only decodes requests and encodes replies, so all
-//! of this runs in tests without a kernel.
+//! answer is a value or one `Error`; the transports only decode requests and encode replies (the
+//! dispatcher records them), so all of this runs in tests without a kernel.
 
 use std::sync::Arc;
 

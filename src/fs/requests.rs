@@ -1,5 +1,5 @@
 //! What the mount was asked, per FUSE operation: counts, errors, bytes and a latency histogram,
-//! recorded by the adapter for every request (a few relaxed atomic adds: no lock, no allocation),
+//! recorded by the dispatcher for every request (a few relaxed atomic adds: no lock, no allocation),
 //! read by the stats writer (`packfs status`) and by `--idle-timeout`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-/// The operations the adapter answers.
+/// The operations the dispatcher records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Lookup,

@@ -4,7 +4,7 @@
 //! A request thread only sends a small fixed-size record to a bounded channel (never blocking: a
 //! full channel drops the event and counts it); a writer thread turns records into JSON, naming
 //! each inode's path from the catalog. The file stops growing at its byte limit; the last event
-//! says how many were left out. Without `--trace` the adapter skips all of this on one branch.
+//! says how many were left out. Without `--trace` the dispatcher skips all of this on one branch.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
