@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scan_tar scan_gzip scan_zip scan_squashfs index)
+[ ${#targets[@]} -gt 0 ] || targets=(scan_tar scan_gzip scan_zstd scan_zip scan_squashfs index)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
 flags=(-O -a -s none)

@@ -60,6 +60,13 @@ fn gzip_inputs() {
 }
 
 #[test]
+fn zstd_inputs() {
+    replay("scan_zstd", |b| {
+        common::run(b, packfs::archive::tar::scan_zstd)
+    });
+}
+
+#[test]
 fn zip_inputs() {
     replay("scan_zip", |b| common::run(b, packfs::archive::zip::scan));
 }

@@ -99,6 +99,10 @@ impl Format {
         {
             return Ok(Format::Compressed(*c));
         }
+        // A zstd stream may open with a skippable frame (pzstd writes one before each frame).
+        if head.len() >= 4 && head[1..4] == [0x2A, 0x4D, 0x18] && head[0] & 0xF0 == 0x50 {
+            return Ok(Format::Compressed(COMPRESSIONS[1].1));
+        }
         if n == 512 && super::tar::is_header(head) || head.iter().all(|&b| b == 0) {
             return Ok(Format::Tar);
         }

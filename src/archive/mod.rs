@@ -17,6 +17,7 @@ pub mod spill;
 pub mod squashfs;
 pub mod tar;
 pub mod zip;
+pub mod zstd_frames;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -253,13 +254,14 @@ pub fn scan(
         Format::Tar => tar::scan(file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
         Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(file, &mut image)?,
+        Format::Compressed(c) if c.name == "zstd" => tar::scan_zstd(file, &mut image)?,
         Format::Compressed(c) => {
             return Err(ArchiveError::malformed(
                 path,
                 0,
                 format!(
-                    "a {}-compressed file; packfs reads tar (plain or gzip-compressed), zip and \
-                     squashfs images: decompress it once (`{} {}`) and give the .tar",
+                    "a {}-compressed file; packfs reads tar (plain, gzip- or zstd-compressed), zip \
+                     and squashfs images: decompress it once (`{} {}`) and give the .tar",
                     c.name,
                     c.command,
                     path.display()

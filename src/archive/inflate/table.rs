@@ -1,24 +1,53 @@
-//! The checkpoint table of one deflate stream, as the catalog keeps it (in its arena, so an index
-//! maps it without decoding): where each interval of the decoded stream starts in the image, the
-//! bits and 32 KiB window needed to restart there, and the interval's CRC-32.
+//! The checkpoint table of one compressed stream, as the catalog keeps it (in its arena, so an
+//! index maps it without decoding). Of kind `RESTARTS`, a deflate stream: where each interval of
+//! the decoded stream starts in the image, the bits and 32 KiB window needed to restart there, and
+//! the interval's CRC-32. Of kind `FRAMES`, a zstd stream: where each frame starts in the image and
+//! in the decoded stream, and its compressed length (a frame decodes on its own and carries its
+//! own checksum, when it has one).
 //!
 //! ```text
-//! head      16 bytes: decoded length u64, checkpoint count u32, reserved u32 (0)
-//! entries   count x 32 bytes: image offset u64, decoded offset u64, window offset u64 (from the
-//!           record's start), CRC-32 of the interval u32, window length u16, bit count u8,
-//!           bits u8
-//! windows   the windows, back to back
+//! head      16 bytes: decoded length u64, checkpoint count u32, kind u32 (0 restarts, 1 frames)
+//! entries   count x 32 bytes: image offset u64, decoded offset u64, then for restarts: window
+//!           offset u64 (from the record's start), CRC-32 of the interval u32, window length u16,
+//!           bit count u8, bits u8; for frames: compressed length u64, 8 bytes 0
+//! windows   the windows, back to back (restarts only)
 //! ```
 //!
 //! Every value is checked when it is used: a damaged or hostile index yields an error for the
 //! read, never a panic or an allocation beyond `MAX_INTERVAL`.
 
 use super::{Located, MAX_INTERVAL, Restart, WINDOW};
+use crate::archive::codec::Codec;
 use crate::archive::plan::{Piece, PlanError, Unit};
 use crate::util::le::{self, u64_at};
 
 pub const HEAD: usize = 16;
 const ENTRY: usize = 32;
+
+/// Table kinds.
+const RESTARTS: u32 = 0;
+const FRAMES: u32 = 1;
+
+/// One zstd frame, as the scan finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameEntry {
+    pub in_at: u64,
+    pub in_len: u64,
+    pub out_at: u64,
+}
+
+/// Encodes a whole table of kind `FRAMES` for a stream of `total` decoded bytes.
+pub fn encode_frames(total: u64, frames: &[FrameEntry], out: &mut Vec<u8>) {
+    out.extend_from_slice(&total.to_le_bytes());
+    out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&FRAMES.to_le_bytes());
+    for f in frames {
+        out.extend_from_slice(&f.in_at.to_le_bytes());
+        out.extend_from_slice(&f.out_at.to_le_bytes());
+        out.extend_from_slice(&f.in_len.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]);
+    }
+}
 
 /// One restart point, as the indexer finds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +72,7 @@ pub struct Checkpoint {
 pub fn encode_head(total: u64, checkpoints: &[Checkpoint], out: &mut Vec<u8>) {
     out.extend_from_slice(&total.to_le_bytes());
     out.extend_from_slice(&(checkpoints.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&RESTARTS.to_le_bytes());
     let windows_at = (HEAD + ENTRY * checkpoints.len()) as u64;
     for c in checkpoints {
         out.extend_from_slice(&c.in_at.to_le_bytes());
@@ -80,6 +109,8 @@ pub struct Checkpoints<'a> {
     record: Located<'a>,
     total: u64,
     count: usize,
+    /// Zstd frames rather than deflate restart points.
+    frames: bool,
 }
 
 impl<'a> Checkpoints<'a> {
@@ -87,8 +118,8 @@ impl<'a> Checkpoints<'a> {
     /// sized them): up to the end of the last window.
     pub fn record_len(entries: &[u8]) -> Result<u64, String> {
         let count = entries_count(entries)?;
-        if count == 0 {
-            return Ok(HEAD as u64);
+        if count == 0 || kind(entries)? == FRAMES {
+            return Ok((HEAD + count * ENTRY) as u64);
         }
         let last = HEAD + (count - 1) * ENTRY;
         let window_at = u64_at(entries, last + 16);
@@ -110,6 +141,7 @@ impl<'a> Checkpoints<'a> {
             record,
             total: u64_at(bytes, 0),
             count,
+            frames: kind(bytes)? == FRAMES,
         })
     }
 
@@ -125,6 +157,11 @@ impl<'a> Checkpoints<'a> {
 
     pub fn count(&self) -> usize {
         self.count
+    }
+
+    /// Whether the table lists zstd frames (else deflate restart points).
+    pub fn is_frames(&self) -> bool {
+        self.frames
     }
 
     fn field64(&self, i: usize, at: usize) -> u64 {
@@ -174,6 +211,19 @@ impl<'a> Checkpoints<'a> {
             true => self.out_at(i + 1),
             false => self.total,
         };
+        if self.frames {
+            // window offset's place holds the frame's compressed length.
+            let len = next_out
+                .checked_sub(out_at)
+                .filter(|&n| n > 0 && n <= MAX_INTERVAL as u64)
+                .ok_or_else(|| format!("frame {i} spans a bad interval {out_at}..{next_out}"))?;
+            let in_len = u32::try_from(window_at)
+                .ok()
+                .filter(|&n| n as usize <= MAX_INTERVAL)
+                .ok_or_else(|| format!("frame {i} has a bad compressed length {window_at}"))?;
+            let unit = Unit::block(Codec::Zstd, in_at, in_len, len as usize);
+            return Ok((unit, out_at));
+        }
         let next_in = (i + 1 < self.count).then(|| self.in_at(i + 1));
         let len = next_out
             .checked_sub(out_at)
@@ -222,6 +272,15 @@ impl<'a> Checkpoints<'a> {
             from,
             len: want.min(unit.decoded_len() - from),
         })
+    }
+}
+
+/// The table's kind, from its head.
+fn kind(bytes: &[u8]) -> Result<u32, String> {
+    match bytes.get(..HEAD).map(|h| le::u32_at(h, 12)) {
+        Some(k @ (RESTARTS | FRAMES)) => Ok(k),
+        Some(k) => Err(format!("a checkpoint table of unknown kind {k}")),
+        None => Err("the checkpoint table is cut short".into()),
     }
 }
 

@@ -21,6 +21,7 @@ mod stream;
 use super::inflate::{self, Indexer, InflateError, Wrapper};
 use super::name::sanitize;
 use super::sparse_map;
+use super::zstd_frames::FrameIndexer;
 use super::{ArchiveError, Member, MemberKind, ScannedImage, Span};
 use crate::source::read_at::ReadAt;
 use fields::{Field, apply_pax, number, signed, trim_nul, verify_checksum};
@@ -121,6 +122,50 @@ pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
         checkpoints = done.checkpoints,
         table_bytes = done.table.len,
         "indexed the gzip stream"
+    );
+    image.stream = Some(done.table);
+    Ok(())
+}
+
+/// Scans a zstd-compressed tar written in frames: the tar is walked through its decoded stream,
+/// each frame decoded once, and the frame table that serves the members' bytes later (one frame
+/// decoded per read) is kept in `image.stream`.
+pub fn scan_zstd(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let failed = |e: InflateError| match e {
+        InflateError::Io(e) => ArchiveError::io(&path, e),
+        InflateError::Bad { at, why } => ArchiveError::malformed(
+            &path,
+            at,
+            format!("{why} (this is a zstd-compressed file; `zstd -t` checks it)"),
+        ),
+    };
+    let mut stream = Decoded::new(FrameIndexer::new(file, image.size));
+    let walked = walk(&mut stream, image);
+    if let Some(e) = stream.failed.take() {
+        return Err(failed(e));
+    }
+    match walked {
+        Err(ArchiveError::Malformed { offset, reason, .. }) => {
+            let reason = match offset {
+                0 => format!(
+                    "a zstd-compressed file whose content is not a tar archive ({reason}): \
+                     packfs serves .tar.zst; decompress anything else once (`zstd -d`)"
+                ),
+                _ => format!("{reason} (the offset is in the decompressed tar)"),
+            };
+            return Err(ArchiveError::malformed(&path, offset, reason));
+        }
+        other => other?,
+    }
+    // The rest of the stream (after the end-of-archive blocks) is checked too, as `zstd -d` would.
+    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+    let done = stream.indexer.finish(tables).map_err(failed)?;
+    debug!(
+        image = %path.display(),
+        decoded = done.total,
+        frames = done.frames,
+        "indexed the zstd stream"
     );
     image.stream = Some(done.table);
     Ok(())

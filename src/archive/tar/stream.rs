@@ -5,6 +5,7 @@
 use std::io;
 
 use crate::archive::inflate::{Indexer, InflateError};
+use crate::archive::zstd_frames::FrameIndexer;
 use crate::source::read_at::ReadAt;
 
 /// While members are small, headers are read through windows this large, so a run of small
@@ -84,8 +85,8 @@ impl Stream for Window<'_> {
 
 /// The decoded stream of a `.tar.gz`, inflated forward as the walk asks; bytes behind the
 /// walk's mark are dropped, so a scan holds about one member's headers, never the tar.
-pub(super) struct Decoded<'r> {
-    pub(super) indexer: Indexer<'r>,
+pub(super) struct Decoded<C> {
+    pub(super) indexer: C,
     /// Decoded bytes `start..start + buf.len()`; the end is always what has been decoded.
     buf: Vec<u8>,
     start: u64,
@@ -95,8 +96,26 @@ pub(super) struct Decoded<'r> {
     pub(super) failed: Option<InflateError>,
 }
 
-impl<'r> Decoded<'r> {
-    pub(super) fn new(indexer: Indexer<'r>) -> Decoded<'r> {
+/// A decoder that gives a compressed stream's decoded bytes in chunks, in order, then an empty
+/// chunk at its end.
+pub(super) trait Chunks {
+    fn next_chunk(&mut self) -> Result<&[u8], InflateError>;
+}
+
+impl Chunks for Indexer<'_> {
+    fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        Indexer::next_chunk(self)
+    }
+}
+
+impl Chunks for FrameIndexer<'_> {
+    fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        FrameIndexer::next_chunk(self)
+    }
+}
+
+impl<C: Chunks> Decoded<C> {
+    pub(super) fn new(indexer: C) -> Decoded<C> {
         Decoded {
             indexer,
             buf: Vec::new(),
@@ -143,7 +162,7 @@ impl<'r> Decoded<'r> {
     }
 }
 
-impl Stream for Decoded<'_> {
+impl<C: Chunks> Stream for Decoded<C> {
     fn read(&mut self, offset: u64, len: usize) -> io::Result<&[u8]> {
         let end = offset + len as u64;
         self.ensure(end)?;

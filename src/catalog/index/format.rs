@@ -1,5 +1,7 @@
-//! The index file layout, version 5. Versions 1 to 4 are read too: version 4 is version 5 without
-//! compressed images (`.tar.gz`, whose image records carry a checkpoint table) and checkpointed zip
+//! The index file layout, version 6. Versions 1 to 5 are read too: version 5 is version 6 without
+//! zstd-compressed images (whose checkpoint tables are of the frames kind, which a packfs that
+//! reads only up to version 5 would take for deflate restart points); version 4 is version 5
+//! without compressed images (`.tar.gz`, whose image records carry a checkpoint table) and checkpointed zip
 //! members; version 3 is version 4 without zip entries that carry their CRC-32 and sparse files, version 2 is version 3 without squashfs entries, version 1
 //! is version 2 without deflated (zip) entries. All integers are little-endian. (A packfs that
 //! reads only up to version 3 refuses a version 4 index: it would take the new encodings for
@@ -24,7 +26,7 @@ use crate::source::Fingerprint;
 use crate::util::le::{put32, put64, u32_at, u64_at};
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
@@ -304,11 +306,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 6;
+        other[8] = 7;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 6")
+                .contains("version 7")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;
