@@ -12,21 +12,6 @@ use std::process::Command;
 
 use common::*;
 
-/// Lines of text that compress well (so an interval of 4 MiB decoded is a few hundred KiB of
-/// deflate, in many blocks), varied enough that no two checkpoints look alike.
-fn text(seed: u64, len: usize) -> Vec<u8> {
-    let words = bytes(seed, len / 8 + 16);
-    let mut out = Vec::with_capacity(len + 64);
-    let mut i = 0;
-    while out.len() < len {
-        let w = words[i % words.len()];
-        out.extend_from_slice(format!("line {i:08} sample_{:03} class {}\n", w, w % 17).as_bytes());
-        i += 1;
-    }
-    out.truncate(len);
-    out
-}
-
 /// The shared tree plus 13 MiB of text (four checkpoint intervals) and a sparse file with a hard
 /// link to it.
 fn source(tmp: &Path) -> PathBuf {

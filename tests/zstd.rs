@@ -13,20 +13,6 @@ use std::process::Command;
 
 use common::*;
 
-/// Text that compresses well, varied enough that frames differ.
-fn text(seed: u64, len: usize) -> Vec<u8> {
-    let words = bytes(seed, len / 8 + 16);
-    let mut out = Vec::with_capacity(len + 64);
-    let mut i = 0;
-    while out.len() < len {
-        let w = words[i % words.len()];
-        out.extend_from_slice(format!("line {i:08} token_{:03} {}\n", w, w % 13).as_bytes());
-        i += 1;
-    }
-    out.truncate(len);
-    out
-}
-
 fn sh(script: &str, dir: &Path) {
     run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
 }

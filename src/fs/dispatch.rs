@@ -17,6 +17,7 @@ use super::error::{Error, guarded};
 use super::requests::{Op, Request, Requests};
 use super::trace::Trace;
 use crate::source::read_at;
+use crate::tiers::Served;
 
 /// Every reply can fail with an errno.
 pub trait Reply {
@@ -282,10 +283,32 @@ impl Dispatch {
         buf: &mut Vec<u8>,
         reply: impl DataReply,
     ) {
-        let answer = guarded(
+        let answer = self.core_read(ino, offset, size, buf);
+        self.finish_read(ino, offset, size, started, answer, reply);
+    }
+
+    fn core_read<'b>(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<Served<'b>, Error> {
+        guarded(
             || format!("read of {size} bytes at {offset} of inode {ino}"),
             || self.core.read(ino, offset, size, buf),
-        );
+        )
+    }
+
+    fn finish_read(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+        started: Instant,
+        answer: Result<Served, Error>,
+        reply: impl DataReply,
+    ) {
         let req = Request::new(Op::Read, ino, started).at(offset, size);
         self.finish(req, answer, reply, |reply, served| {
             let bytes = served.bytes();
@@ -305,23 +328,13 @@ impl Dispatch {
         buf: &mut Vec<u8>,
         reply: R,
     ) -> Result<(), R> {
-        let answer = read_at::without_waiting(|| {
-            guarded(
-                || format!("read of {size} bytes at {offset} of inode {ino}"),
-                || self.core.read(ino, offset, size, buf),
-            )
-        });
+        let answer = read_at::without_waiting(|| self.core_read(ino, offset, size, buf));
         if let Err(Error::Io { error, .. }) = &answer
             && error.kind() == io::ErrorKind::WouldBlock
         {
             return Err(reply);
         }
-        let req = Request::new(Op::Read, ino, started).at(offset, size);
-        self.finish(req, answer, reply, |reply, served| {
-            let bytes = served.bytes();
-            reply.data(bytes);
-            bytes.len() as u32
-        });
+        self.finish_read(ino, offset, size, started, answer, reply);
         Ok(())
     }
 }

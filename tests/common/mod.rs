@@ -490,3 +490,18 @@ pub fn as_user(uid: u32, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) ->
         .output()
         .expect("run setpriv")
 }
+
+/// Lines of text that compress well (4 MiB decoded is a few hundred KiB of deflate or zstd, in
+/// many blocks), varied enough that no two checkpoints or frames look alike.
+pub fn text(seed: u64, len: usize) -> Vec<u8> {
+    let words = bytes(seed, len / 8 + 16);
+    let mut out = Vec::with_capacity(len + 64);
+    let mut i = 0;
+    while out.len() < len {
+        let w = words[i % words.len()];
+        out.extend_from_slice(format!("line {i:08} sample_{:03} class {}\n", w, w % 17).as_bytes());
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
