@@ -1,0 +1,138 @@
+//! Compressed tars: the tar walked through the decoded stream of a gzip stream (inflated once,
+//! with restart checkpoints noted on the way) or of a zstd stream (decoded frame by frame); the
+//! table that serves the members' bytes later is kept in `image.stream`.
+
+use std::path::Path;
+
+use tracing::{debug, warn};
+
+use super::stream::{Chunks, Decoded};
+use super::walk;
+use crate::archive::inflate::{self, Indexer, InflateError, Wrapper};
+use crate::archive::zstd_frames::FrameIndexer;
+use crate::archive::{ArchiveError, ScannedImage};
+use crate::source::read_at::ReadAt;
+
+/// What a compressed tar's messages name: the compression, the command that checks it, the
+/// suffix packfs serves and the command that decompresses anything else.
+struct Compressed {
+    name: &'static str,
+    check: &'static str,
+    suffix: &'static str,
+    decompress: &'static str,
+}
+
+/// The error of a compressed stream, with the offset in the compressed file.
+fn stream_error(path: &Path, c: &Compressed, e: InflateError) -> ArchiveError {
+    match e {
+        InflateError::Io(e) => ArchiveError::io(path, e),
+        InflateError::Bad { at, why } => ArchiveError::malformed(
+            path,
+            at,
+            format!(
+                "{why} (this is a {}-compressed file; `{}` checks it)",
+                c.name, c.check
+            ),
+        ),
+    }
+}
+
+/// Walks the tar in the decoded stream of `stream`'s decoder: a failure of the stream itself is
+/// reported as the stream's; a tar problem at offset 0 means the content is not a tar.
+fn walk_decoded<C: Chunks>(
+    stream: &mut Decoded<C>,
+    image: &mut ScannedImage,
+    c: &Compressed,
+) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let walked = walk(stream, image);
+    if let Some(e) = stream.failed.take() {
+        return Err(stream_error(&path, c, e));
+    }
+    match walked {
+        Err(ArchiveError::Malformed { offset, reason, .. }) => {
+            let reason = match offset {
+                0 => format!(
+                    "a {}-compressed file whose content is not a tar archive ({reason}): packfs \
+                     serves {}; decompress anything else once (`{}`)",
+                    c.name, c.suffix, c.decompress
+                ),
+                _ => format!("{reason} (the offset is in the decompressed tar)"),
+            };
+            Err(ArchiveError::malformed(&path, offset, reason))
+        }
+        other => other,
+    }
+}
+
+const GZIP: Compressed = Compressed {
+    name: "gzip",
+    check: "gzip -t",
+    suffix: ".tar.gz",
+    decompress: "gzip -dk",
+};
+
+const ZSTD: Compressed = Compressed {
+    name: "zstd",
+    check: "zstd -t",
+    suffix: ".tar.zst",
+    decompress: "zstd -d",
+};
+
+/// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and
+/// the checkpoint table that serves the members' bytes later is kept in `image.stream`.
+pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let failed = |e| stream_error(&path, &GZIP, e);
+    let indexer = Indexer::new(file, image.size, 0, Wrapper::Gzip, inflate::spacing());
+    let mut stream = Decoded::new(indexer.map_err(failed)?);
+    walk_decoded(&mut stream, image, &GZIP)?;
+    // The rest of the stream (after the end-of-archive blocks) is checked too, as `gzip -d`
+    // would: a damaged trailer means a damaged file.
+    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+    let done = stream.indexer.finish(tables).map_err(failed)?;
+    if let Some(t) = done.trailing {
+        let what = if t.all_zero {
+            "zero bytes"
+        } else {
+            "bytes that are not gzip data"
+        };
+        warn!(
+            image = %path.display(),
+            offset = t.at,
+            "{what} follow the last gzip member; ignored, as gzip does"
+        );
+    }
+    debug!(
+        image = %path.display(),
+        decoded = done.total,
+        checkpoints = done.checkpoints,
+        table_bytes = done.table.len,
+        "indexed the gzip stream"
+    );
+    image.stream = Some(done.table);
+    Ok(())
+}
+
+/// Scans a zstd-compressed tar written in frames: the tar is walked through its decoded stream,
+/// each frame decoded once, and the frame table that serves the members' bytes later (one frame
+/// decoded per read) is kept in `image.stream`.
+pub fn scan_zstd(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let mut stream = Decoded::new(FrameIndexer::new(file, image.size));
+    walk_decoded(&mut stream, image, &ZSTD)?;
+    // The rest of the stream (after the end-of-archive blocks) is checked too, as `zstd -d` would.
+    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+    let done = stream
+        .indexer
+        .finish(tables)
+        .map_err(|e| stream_error(&path, &ZSTD, e))?;
+    debug!(
+        image = %path.display(),
+        decoded = done.total,
+        frames = done.frames,
+        "indexed the zstd stream"
+    );
+    image.stream = Some(done.table);
+    Ok(())
+}
