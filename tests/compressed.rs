@@ -35,10 +35,6 @@ fn checkpoints(line: &str) -> usize {
     words[at - 1].parse().unwrap()
 }
 
-fn sh(script: &str, dir: &Path) {
-    run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
-}
-
 /// Random ranges of `file` in the mount read with pread match the source's.
 fn assert_random_reads(src: &Path, mnt: &Path, file: &str) {
     let want = fs::read(src.join(file)).unwrap();

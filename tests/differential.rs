@@ -64,6 +64,23 @@ const WRITERS: &[Writer] = &[
         command: "tar --format=posix -czf {out} -C {src} .",
     },
     Writer {
+        // Frames of 100 kB of tar each (pzstd's output opens with a skippable frame, which GNU
+        // tar's detection does not know).
+        name: "gnu tar, zstd frames",
+        zip: false,
+        command: "tar --format=posix -cf - -C {src} . | split -b 100000 --filter='zstd -q -c' > {out}",
+    },
+    Writer {
+        name: "gnu tar, xz blocks of 64 KiB",
+        zip: false,
+        command: "tar --format=gnu -cf - -C {src} . | xz -q -T2 --block-size=64KiB -c > {out}",
+    },
+    Writer {
+        name: "gnu tar, bzip2 -1",
+        zip: false,
+        command: "tar --format=posix -cf - -C {src} . | bzip2 -1 -c > {out}",
+    },
+    Writer {
         name: "bsdtar, pax",
         zip: false,
         command: "bsdtar --format pax -cf {out} -C {src} .",

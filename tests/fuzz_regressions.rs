@@ -67,6 +67,18 @@ fn zstd_inputs() {
 }
 
 #[test]
+fn xz_inputs() {
+    replay("scan_xz", |b| common::run(b, packfs::archive::tar::scan_xz));
+}
+
+#[test]
+fn bzip2_inputs() {
+    replay("scan_bzip2", |b| {
+        common::run(b, packfs::archive::tar::scan_bzip2)
+    });
+}
+
+#[test]
 fn zip_inputs() {
     replay("scan_zip", |b| common::run(b, packfs::archive::zip::scan));
 }

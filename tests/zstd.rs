@@ -8,14 +8,9 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::process::Command;
 
 use common::*;
-
-fn sh(script: &str, dir: &Path) {
-    run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
-}
 
 /// The `N frames` count of a `packfs ls --extents` line.
 fn frames(line: &str) -> usize {

@@ -349,13 +349,15 @@ impl fmt::Display for Layout<'_> {
         match self {
             Layout::Stored { at, .. } => write!(f, "stored at {at}"),
             Layout::Deflate { at, .. } => write!(f, "deflate at {at}"),
-            Layout::Inflated { at, table } if table.is_frames() => write!(
-                f,
-                "zstd, at offset {at} of a stream of {} bytes in {} frames from {}",
-                table.total(),
-                table.count(),
-                table.in_at(0)
-            ),
+            Layout::Inflated { at, table } if let Some((codec, pieces)) = table.framing() => {
+                write!(
+                    f,
+                    "{codec}, at offset {at} of a stream of {} bytes in {} {pieces} from {}",
+                    table.total(),
+                    table.count(),
+                    table.in_at(0)
+                )
+            }
             Layout::Inflated { at, table } => write!(
                 f,
                 "inflated from offset {at} of a stream of {} bytes, {} checkpoints from {}",

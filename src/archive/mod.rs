@@ -8,6 +8,7 @@
 mod clashes;
 pub mod codec;
 mod format;
+pub mod framed;
 pub mod inflate;
 pub mod layout;
 pub mod name;
@@ -17,7 +18,6 @@ pub mod spill;
 pub mod squashfs;
 pub mod tar;
 pub mod zip;
-pub mod zstd_frames;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -255,13 +255,15 @@ pub fn scan(
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
         Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(file, &mut image)?,
         Format::Compressed(c) if c.name == "zstd" => tar::scan_zstd(file, &mut image)?,
+        Format::Compressed(c) if c.name == "xz" => tar::scan_xz(file, &mut image)?,
+        Format::Compressed(c) if c.name == "bzip2" => tar::scan_bzip2(file, &mut image)?,
         Format::Compressed(c) => {
             return Err(ArchiveError::malformed(
                 path,
                 0,
                 format!(
-                    "a {}-compressed file; packfs reads tar (plain, gzip- or zstd-compressed), zip \
-                     and squashfs images: decompress it once (`{} {}`) and give the .tar",
+                    "a {}-compressed file; packfs reads tar (plain, or compressed with gzip, zstd, \
+                     xz or bzip2), zip and squashfs images: decompress it once (`{} {}`) and give the .tar",
                     c.name,
                     c.command,
                     path.display()

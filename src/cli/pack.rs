@@ -50,6 +50,15 @@ pub struct Args {
     /// shard unwritten under its name (costs the time the disk takes to write it all).
     #[arg(long)]
     sync: bool,
+    /// Write the shards as NAME-000000.tar.zst ... in the zstd seekable format, at zstd's level
+    /// 3 or LEVEL (1-22): frames cut between members, so `zstd -d`, `tar --zstd` and webdataset
+    /// read them as ordinary .tar.zst, and packfs serves any member by decoding its frame.
+    #[arg(long, value_name = "zstd[:LEVEL]")]
+    compress: Option<String>,
+    /// With --compress: decoded bytes per frame (a frame is cut at the next member boundary);
+    /// a random read decodes about this much.
+    #[arg(long, value_name = "BYTES", requires = "compress", value_parser = packfs::util::size::parse_bytes)]
+    frame_size: Option<u64>,
     /// Threads reading source files (a parallel file system rewards many requests in flight).
     #[arg(long, default_value_t = 16, value_name = "N")]
     readers: usize,
@@ -71,6 +80,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(size)) => ShardCount::Size(size),
         (None, None) => ShardCount::Size(DEFAULT_SHARD_SIZE),
     };
+    let frame = args
+        .frame_size
+        .map_or(packfs::pack::compress::DEFAULT_FRAME, |n| n as usize);
+    let compress = args
+        .compress
+        .as_deref()
+        .map(|c| packfs::pack::compress::Compression::parse(c, frame))
+        .transpose()
+        .map_err(|why| anyhow::anyhow!("--compress: {why}"))?;
     let opts = PackOptions {
         sources: args.sources,
         out_dir: args.output,
@@ -84,6 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         readers: args.readers,
         jobs: args.jobs,
         merge: args.merge.options(),
+        compress,
     };
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
     bar.set_style(ProgressStyle::with_template("gathering {msg}").expect("valid template"));

@@ -155,6 +155,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
             readers: 8,
             jobs: 2,
             merge: DuplicatePolicy::Error.into(),
+            compress: None,
         },
         &|_| {},
     )?;

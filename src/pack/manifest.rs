@@ -47,6 +47,8 @@ pub fn write(
         "data_bytes": report.data_bytes,
         "shuffle_seed": opts.shuffle,
         "mtime": opts.mtime,
+        "compression": opts.compress.map(|c| c.describe()),
+        "frame_size": opts.compress.map(|c| c.frame),
         "sources": source_list,
         "index": file_name(&report.index),
         "written_by": format!("packfs {}", env!("CARGO_PKG_VERSION")),

@@ -6,6 +6,7 @@
 //! (`plan`), write the shards several at once (`shard`, headers from `tar_writer`), then build the
 //! catalog from what was written (no re-scan) and write the index and the manifest.
 
+pub mod compress;
 pub mod gather;
 mod manifest;
 mod outputs;
@@ -53,6 +54,18 @@ pub struct PackOptions {
     pub jobs: usize,
     /// For image sources: what to do when two images hold one path.
     pub merge: crate::dataset::Merge,
+    /// Write `.tar.zst` shards in the zstd seekable format (`compress`), not plain tars.
+    pub compress: Option<compress::Compression>,
+}
+
+impl PackOptions {
+    /// The shard file suffix.
+    pub fn shard_suffix(&self) -> &'static str {
+        match self.compress {
+            Some(_) => compress::SUFFIX,
+            None => ".tar",
+        }
+    }
 }
 
 /// Progress of a pack, for a progress display.
@@ -164,7 +177,7 @@ pub fn pack(
     let _lock = lock(&out_dir, &name)?;
     // Before the walk, which may take long: refuse at once what `check_outputs` would refuse.
     if !opts.force && !opts.resume {
-        let first = out_dir.join(format!("{name}-000000.tar"));
+        let first = out_dir.join(format!("{name}-000000{}", opts.shard_suffix()));
         let index_path = out_dir.join(format!("{name}.packfs-index"));
         if let Some(found) = [first, index_path]
             .into_iter()
@@ -215,6 +228,7 @@ pub fn pack(
         abort: &abort,
         force: opts.force,
         sync: opts.sync,
+        compress: opts.compress,
     };
     let total_data: u64 = items.iter().map(|i| i.size).sum();
     let progress = || {
@@ -371,7 +385,7 @@ fn plan_shards(
                 members.extend(samples[s].members.0..samples[s].members.1);
             }
             ShardPlan {
-                path: out_dir.join(format!("{name}-{k:06}.tar")),
+                path: out_dir.join(format!("{name}-{k:06}{}", opts.shard_suffix())),
                 members,
                 samples: picked.len() as u64,
             }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use super::PackError;
+use super::compress::{Compression, FramedOut};
 use super::gather::{Item, ItemKind, Sources};
 use super::tar_writer;
 use crate::archive::layout::crc_record;
@@ -49,6 +50,44 @@ pub struct Writer<'a> {
     pub force: bool,
     /// Sync each shard to disk before renaming it.
     pub sync: bool,
+    /// Write `.tar.zst` shards in frames (`compress`), or plain tars.
+    pub compress: Option<Compression>,
+}
+
+/// Where a shard's tar bytes go: the file as they are, or frames of zstd.
+enum Out<'a> {
+    Plain(&'a std::fs::File),
+    Framed(FramedOut<'a>),
+}
+
+impl Out<'_> {
+    /// A member of `len` bytes follows (a frame may be cut before it).
+    fn begin_member(&mut self, len: u64) -> std::io::Result<()> {
+        match self {
+            Out::Plain(_) => Ok(()),
+            Out::Framed(f) => f.begin_member(len),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Out::Plain(file) => (*file).write_all(bytes),
+            Out::Framed(f) => f.write(bytes),
+        }
+    }
+
+    /// Whole members laid out in `bytes`, starting at the given offsets.
+    fn write_members(&mut self, bytes: &[u8], starts: &[u64]) -> std::io::Result<()> {
+        if let Out::Plain(_) = self {
+            return self.write(bytes);
+        }
+        for (k, &start) in starts.iter().enumerate() {
+            let end = starts.get(k + 1).map_or(bytes.len(), |&e| e as usize);
+            self.begin_member(end as u64 - start)?;
+            self.write(&bytes[start as usize..end])?;
+        }
+        Ok(())
+    }
 }
 
 enum Batch {
@@ -78,7 +117,10 @@ impl Writer<'_> {
             .suffix(".partial")
             .tempfile_in(dir)
             .map_err(io_err)?;
-        let mut out = tmp.as_file();
+        let mut out = match self.compress {
+            None => Out::Plain(tmp.as_file()),
+            Some(how) => Out::Framed(FramedOut::new(tmp.as_file(), how, self.pool)),
+        };
         let batches = self.batches(&plan.members);
         let mut offset = 0u64;
         let mut members: Vec<(u32, u64, u64, u32)> = Vec::with_capacity(plan.members.len());
@@ -111,7 +153,8 @@ impl Writer<'_> {
                             used,
                             members: read,
                         } => {
-                            out.write_all(&buf[..used]).map_err(io_err)?;
+                            let starts: Vec<u64> = read.iter().map(|m| m.1).collect();
+                            out.write_members(&buf[..used], &starts).map_err(io_err)?;
                             for (i, header_at, data_at, crc) in read {
                                 members.push((i, offset + header_at, offset + data_at, crc));
                                 self.count(&self.items[i as usize]);
@@ -126,6 +169,9 @@ impl Writer<'_> {
                             let header_at = offset;
                             let data_at = offset + piece.len() as u64;
                             let file = self.sources.open(item)?;
+                            let len =
+                                piece.len() as u64 + item.size + tar_writer::padding(item.size);
+                            out.begin_member(len).map_err(io_err)?;
                             let mut crc = crc32fast::Hasher::new();
                             let mut at = 0u64;
                             while at < item.size {
@@ -137,7 +183,7 @@ impl Writer<'_> {
                                 if at == item.size {
                                     tar_writer::pad(&mut piece, item.size);
                                 }
-                                out.write_all(&piece).map_err(io_err)?;
+                                out.write(&piece).map_err(io_err)?;
                                 offset += piece.len() as u64;
                                 piece.clear();
                             }
@@ -159,7 +205,13 @@ impl Writer<'_> {
         if members.len() != plan.members.len() {
             return Err(PackError::Aborted);
         }
-        out.write_all(&tar_writer::END).map_err(io_err)?;
+        let frames = match out {
+            Out::Plain(mut file) => {
+                file.write_all(&tar_writer::END).map_err(io_err)?;
+                None
+            }
+            Out::Framed(f) => Some(f.finish(&tar_writer::END).map_err(io_err)?),
+        };
         let file = tmp.as_file();
         file.set_permissions(std::fs::Permissions::from_mode(0o644))
             .map_err(io_err)?;
@@ -178,8 +230,14 @@ impl Writer<'_> {
         .map_err(|e| io_err(e.error))?;
         let fingerprint = Fingerprint::of(&file).map_err(io_err)?;
         let mut image = ScannedImage::new(plan.path.clone(), fingerprint);
+        // In a compressed shard, offsets are in the decoded tar and each frame checks itself.
+        let compressed = frames.is_some();
         for (i, header_at, data_at, crc) in members {
+            let crc = (!compressed).then_some(crc);
             push_member(&mut image, &self.items[i as usize], header_at, data_at, crc);
+        }
+        if let Some((frames, total)) = frames {
+            crate::archive::framed::attach(&mut image, total, &frames).map_err(io_err)?;
         }
         Ok(image)
     }
@@ -199,6 +257,15 @@ impl Writer<'_> {
                 plan.members.len()
             )));
         }
+        if self.compress.is_some() {
+            // The scan decoded every frame against its checksum: the members are as planned
+            // (checked below) and the scan's catalog, frames included, is the index's.
+            for (m, &i) in scanned.members.iter().zip(&plan.members) {
+                self.same_member(&scanned, m, &self.items[i as usize], plan)?;
+                self.count(&self.items[i as usize]);
+            }
+            return Ok(scanned);
+        }
         let file =
             crate::source::read_at::open_regular(&plan.path).map_err(|error| PackError::Read {
                 path: plan.path.clone(),
@@ -208,25 +275,7 @@ impl Writer<'_> {
         let mut data = Vec::new();
         for (m, &i) in scanned.members.iter().zip(&plan.members) {
             let item = &self.items[i as usize];
-            let kind = match m.kind {
-                MemberKind::File | MemberKind::HardLink => ItemKind::File,
-                MemberKind::Dir => ItemKind::Dir,
-                MemberKind::Symlink => ItemKind::Symlink,
-            };
-            let same = scanned.path_of(m) == &item.path[..]
-                && kind == item.kind
-                && m.size == item.size
-                && m.mode == item.mode
-                && m.mtime == item.mtime
-                && (kind != ItemKind::Symlink || scanned.link_of(m) == &item.link[..]);
-            if !same {
-                return Err(differs(format!(
-                    "member {:?} at byte offset {} is not the planned {:?}",
-                    String::from_utf8_lossy(scanned.path_of(m)),
-                    m.header_offset,
-                    String::from_utf8_lossy(&item.path)
-                )));
-            }
+            let kind = self.same_member(&scanned, m, item, plan)?;
             let mut crc = 0;
             if kind == ItemKind::File {
                 let mut hasher = crc32fast::Hasher::new();
@@ -244,10 +293,43 @@ impl Writer<'_> {
                 }
                 crc = hasher.finalize();
             }
-            push_member(&mut image, item, m.header_offset, m.data_offset, crc);
+            push_member(&mut image, item, m.header_offset, m.data_offset, Some(crc));
             self.count(item);
         }
         Ok(image)
+    }
+
+    /// Checks that member `m` of a kept shard is the planned `item`; its kind.
+    fn same_member(
+        &self,
+        scanned: &ScannedImage,
+        m: &Member,
+        item: &Item,
+        plan: &ShardPlan,
+    ) -> Result<ItemKind, PackError> {
+        let kind = match m.kind {
+            MemberKind::File | MemberKind::HardLink => ItemKind::File,
+            MemberKind::Dir => ItemKind::Dir,
+            MemberKind::Symlink => ItemKind::Symlink,
+        };
+        let same = scanned.path_of(m) == &item.path[..]
+            && kind == item.kind
+            && m.size == item.size
+            && m.mode == item.mode
+            && m.mtime == item.mtime
+            && (kind != ItemKind::Symlink || scanned.link_of(m) == &item.link[..]);
+        if !same {
+            return Err(PackError::ShardDiffers {
+                path: plan.path.clone(),
+                why: format!(
+                    "member {:?} at byte offset {} is not the planned {:?}",
+                    String::from_utf8_lossy(scanned.path_of(m)),
+                    m.header_offset,
+                    String::from_utf8_lossy(&item.path)
+                ),
+            });
+        }
+        Ok(kind)
     }
 
     fn count(&self, item: &Item) {
@@ -352,17 +434,25 @@ impl Writer<'_> {
     }
 }
 
-/// Records a written member as a scan of the shard would find it, with its CRC-32.
-fn push_member(image: &mut ScannedImage, item: &Item, header_at: u64, data_at: u64, crc: u32) {
+/// Records a written member as a scan of the shard would find it, with its CRC-32 (none in a
+/// compressed shard, whose frames carry checksums).
+fn push_member(
+    image: &mut ScannedImage,
+    item: &Item,
+    header_at: u64,
+    data_at: u64,
+    crc: Option<u32>,
+) {
     let path = image.push_string(&item.path);
-    let (kind, link, encoding) = match item.kind {
-        ItemKind::File => (
+    let (kind, link, encoding) = match (item.kind, crc) {
+        (ItemKind::File, Some(crc)) => (
             MemberKind::File,
             image.push_string(&crc_record(data_at, crc)),
             Encoding::StoredCrc,
         ),
-        ItemKind::Dir => (MemberKind::Dir, Default::default(), Encoding::Stored),
-        ItemKind::Symlink => (
+        (ItemKind::File, None) => (MemberKind::File, Default::default(), Encoding::Stored),
+        (ItemKind::Dir, _) => (MemberKind::Dir, Default::default(), Encoding::Stored),
+        (ItemKind::Symlink, _) => (
             MemberKind::Symlink,
             image.push_string(&item.link),
             Encoding::Stored,
@@ -395,7 +485,12 @@ pub fn extra_shards(dir: &Path, name: &str, count: usize) -> Vec<PathBuf> {
             let number = file
                 .strip_prefix(name)?
                 .strip_prefix('-')?
-                .strip_suffix(".tar")?;
+                .strip_suffix(".tar.zst")
+                .or_else(|| {
+                    file.strip_prefix(name)?
+                        .strip_prefix('-')?
+                        .strip_suffix(".tar")
+                })?;
             let n: usize = number.parse().ok()?;
             (number.len() == 6 && n >= count).then(|| e.path())
         })

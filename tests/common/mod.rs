@@ -12,6 +12,11 @@ pub fn packfs() -> Command {
     Command::new(env!("CARGO_BIN_EXE_packfs"))
 }
 
+/// Runs a shell script in `dir`; panics with its output unless it succeeds.
+pub fn sh(script: &str, dir: &Path) {
+    run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
+}
+
 /// Runs a command, panics with its output unless it succeeds, returns stdout.
 pub fn run(cmd: &mut Command) -> String {
     let out = cmd

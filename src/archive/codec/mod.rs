@@ -1,8 +1,10 @@
 //! Decompression, one module per compression, shared by every format: squashfs blocks (gzip, xz,
-//! lz4, zstd) and zip members (raw deflate). Each decoder keeps its context per thread: a block is
+//! lz4, zstd), zip members (raw deflate) and the pieces of framed streams (zstd frames, xz and
+//! bzip2 blocks, `archive::framed`). Each decoder keeps its context per thread: a block is
 //! decoded by whichever FUSE or I/O thread missed it, and contexts are costly to create (zstd's is
 //! ~100 KB) but cheap to reset.
 
+mod bzip2;
 mod deflate;
 mod lz4;
 mod xz;
@@ -12,6 +14,8 @@ use std::io;
 
 use crate::source::read_at::ReadAt;
 
+pub use xz::check_size as xz_check_size;
+
 /// The compressions packfs decodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
@@ -19,9 +23,23 @@ pub enum Codec {
     Zlib,
     /// Raw deflate (zip method 8); a stream that ends itself.
     Deflate,
+    /// A whole xz stream (squashfs "xz").
     Xz,
     Lz4,
     Zstd,
+    /// One block of an xz stream, without the stream around it: the stream's check type and the
+    /// block's padding (the bytes after its unpadded size) are needed to decode it.
+    XzBlock {
+        check: u8,
+        pad: u8,
+    },
+    /// One bzip2 block, which starts at bit `shift` of its first byte and leaves the last `unused`
+    /// bits of its last byte to what follows; `level` is its stream's block size (1 to 9).
+    Bzip2Block {
+        shift: u8,
+        unused: u8,
+        level: u8,
+    },
 }
 
 impl Codec {
@@ -29,7 +47,8 @@ impl Codec {
         match self {
             Codec::Zlib => "gzip",
             Codec::Deflate => "deflate",
-            Codec::Xz => "xz",
+            Codec::Xz | Codec::XzBlock { .. } => "xz",
+            Codec::Bzip2Block { .. } => "bzip2",
             Codec::Lz4 => "lz4",
             Codec::Zstd => "zstd",
         }
@@ -49,6 +68,15 @@ impl Codec {
             }
             Codec::Lz4 => lz4::decompress(input, limit, out).map_err(|e| failed(&e))?,
             Codec::Xz => xz::decompress(input, limit, out).map_err(|e| failed(&e))?,
+            Codec::XzBlock { check, pad } => {
+                xz::decompress_block(input, check, pad, limit, out).map_err(|e| failed(&e))?
+            }
+            Codec::Bzip2Block {
+                shift,
+                unused,
+                level,
+            } => bzip2::decompress_block(input, shift, unused, level, limit, out)
+                .map_err(|e| failed(&e))?,
         }
         if out.len() > limit {
             return Err(failed(&format!("it decodes to more than {limit} bytes")));

@@ -1,15 +1,18 @@
 //! The checkpoint table of one compressed stream, as the catalog keeps it (in its arena, so an
 //! index maps it without decoding). Of kind `RESTARTS`, a deflate stream: where each interval of
 //! the decoded stream starts in the image, the bits and 32 KiB window needed to restart there, and
-//! the interval's CRC-32. Of kind `FRAMES`, a zstd stream: where each frame starts in the image and
-//! in the decoded stream, and its compressed length (a frame decodes on its own and carries its
-//! own checksum, when it has one).
+//! the interval's CRC-32. Of the frame kinds (zstd frames, xz blocks, bzip2 blocks): where each
+//! piece that decodes on its own (`archive::framed`) starts in the image and in the decoded stream,
+//! its compressed length, and what its decoder needs besides its bytes (the piece checks itself).
 //!
 //! ```text
-//! head      16 bytes: decoded length u64, checkpoint count u32, kind u32 (0 restarts, 1 frames)
+//! head      16 bytes: decoded length u64, checkpoint count u32, kind u32 (0 restarts, 1 zstd
+//!           frames, 2 xz blocks, 3 bzip2 blocks)
 //! entries   count x 32 bytes: image offset u64, decoded offset u64, then for restarts: window
 //!           offset u64 (from the record's start), CRC-32 of the interval u32, window length u16,
-//!           bit count u8, bits u8; for frames: compressed length u64, 8 bytes 0
+//!           bit count u8, bits u8; for frames: compressed length u64, 8 bytes of parameters
+//!           (zstd: 0; xz: check type, padding; bzip2: first bit, unused bits of the last byte,
+//!           level)
 //! windows   the windows, back to back (restarts only)
 //! ```
 //!
@@ -24,28 +27,75 @@ use crate::util::le::{self, u64_at};
 pub const HEAD: usize = 16;
 const ENTRY: usize = 32;
 
-/// Table kinds.
+/// Table kinds (never reused: indexes outlive builds).
 const RESTARTS: u32 = 0;
-const FRAMES: u32 = 1;
+const ZSTD_FRAMES: u32 = 1;
+const XZ_BLOCKS: u32 = 2;
+const BZIP2_BLOCKS: u32 = 3;
 
-/// One zstd frame, as the scan finds it.
+/// One piece of a framed stream, as the scan finds it: its compressed bytes `in_at..in_at +
+/// in_len`, the decoded offset it starts at, and the codec that decodes it (with its parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameEntry {
     pub in_at: u64,
     pub in_len: u64,
     pub out_at: u64,
+    pub codec: Codec,
 }
 
-/// Encodes a whole table of kind `FRAMES` for a stream of `total` decoded bytes.
+/// The table kind and an entry's parameters for a framed piece's codec.
+fn frame_code(codec: Codec) -> (u32, [u8; 8]) {
+    let mut params = [0u8; 8];
+    let kind = match codec {
+        Codec::XzBlock { check, pad } => {
+            params[..2].copy_from_slice(&[check, pad]);
+            XZ_BLOCKS
+        }
+        Codec::Bzip2Block {
+            shift,
+            unused,
+            level,
+        } => {
+            params[..3].copy_from_slice(&[shift, unused, level]);
+            BZIP2_BLOCKS
+        }
+        _ => ZSTD_FRAMES,
+    };
+    (kind, params)
+}
+
+/// The codec of a framed piece from its table's kind and its parameters, if they are valid.
+fn frame_codec(kind: u32, p: &[u8]) -> Option<Codec> {
+    match kind {
+        ZSTD_FRAMES => Some(Codec::Zstd),
+        XZ_BLOCKS => (p[0] <= 15 && p[1] <= 3).then_some(Codec::XzBlock {
+            check: p[0],
+            pad: p[1],
+        }),
+        BZIP2_BLOCKS => {
+            (p[0] <= 7 && p[1] <= 7 && (1..=9).contains(&p[2])).then_some(Codec::Bzip2Block {
+                shift: p[0],
+                unused: p[1],
+                level: p[2],
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Encodes a whole table of frames (all of one codec) for a stream of `total` decoded bytes.
 pub fn encode_frames(total: u64, frames: &[FrameEntry], out: &mut Vec<u8>) {
+    let kind = frames
+        .first()
+        .map_or(ZSTD_FRAMES, |f| frame_code(f.codec).0);
     out.extend_from_slice(&total.to_le_bytes());
     out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
-    out.extend_from_slice(&FRAMES.to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
     for f in frames {
         out.extend_from_slice(&f.in_at.to_le_bytes());
         out.extend_from_slice(&f.out_at.to_le_bytes());
         out.extend_from_slice(&f.in_len.to_le_bytes());
-        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&frame_code(f.codec).1);
     }
 }
 
@@ -109,8 +159,8 @@ pub struct Checkpoints<'a> {
     record: Located<'a>,
     total: u64,
     count: usize,
-    /// Zstd frames rather than deflate restart points.
-    frames: bool,
+    /// The table's kind (restarts or one of the frame kinds).
+    kind: u32,
 }
 
 impl<'a> Checkpoints<'a> {
@@ -118,7 +168,7 @@ impl<'a> Checkpoints<'a> {
     /// sized them): up to the end of the last window.
     pub fn record_len(entries: &[u8]) -> Result<u64, String> {
         let count = entries_count(entries)?;
-        if count == 0 || kind(entries)? == FRAMES {
+        if count == 0 || kind(entries)? != RESTARTS {
             return Ok((HEAD + count * ENTRY) as u64);
         }
         let last = HEAD + (count - 1) * ENTRY;
@@ -141,7 +191,7 @@ impl<'a> Checkpoints<'a> {
             record,
             total: u64_at(bytes, 0),
             count,
-            frames: kind(bytes)? == FRAMES,
+            kind: kind(bytes)?,
         })
     }
 
@@ -159,9 +209,19 @@ impl<'a> Checkpoints<'a> {
         self.count
     }
 
-    /// Whether the table lists zstd frames (else deflate restart points).
+    /// Whether the table lists frames (zstd frames, xz or bzip2 blocks), not deflate restarts.
     pub fn is_frames(&self) -> bool {
-        self.frames
+        self.kind != RESTARTS
+    }
+
+    /// For a table of frames, the compression and what its pieces are called, for listings.
+    pub fn framing(&self) -> Option<(&'static str, &'static str)> {
+        match self.kind {
+            ZSTD_FRAMES => Some(("zstd", "frames")),
+            XZ_BLOCKS => Some(("xz", "blocks")),
+            BZIP2_BLOCKS => Some(("bzip2", "blocks")),
+            _ => None,
+        }
     }
 
     fn field64(&self, i: usize, at: usize) -> u64 {
@@ -211,8 +271,11 @@ impl<'a> Checkpoints<'a> {
             true => self.out_at(i + 1),
             false => self.total,
         };
-        if self.frames {
-            // window offset's place holds the frame's compressed length.
+        if self.kind != RESTARTS {
+            // The window offset's place holds the frame's compressed length, the rest its
+            // codec's parameters.
+            let codec = frame_codec(self.kind, &b[24..32])
+                .ok_or_else(|| format!("frame {i} has bad codec parameters"))?;
             let len = next_out
                 .checked_sub(out_at)
                 .filter(|&n| n > 0 && n <= MAX_INTERVAL as u64)
@@ -221,7 +284,7 @@ impl<'a> Checkpoints<'a> {
                 .ok()
                 .filter(|&n| n as usize <= MAX_INTERVAL)
                 .ok_or_else(|| format!("frame {i} has a bad compressed length {window_at}"))?;
-            let unit = Unit::block(Codec::Zstd, in_at, in_len, len as usize);
+            let unit = Unit::block(codec, in_at, in_len, len as usize);
             return Ok((unit, out_at));
         }
         let next_in = (i + 1 < self.count).then(|| self.in_at(i + 1));
@@ -278,7 +341,7 @@ impl<'a> Checkpoints<'a> {
 /// The table's kind, from its head.
 fn kind(bytes: &[u8]) -> Result<u32, String> {
     match bytes.get(..HEAD).map(|h| le::u32_at(h, 12)) {
-        Some(k @ (RESTARTS | FRAMES)) => Ok(k),
+        Some(k @ (RESTARTS | ZSTD_FRAMES | XZ_BLOCKS | BZIP2_BLOCKS)) => Ok(k),
         Some(k) => Err(format!("a checkpoint table of unknown kind {k}")),
         None => Err("the checkpoint table is cut short".into()),
     }

@@ -127,8 +127,8 @@ pub fn codec_id(codec: Codec) -> u8 {
         Codec::Xz => 4,
         Codec::Lz4 => 5,
         Codec::Zstd => 6,
-        // Never stored in a block map: squashfs has no raw-deflate compressor.
-        Codec::Deflate => 0,
+        // Never stored in a block map: squashfs has no such compressor.
+        Codec::Deflate | Codec::XzBlock { .. } | Codec::Bzip2Block { .. } => 0,
     }
 }
 

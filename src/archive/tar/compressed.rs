@@ -1,6 +1,7 @@
 //! Compressed tars: the tar walked through the decoded stream of a gzip stream (inflated once,
-//! with restart checkpoints noted on the way) or of a zstd stream (decoded frame by frame); the
-//! table that serves the members' bytes later is kept in `image.stream`.
+//! with restart checkpoints noted on the way), of a zstd stream (decoded frame by frame) or of an
+//! xz or bzip2 file (decoded block by block, several blocks at a time); the table that serves the
+//! members' bytes later is kept in `image.stream`.
 
 use std::path::Path;
 
@@ -8,8 +9,9 @@ use tracing::{debug, warn};
 
 use super::stream::{Chunks, Decoded};
 use super::walk;
+use crate::archive::framed::zstd::FrameIndexer;
+use crate::archive::framed::{self, BlockIndexer};
 use crate::archive::inflate::{self, Indexer, InflateError, Wrapper};
-use crate::archive::zstd_frames::FrameIndexer;
 use crate::archive::{ArchiveError, ScannedImage};
 use crate::source::read_at::ReadAt;
 
@@ -79,6 +81,20 @@ const ZSTD: Compressed = Compressed {
     decompress: "zstd -d",
 };
 
+const XZ: Compressed = Compressed {
+    name: "xz",
+    check: "xz -t",
+    suffix: ".tar.xz",
+    decompress: "xz -dk",
+};
+
+const BZIP2: Compressed = Compressed {
+    name: "bzip2",
+    check: "bzip2 -t",
+    suffix: ".tar.bz2",
+    decompress: "bzip2 -dk",
+};
+
 /// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and
 /// the checkpoint table that serves the members' bytes later is kept in `image.stream`.
 pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
@@ -132,6 +148,56 @@ pub fn scan_zstd(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
         decoded = done.total,
         frames = done.frames,
         "indexed the zstd stream"
+    );
+    image.stream = Some(done.table);
+    Ok(())
+}
+
+/// Scans an xz-compressed tar by block: the blocks are listed from the file's own index, then
+/// decoded for the walk, and their table is kept in `image.stream`.
+pub fn scan_xz(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let blocks = framed::xz::blocks(file, image.size).map_err(|e| stream_error(&path, &XZ, e))?;
+    scan_blocks(BlockIndexer::new(file, blocks), image, &XZ)
+}
+
+/// Scans a bzip2-compressed tar by block: the blocks are found by their magics, then decoded for
+/// the walk, and their table is kept in `image.stream`.
+pub fn scan_bzip2(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let (blocks, trailing) =
+        framed::bzip2::blocks(file, image.size).map_err(|e| stream_error(&path, &BZIP2, e))?;
+    if let Some(at) = trailing {
+        warn!(
+            image = %path.display(),
+            offset = at,
+            "bytes that are not bzip2 data follow the last bzip2 stream; ignored, as bzip2 does"
+        );
+    }
+    scan_blocks(BlockIndexer::new(file, blocks), image, &BZIP2)
+}
+
+fn scan_blocks(
+    indexer: BlockIndexer,
+    image: &mut ScannedImage,
+    c: &Compressed,
+) -> Result<(), ArchiveError> {
+    let path = image.path.clone();
+    let mut stream = Decoded::new(indexer);
+    walk_decoded(&mut stream, image, c)?;
+    // The rest of the file (after the end-of-archive blocks) is checked too, as its decompressor
+    // would.
+    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
+    let done = stream
+        .indexer
+        .finish(tables)
+        .map_err(|e| stream_error(&path, c, e))?;
+    debug!(
+        image = %path.display(),
+        decoded = done.total,
+        blocks = done.frames,
+        "indexed the {} file",
+        c.name
     );
     image.stream = Some(done.table);
     Ok(())

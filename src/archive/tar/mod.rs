@@ -16,7 +16,7 @@ use tracing::debug;
 
 mod compressed;
 mod fields;
-pub use compressed::{scan_gzip, scan_zstd};
+pub use compressed::{scan_bzip2, scan_gzip, scan_xz, scan_zstd};
 mod sparse;
 mod stream;
 

@@ -4,8 +4,9 @@
 
 use std::io;
 
+use crate::archive::framed::BlockIndexer;
+use crate::archive::framed::zstd::FrameIndexer;
 use crate::archive::inflate::{Indexer, InflateError};
-use crate::archive::zstd_frames::FrameIndexer;
 use crate::source::read_at::ReadAt;
 
 /// While members are small, headers are read through windows this large, so a run of small
@@ -111,6 +112,12 @@ impl Chunks for Indexer<'_> {
 impl Chunks for FrameIndexer<'_> {
     fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
         FrameIndexer::next_chunk(self)
+    }
+}
+
+impl Chunks for BlockIndexer<'_> {
+    fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        BlockIndexer::next_chunk(self)
     }
 }
 

@@ -13,10 +13,12 @@
 
 use std::io::Read;
 
-use super::inflate::InflateError;
-use super::inflate::table::{self, FrameEntry};
-use super::plan::MAX_UNIT;
-use super::spill::{TableFile, TableRef, Windows};
+use super::Finished;
+use crate::archive::codec::Codec;
+use crate::archive::inflate::InflateError;
+use crate::archive::inflate::table::FrameEntry;
+use crate::archive::plan::MAX_UNIT;
+use crate::archive::spill::TableFile;
 use crate::source::read_at::ReadAt;
 use crate::util::le;
 
@@ -41,14 +43,6 @@ pub struct FrameIndexer<'r> {
     packed: Vec<u8>,
     decoded: Vec<u8>,
     done: bool,
-}
-
-/// A stream walked to its end.
-#[derive(Debug)]
-pub struct Finished {
-    pub table: TableRef,
-    pub total: u64,
-    pub frames: usize,
 }
 
 impl<'r> FrameIndexer<'r> {
@@ -236,6 +230,7 @@ impl<'r> FrameIndexer<'r> {
                 in_at: at,
                 in_len: pos - at,
                 out_at: self.total,
+                codec: Codec::Zstd,
             });
         }
         self.total += self.decoded.len() as u64;
@@ -246,14 +241,7 @@ impl<'r> FrameIndexer<'r> {
     /// Walks the rest of the stream and appends its frame table to `tables`.
     pub fn finish(mut self, tables: &mut TableFile) -> Result<Finished, InflateError> {
         while !self.next_chunk()?.is_empty() {}
-        let mut head = Vec::new();
-        table::encode_frames(self.total, &self.frames, &mut head);
-        let table = tables.append(&head, Windows::new())?;
-        Ok(Finished {
-            table,
-            total: self.total,
-            frames: self.frames.len(),
-        })
+        super::finish(tables, self.total, &self.frames)
     }
 }
 

@@ -1,0 +1,10 @@
+//! An xz-compressed tar on arbitrary bytes: the index reader and block indexer under the tar
+//! scanner, then reads of everything, one block decoded per read.
+#![no_main]
+
+#[path = "common.rs"]
+mod common;
+
+libfuzzer_sys::fuzz_target!(|bytes: &[u8]| {
+    common::run(bytes, packfs::archive::tar::scan_xz);
+});

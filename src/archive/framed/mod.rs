@@ -1,0 +1,237 @@
+//! Compressed streams made of pieces that decode on their own: zstd frames, xz blocks and bzip2
+//! blocks. A stream of many pieces serves any byte by decoding the one piece that holds it. The
+//! scan decodes every piece once, in order, to give the tar walk its bytes (each piece checked as
+//! its format checks it), and records where each starts in the image and in the decoded stream.
+//! The table goes into the catalog as a checkpoint table of a frame kind (`inflate::table`), and a
+//! read decodes one piece as a `plan::Unit` block through `codec`.
+//!
+//! A piece must decode to at most `plan::MAX_UNIT` bytes: one read may make the daemon decode and
+//! hold a whole piece. A stream written as one piece larger than that (`zstd`'s and single-threaded
+//! `xz`'s default for a large input) is refused with the commands that serve it: decompress it
+//! once, or write it again in pieces. bzip2 blocks are never that large (900 kB before its first
+//! run-length stage, at most 46 MB after).
+
+pub mod bzip2;
+pub mod xz;
+pub mod zstd;
+
+use std::collections::VecDeque;
+
+use crate::archive::codec::Codec;
+use crate::archive::inflate::InflateError;
+use crate::archive::inflate::table::{self, FrameEntry};
+use crate::archive::plan::MAX_UNIT;
+use crate::archive::spill::{TableFile, TableRef, Windows};
+use crate::source::read_at::ReadAt;
+
+/// A stream walked to its end.
+#[derive(Debug)]
+pub struct Finished {
+    pub table: TableRef,
+    pub total: u64,
+    pub frames: usize,
+}
+
+/// Appends the frame table of a stream of `total` decoded bytes to `tables`.
+fn finish(
+    tables: &mut TableFile,
+    total: u64,
+    frames: &[FrameEntry],
+) -> Result<Finished, InflateError> {
+    let mut head = Vec::new();
+    table::encode_frames(total, frames, &mut head);
+    let table = tables.append(&head, Windows::new())?;
+    Ok(Finished {
+        table,
+        total,
+        frames: frames.len(),
+    })
+}
+
+/// Makes the frames of a stream of `total` decoded bytes, written by packfs itself (`packfs pack
+/// --compress`), the table `image`'s members are read through, as a scan would have.
+pub fn attach(
+    image: &mut crate::archive::ScannedImage,
+    total: u64,
+    frames: &[FrameEntry],
+) -> std::io::Result<()> {
+    let done = finish(image.tables()?, total, frames).map_err(|e| match e {
+        InflateError::Io(e) => e,
+        InflateError::Bad { why, .. } => std::io::Error::other(why),
+    })?;
+    image.stream = Some(done.table);
+    Ok(())
+}
+
+/// One piece, found before it is decoded: its compressed bytes, its codec, and its decoded size
+/// when the format declares it (xz's index does; bzip2 says nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub in_at: u64,
+    pub in_len: u64,
+    pub size: Option<u64>,
+    pub codec: Codec,
+}
+
+/// Decodes a stream's pieces, found beforehand, in order for the tar walk, several at a time on
+/// their own threads: the scan of a `.tar.bz2` or `.tar.xz` runs at the decoders' speed times the
+/// cores, not one decoder's.
+pub struct BlockIndexer<'r> {
+    image: &'r dyn ReadAt,
+    blocks: Vec<Block>,
+    next: usize,
+    /// Decoded pieces waiting for the walk, in order.
+    ready: VecDeque<Vec<u8>>,
+    current: Vec<u8>,
+    frames: Vec<FrameEntry>,
+    total: u64,
+    threads: usize,
+}
+
+impl<'r> BlockIndexer<'r> {
+    pub fn new(image: &'r dyn ReadAt, blocks: Vec<Block>) -> BlockIndexer<'r> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        BlockIndexer {
+            image,
+            blocks,
+            next: 0,
+            ready: VecDeque::new(),
+            current: Vec::new(),
+            frames: Vec::new(),
+            total: 0,
+            threads,
+        }
+    }
+
+    /// The next piece's decoded bytes; empty at the end of the stream.
+    pub fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        loop {
+            let Some(decoded) = self.ready.pop_front() else {
+                if self.next >= self.blocks.len() {
+                    return Ok(&[]);
+                }
+                self.decode_batch()?;
+                continue;
+            };
+            // The blocks before `next` not yet handed out are the ones still in `ready`.
+            let block = self.blocks[self.next - self.ready.len() - 1];
+            if !decoded.is_empty() {
+                self.frames.push(FrameEntry {
+                    in_at: block.in_at,
+                    in_len: block.in_len,
+                    out_at: self.total,
+                    codec: block.codec,
+                });
+                self.total += decoded.len() as u64;
+                self.current = decoded;
+                return Ok(&self.current);
+            }
+        }
+    }
+
+    /// Decodes the next pieces, one per thread, into `ready`; the first failure (in stream order)
+    /// is the stream's, unless it is a bzip2 block cut short by a chance magic, which is then
+    /// joined with the next piece and tried again.
+    fn decode_batch(&mut self) -> Result<(), InflateError> {
+        let end = (self.next + self.threads).min(self.blocks.len());
+        let batch = &self.blocks[self.next..end];
+        let image = self.image;
+        let results: Vec<Result<Vec<u8>, InflateError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|b| s.spawn(move || decode(image, b)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for (j, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(out) => self.ready.push_back(out),
+                Err(_) if self.join_with_next(self.next + j) => {
+                    self.next += j;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.next = end;
+        Ok(())
+    }
+
+    /// Joins bzip2 block `i` with the block after it, when they are adjacent and the two are no
+    /// longer than one block can be; whether it did.
+    fn join_with_next(&mut self, i: usize) -> bool {
+        let (Some(a), Some(b)) = (self.blocks.get(i), self.blocks.get(i + 1)) else {
+            return false;
+        };
+        let (
+            Codec::Bzip2Block {
+                shift,
+                unused: a_unused,
+                level,
+            },
+            Codec::Bzip2Block {
+                shift: b_shift,
+                unused,
+                ..
+            },
+        ) = (a.codec, b.codec)
+        else {
+            return false;
+        };
+        let a_end = (a.in_at + a.in_len) * 8 - a_unused as u64;
+        let in_len = b.in_at + b.in_len - a.in_at;
+        if a_end != b.in_at * 8 + b_shift as u64 || in_len > bzip2::MAX_PACKED {
+            return false;
+        }
+        self.blocks[i] = Block {
+            in_at: a.in_at,
+            in_len,
+            size: None,
+            codec: Codec::Bzip2Block {
+                shift,
+                unused,
+                level,
+            },
+        };
+        self.blocks.remove(i + 1);
+        true
+    }
+
+    /// Walks the rest of the stream and appends its frame table to `tables`.
+    pub fn finish(mut self, tables: &mut TableFile) -> Result<Finished, InflateError> {
+        while !self.next_chunk()?.is_empty() {}
+        finish(tables, self.total, &self.frames)
+    }
+}
+
+/// Reads and decodes one piece, as a read will.
+fn decode(image: &dyn ReadAt, b: &Block) -> Result<Vec<u8>, InflateError> {
+    let bad = |why: String| InflateError::Bad { at: b.in_at, why };
+    let what = b.codec.name();
+    let in_len = usize::try_from(b.in_len)
+        .ok()
+        .filter(|&n| n <= MAX_UNIT)
+        .ok_or_else(|| {
+            bad(format!(
+                "an {what} block of more than {} MiB",
+                MAX_UNIT >> 20
+            ))
+        })?;
+    let mut packed = vec![0u8; in_len];
+    image.read_exact_at(&mut packed, b.in_at)?;
+    let limit = b.size.map_or(MAX_UNIT, |n| n as usize);
+    let mut out = Vec::new();
+    b.codec
+        .decompress(&packed, limit, &mut out)
+        .map_err(|e| bad(format!("the {what} block is corrupt: {e}")))?;
+    if b.size.is_some_and(|n| n != out.len() as u64) {
+        return Err(bad(format!(
+            "the {what} block decodes to {} bytes, the stream's index says {limit}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
