@@ -79,9 +79,13 @@ pub struct Block {
 pub struct BlockIndexer<'r> {
     image: &'r dyn ReadAt,
     blocks: Vec<Block>,
+    /// The first block not yet decoded, and the first not yet handed to the walk.
     next: usize,
-    /// Decoded pieces waiting for the walk, in order.
+    handed: usize,
+    /// Decoded pieces waiting for the walk, in order (blocks `handed..next`).
     ready: VecDeque<Vec<u8>>,
+    /// The failure of the block at `next`, given once the pieces before it are handed out.
+    failed: Option<InflateError>,
     current: Vec<u8>,
     frames: Vec<FrameEntry>,
     total: u64,
@@ -95,7 +99,9 @@ impl<'r> BlockIndexer<'r> {
             image,
             blocks,
             next: 0,
+            handed: 0,
             ready: VecDeque::new(),
+            failed: None,
             current: Vec::new(),
             frames: Vec::new(),
             total: 0,
@@ -107,14 +113,17 @@ impl<'r> BlockIndexer<'r> {
     pub fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
         loop {
             let Some(decoded) = self.ready.pop_front() else {
+                if let Some(e) = self.failed.take() {
+                    return Err(e);
+                }
                 if self.next >= self.blocks.len() {
                     return Ok(&[]);
                 }
-                self.decode_batch()?;
+                self.decode_batch();
                 continue;
             };
-            // The blocks before `next` not yet handed out are the ones still in `ready`.
-            let block = self.blocks[self.next - self.ready.len() - 1];
+            let block = self.blocks[self.handed];
+            self.handed += 1;
             if !decoded.is_empty() {
                 self.frames.push(FrameEntry {
                     in_at: block.in_at,
@@ -132,7 +141,7 @@ impl<'r> BlockIndexer<'r> {
     /// Decodes the next pieces, one per thread, into `ready`; the first failure (in stream order)
     /// is the stream's, unless it is a bzip2 block cut short by a chance magic, which is then
     /// joined with the next piece and tried again.
-    fn decode_batch(&mut self) -> Result<(), InflateError> {
+    fn decode_batch(&mut self) {
         let end = (self.next + self.threads).min(self.blocks.len());
         let batch = &self.blocks[self.next..end];
         let image = self.image;
@@ -151,13 +160,16 @@ impl<'r> BlockIndexer<'r> {
                 Ok(out) => self.ready.push_back(out),
                 Err(_) if self.join_with_next(self.next + j) => {
                     self.next += j;
-                    return Ok(());
+                    return;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.failed = Some(e);
+                    self.next = self.blocks.len();
+                    return;
+                }
             }
         }
         self.next = end;
-        Ok(())
     }
 
     /// Joins bzip2 block `i` with the block after it, when they are adjacent and the two are no
@@ -211,6 +223,10 @@ impl<'r> BlockIndexer<'r> {
 fn decode(image: &dyn ReadAt, b: &Block) -> Result<Vec<u8>, InflateError> {
     let bad = |why: String| InflateError::Bad { at: b.in_at, why };
     let what = b.codec.name();
+    let piece = match b.codec {
+        Codec::Zstd => "frame",
+        _ => "block",
+    };
     let in_len = usize::try_from(b.in_len)
         .ok()
         .filter(|&n| n <= MAX_UNIT)
@@ -224,12 +240,17 @@ fn decode(image: &dyn ReadAt, b: &Block) -> Result<Vec<u8>, InflateError> {
     image.read_exact_at(&mut packed, b.in_at)?;
     let limit = b.size.map_or(MAX_UNIT, |n| n as usize);
     let mut out = Vec::new();
+    if b.codec == Codec::Zstd && b.size.is_none() {
+        // A frame that does not declare its size: decoded as a stream, so one that decodes
+        // to more than a unit is told from a corrupt one.
+        return zstd::decode_undeclared(&packed, b.in_at);
+    }
     b.codec
         .decompress(&packed, limit, &mut out)
-        .map_err(|e| bad(format!("the {what} block is corrupt: {e}")))?;
+        .map_err(|e| bad(format!("the {what} {piece} is corrupt: {e}")))?;
     if b.size.is_some_and(|n| n != out.len() as u64) {
         return Err(bad(format!(
-            "the {what} block decodes to {} bytes, the stream's index says {limit}",
+            "the {what} {piece} decodes to {} bytes, its header or index says {limit}",
             out.len()
         )));
     }

@@ -1,255 +1,277 @@
 //! A zstd stream indexed by frame: each frame of a zstd stream decodes on its own, so a stream of
 //! many frames (pzstd's, the seekable format's, `packfs pack --compress zstd`'s, or frames
-//! concatenated by hand) serves any byte by decoding the one frame that holds it. The scan walks
-//! the frames once, in order, decoding each (its checksum checked when the frame has one) to give
-//! the tar walk its bytes, and records where each frame starts in the image and in the decoded
-//! stream. The table goes into the catalog as a checkpoint table of kind `FRAMES`
-//! (`inflate::table`), and a read decodes one frame as a `plan::Unit` block.
+//! concatenated by hand) serves any byte by decoding the one frame that holds it. The frames are
+//! listed first: from the seek table when the file is in the seekable format (no read but its
+//! end), else by walking the frame and block headers (a read of the file, no decoding). They are
+//! then decoded for the tar walk several at a time (`BlockIndexer`), each checked against its
+//! checksum when it has one and its declared size.
 //!
-//! A frame must decode to at most `plan::MAX_UNIT` bytes: one read may make the daemon decode and
-//! hold a whole frame. A stream written as one big frame (the zstd command's default for a large
-//! input) is refused with the commands that serve it: decompress it once, or write it in frames.
-//! Skippable frames (the seekable format's seek table among them) are passed over.
+//! A frame must decode to at most `plan::MAX_UNIT` bytes. A stream written as one big frame (the
+//! zstd command's default for a large input) is refused with the commands that serve it:
+//! decompress it once, or write it again in frames. Skippable frames (pzstd's, the seek table) are
+//! passed over; a frame that needs a dictionary is refused.
 
-use std::io::Read;
+use std::io;
 
-use super::Finished;
+use super::Block;
 use crate::archive::codec::Codec;
 use crate::archive::inflate::InflateError;
-use crate::archive::inflate::table::FrameEntry;
 use crate::archive::plan::MAX_UNIT;
-use crate::archive::spill::TableFile;
 use crate::source::read_at::ReadAt;
 use crate::util::le;
 
 const MAGIC: u32 = 0xFD2F_B528;
 /// Skippable frames: magic 0x184D2A50 to 0x184D2A5F, a 4-byte length, then that many bytes.
 const SKIPPABLE: std::ops::RangeInclusive<u32> = 0x184D_2A50..=0x184D_2A5F;
+/// The seekable format: its seek table is the skippable frame 0x184D2A5E, whose last 9 bytes are
+/// the frame count, a descriptor and this magic.
+const SEEK_TABLE: u32 = 0x184D_2A5E;
+const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
+/// The file is read in pieces this large while walking headers.
+const CHUNK: usize = 4 << 20;
 
-/// Whether `head` starts a zstd frame (format detection).
-pub fn is_zstd(head: &[u8]) -> bool {
-    head.len() >= 4 && le::u32_at(head, 0) == MAGIC
+fn bad(at: u64, why: impl Into<String>) -> InflateError {
+    InflateError::Bad {
+        at,
+        why: why.into(),
+    }
 }
 
-/// Walks the frames of the stream in `image` (`len` bytes), decoding each in turn.
-pub struct FrameIndexer<'r> {
+fn too_big(frame: u64) -> InflateError {
+    bad(
+        frame,
+        format!(
+            "a zstd frame larger than {} MiB: packfs serves zstd streams written in frames \
+             (pzstd, the seekable format, `packfs pack --compress zstd`), one frame decoded per \
+             read; decompress this one once (`zstd -d`) and give the .tar, or write it again in \
+             frames (`zstd -dc FILE | pzstd -p 8 -o FILE.zst`)",
+            MAX_UNIT >> 20
+        ),
+    )
+}
+
+/// Every frame of the zstd file in `image` (`len` bytes), in order.
+pub fn frames(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> {
+    if let Some(frames) = from_seek_table(image, len)? {
+        return Ok(frames);
+    }
+    let mut file = Chunked::new(image, len);
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < len {
+        if len - at < 4 {
+            return Err(bad(at, "bytes after the last zstd frame are not a frame"));
+        }
+        let word = le::u32_at(file.bytes(at, 4)?, 0);
+        if SKIPPABLE.contains(&word) {
+            if len - at < 8 {
+                return Err(bad(at, "a skippable frame is cut short"));
+            }
+            let skip = le::u32_at(file.bytes(at + 4, 4)?, 0) as u64;
+            at += 8 + skip;
+            if at > len {
+                return Err(bad(
+                    at - 8 - skip,
+                    "a skippable frame runs past the end of the file",
+                ));
+            }
+            continue;
+        }
+        if word != MAGIC {
+            return Err(bad(at, "not a zstd frame (bad magic number)"));
+        }
+        let (frame_len, size) = walk_frame(&mut file, at)?;
+        found.push(Block {
+            in_at: at,
+            in_len: frame_len,
+            size,
+            codec: Codec::Zstd,
+        });
+        at += frame_len;
+    }
+    Ok(found)
+}
+
+/// The frames the seek table lists, when the file ends with one whose sizes add up to the file;
+/// `None` when there is none (the headers are walked then).
+fn from_seek_table(image: &dyn ReadAt, len: u64) -> Result<Option<Vec<Block>>, InflateError> {
+    let mut footer = [0u8; 9];
+    if len < 17 {
+        return Ok(None);
+    }
+    image.read_exact_at(&mut footer, len - 9)?;
+    if le::u32_at(&footer, 5) != SEEKABLE_MAGIC {
+        return Ok(None);
+    }
+    let count = le::u32_at(&footer, 0) as u64;
+    let entry = if footer[4] & 0x80 != 0 { 12 } else { 8 };
+    let table_len = count * entry + 9;
+    let Some(table_at) = len.checked_sub(table_len + 8) else {
+        return Ok(None);
+    };
+    let mut head = [0u8; 8];
+    image.read_exact_at(&mut head, table_at)?;
+    if le::u32_at(&head, 0) != SEEK_TABLE || le::u32_at(&head, 4) as u64 != table_len {
+        return Ok(None);
+    }
+    let mut table = vec![0u8; (count * entry) as usize];
+    image.read_exact_at(&mut table, table_at + 8)?;
+    let mut found = Vec::with_capacity(count as usize);
+    let mut at = 0u64;
+    for e in table.chunks_exact(entry as usize) {
+        let (packed, size) = (le::u32_at(e, 0) as u64, le::u32_at(e, 4) as u64);
+        if size > MAX_UNIT as u64 {
+            return Err(too_big(at));
+        }
+        found.push(Block {
+            in_at: at,
+            in_len: packed,
+            size: Some(size),
+            codec: Codec::Zstd,
+        });
+        at += packed;
+    }
+    // A table that does not describe the file exactly is not trusted: the headers are walked.
+    Ok((at == table_at).then_some(found))
+}
+
+/// Walks the header, blocks and checksum of the frame at `at`: its length, and its decoded size
+/// if the header declares it.
+fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), InflateError> {
+    let h = file.bytes(at, 5).map_err(|e| cut_short(e, at))?;
+    let descriptor = h[4];
+    let fcs_flag = descriptor >> 6;
+    let single_segment = descriptor & 0x20 != 0;
+    if descriptor & 0x08 != 0 {
+        return Err(bad(at, "a zstd frame header with its reserved bit set"));
+    }
+    let checksum = descriptor & 0x04 != 0;
+    let dict_len = [0, 1, 2, 4][(descriptor & 3) as usize];
+    let fcs_len = match fcs_flag {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let rest = usize::from(!single_segment) + dict_len + fcs_len;
+    let fields = file.bytes(at + 5, rest).map_err(|e| cut_short(e, at))?;
+    let dict_at = usize::from(!single_segment);
+    if fields[dict_at..dict_at + dict_len].iter().any(|&b| b != 0) {
+        return Err(bad(
+            at,
+            "a zstd frame that needs a dictionary: decompress the file once with its dictionary \
+             (`zstd -d -D DICT`) and give the .tar",
+        ));
+    }
+    let f = dict_at + dict_len;
+    let declared = match fcs_len {
+        0 => None,
+        1 => Some(fields[f] as u64),
+        2 => Some(le::u16_at(fields, f) as u64 + 256),
+        4 => Some(le::u32_at(fields, f) as u64),
+        _ => Some(le::u64_at(fields, f)),
+    };
+    if declared.is_some_and(|d| d > MAX_UNIT as u64) {
+        return Err(too_big(at));
+    }
+    // The blocks: a 3-byte header each (last flag, type, size), then the block's bytes.
+    let mut pos = at + 5 + rest as u64;
+    loop {
+        let b = file.bytes(pos, 3).map_err(|e| cut_short(e, at))?;
+        let h = b[0] as u32 | (b[1] as u32) << 8 | (b[2] as u32) << 16;
+        let (last, kind, size) = (h & 1 != 0, (h >> 1) & 3, (h >> 3) as u64);
+        let content = match kind {
+            0 | 2 => size,
+            1 => 1,
+            _ => return Err(bad(pos, "a zstd block of the reserved type")),
+        };
+        pos += 3 + content;
+        if pos - at > MAX_UNIT as u64 {
+            return Err(too_big(at));
+        }
+        if last {
+            break;
+        }
+    }
+    if checksum {
+        pos += 4;
+    }
+    if pos > file.len {
+        return Err(bad(
+            at,
+            "the zstd frame is cut short (the file ends inside it)",
+        ));
+    }
+    Ok((pos - at, declared))
+}
+
+/// Decodes the frame `packed` (at `at`) that does not declare its decoded size, up to a unit.
+pub(super) fn decode_undeclared(packed: &[u8], at: u64) -> Result<Vec<u8>, InflateError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let decoder = zstd::stream::read::Decoder::with_buffer(packed)
+        .map_err(InflateError::Io)?
+        .single_frame();
+    if let Err(e) = decoder.take(MAX_UNIT as u64 + 1).read_to_end(&mut out) {
+        return Err(bad(at, format!("the zstd frame is corrupt: {e}")));
+    }
+    if out.len() > MAX_UNIT {
+        return Err(too_big(at));
+    }
+    Ok(out)
+}
+
+fn cut_short(e: io::Error, at: u64) -> InflateError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            bad(at, "the zstd frame is cut short (the file ends inside it)")
+        }
+        _ => InflateError::Io(e),
+    }
+}
+
+/// The file through a window of large reads, for walking headers in order.
+struct Chunked<'r> {
     image: &'r dyn ReadAt,
     len: u64,
-    /// Image offset of the next frame.
-    in_pos: u64,
-    total: u64,
-    frames: Vec<FrameEntry>,
-    /// The frame being read, then its decoded bytes.
-    packed: Vec<u8>,
-    decoded: Vec<u8>,
-    done: bool,
+    buf: Vec<u8>,
+    buf_at: u64,
 }
 
-impl<'r> FrameIndexer<'r> {
-    pub fn new(image: &'r dyn ReadAt, len: u64) -> FrameIndexer<'r> {
-        FrameIndexer {
+impl<'r> Chunked<'r> {
+    fn new(image: &'r dyn ReadAt, len: u64) -> Chunked<'r> {
+        Chunked {
             image,
             len,
-            in_pos: 0,
-            total: 0,
-            frames: Vec::new(),
-            packed: Vec::new(),
-            decoded: Vec::new(),
-            done: false,
+            buf: Vec::new(),
+            buf_at: 0,
         }
     }
 
-    fn bad(&self, at: u64, why: impl Into<String>) -> InflateError {
-        InflateError::Bad {
-            at,
-            why: why.into(),
+    /// `n` bytes at `at` (`UnexpectedEof` past the end of the file).
+    fn bytes(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
+        let end = at + n as u64;
+        if end > self.len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
-    }
-
-    /// `n` bytes at `at` of the image, appended to `packed`; a frame that runs past the end of the
-    /// image is cut short.
-    fn take(&mut self, at: u64, n: usize, frame: u64) -> Result<(), InflateError> {
-        if at.checked_add(n as u64).is_none_or(|end| end > self.len) {
-            return Err(self.bad(
-                frame,
-                "the zstd frame is cut short (the file ends inside it)",
-            ));
+        if at < self.buf_at || end > self.buf_at + self.buf.len() as u64 {
+            let want = (self.len - at).min(CHUNK.max(n) as u64) as usize;
+            self.buf.resize(want, 0);
+            self.image.read_exact_at(&mut self.buf, at)?;
+            self.buf_at = at;
         }
-        let from = self.packed.len();
-        if from + n > MAX_UNIT {
-            return Err(self.too_big(frame));
-        }
-        self.packed.resize(from + n, 0);
-        self.image.read_exact_at(&mut self.packed[from..], at)?;
-        Ok(())
-    }
-
-    fn too_big(&self, frame: u64) -> InflateError {
-        self.bad(
-            frame,
-            format!(
-                "a zstd frame larger than {} MiB: packfs serves zstd streams written in frames \
-                 (pzstd, the seekable format, `packfs pack --compress zstd`), one frame decoded \
-                 per read; decompress this one once (`zstd -d`) and give the .tar, or write it \
-                 again in frames (`zstd -dc FILE | pzstd -p 8 -o FILE.zst`)",
-                MAX_UNIT >> 20
-            ),
-        )
-    }
-
-    /// The next frame's decoded bytes; empty at the end of the stream.
-    pub fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
-        loop {
-            if self.done || self.in_pos >= self.len {
-                self.done = true;
-                return Ok(&[]);
-            }
-            let at = self.in_pos;
-            let mut magic = [0u8; 8];
-            let n = (self.len - at).min(8) as usize;
-            self.image.read_exact_at(&mut magic[..n], at)?;
-            if n < 4 {
-                return Err(self.bad(at, "bytes after the last zstd frame are not a frame"));
-            }
-            let word = le::u32_at(&magic, 0);
-            if SKIPPABLE.contains(&word) {
-                if n < 8 {
-                    return Err(self.bad(at, "a skippable frame is cut short"));
-                }
-                let skip = le::u32_at(&magic, 4) as u64;
-                self.in_pos = at + 8 + skip;
-                if self.in_pos > self.len {
-                    return Err(self.bad(at, "a skippable frame runs past the end of the file"));
-                }
-                continue;
-            }
-            if word != MAGIC {
-                return Err(self.bad(at, "not a zstd frame (bad magic number)"));
-            }
-            self.read_frame(at)?;
-            // An empty chunk means the end: an empty frame is passed over.
-            if !self.decoded.is_empty() {
-                return Ok(&self.decoded);
-            }
-        }
-    }
-
-    /// Reads the frame at `at` (header, blocks, checksum) and decodes it into `decoded`.
-    fn read_frame(&mut self, at: u64) -> Result<(), InflateError> {
-        self.packed.clear();
-        self.take(at, 5, at)?;
-        let descriptor = self.packed[4];
-        let fcs_flag = descriptor >> 6;
-        let single_segment = descriptor & 0x20 != 0;
-        if descriptor & 0x08 != 0 {
-            return Err(self.bad(at, "a zstd frame header with its reserved bit set"));
-        }
-        let checksum = descriptor & 0x04 != 0;
-        let dict_len = [0, 1, 2, 4][(descriptor & 3) as usize];
-        let fcs_len = match fcs_flag {
-            0 => usize::from(single_segment),
-            1 => 2,
-            2 => 4,
-            _ => 8,
-        };
-        let header_rest = usize::from(!single_segment) + dict_len + fcs_len;
-        self.take(at + 5, header_rest, at)?;
-        let dict_at = 5 + usize::from(!single_segment);
-        if dict_len > 0
-            && self.packed[dict_at..dict_at + dict_len]
-                .iter()
-                .any(|&b| b != 0)
-        {
-            return Err(self.bad(
-                at,
-                "a zstd frame that needs a dictionary: decompress the file once with its \
-                 dictionary (`zstd -d -D DICT`) and give the .tar",
-            ));
-        }
-        let fcs_at = dict_at + dict_len;
-        let declared = match fcs_len {
-            0 => None,
-            1 => Some(self.packed[fcs_at] as u64),
-            2 => Some(le::u16_at(&self.packed, fcs_at) as u64 + 256),
-            4 => Some(le::u32_at(&self.packed, fcs_at) as u64),
-            _ => Some(le::u64_at(&self.packed, fcs_at)),
-        };
-        if declared.is_some_and(|d| d > MAX_UNIT as u64) {
-            return Err(self.too_big(at));
-        }
-        // The blocks: a 3-byte header each (last flag, type, size), then the block's bytes.
-        let mut pos = at + 5 + header_rest as u64;
-        loop {
-            let header_at = self.packed.len();
-            self.take(pos, 3, at)?;
-            let h = self.packed[header_at] as u32
-                | (self.packed[header_at + 1] as u32) << 8
-                | (self.packed[header_at + 2] as u32) << 16;
-            let (last, kind, size) = (h & 1 != 0, (h >> 1) & 3, (h >> 3) as usize);
-            let content = match kind {
-                0 | 2 => size,
-                1 => 1,
-                _ => return Err(self.bad(pos, "a zstd block of the reserved type")),
-            };
-            self.take(pos + 3, content, at)?;
-            pos += 3 + content as u64;
-            if last {
-                break;
-            }
-        }
-        if checksum {
-            self.take(pos, 4, at)?;
-            pos += 4;
-        }
-        // Decoded with a limit, so a frame that declares nothing cannot make the scan hold more.
-        self.decoded.clear();
-        let decoder = zstd::stream::read::Decoder::with_buffer(&self.packed[..])
-            .map_err(InflateError::Io)?
-            .single_frame();
-        let read = decoder
-            .take(MAX_UNIT as u64 + 1)
-            .read_to_end(&mut self.decoded);
-        if let Err(e) = read {
-            return Err(self.bad(at, format!("the zstd frame is corrupt: {e}")));
-        }
-        if self.decoded.len() > MAX_UNIT {
-            return Err(self.too_big(at));
-        }
-        if declared.is_some_and(|d| d != self.decoded.len() as u64) {
-            return Err(self.bad(
-                at,
-                format!(
-                    "the zstd frame decodes to {} bytes, its header says {}",
-                    self.decoded.len(),
-                    declared.unwrap_or(0)
-                ),
-            ));
-        }
-        if !self.decoded.is_empty() {
-            self.frames.push(FrameEntry {
-                in_at: at,
-                in_len: pos - at,
-                out_at: self.total,
-                codec: Codec::Zstd,
-            });
-        }
-        self.total += self.decoded.len() as u64;
-        self.in_pos = pos;
-        Ok(())
-    }
-
-    /// Walks the rest of the stream and appends its frame table to `tables`.
-    pub fn finish(mut self, tables: &mut TableFile) -> Result<Finished, InflateError> {
-        while !self.next_chunk()?.is_empty() {}
-        super::finish(tables, self.total, &self.frames)
+        let from = (at - self.buf_at) as usize;
+        Ok(&self.buf[from..from + n])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::framed::BlockIndexer;
     use crate::archive::inflate::Checkpoints;
     use crate::archive::plan::Piece;
+    use crate::archive::spill::TableFile;
 
     fn sample(len: usize, seed: u64) -> Vec<u8> {
         let mut x = seed;
@@ -280,7 +302,8 @@ mod tests {
         stream.extend_from_slice(&0x184D_2A5Eu32.to_le_bytes());
         stream.extend_from_slice(&3u32.to_le_bytes());
         stream.extend_from_slice(b"abc");
-        let mut indexer = FrameIndexer::new(&stream, stream.len() as u64);
+        let found = frames(&stream, stream.len() as u64).unwrap();
+        let mut indexer = BlockIndexer::new(&stream, found.clone());
         let mut decoded = Vec::new();
         loop {
             let chunk = indexer.next_chunk().unwrap();
@@ -292,7 +315,7 @@ mod tests {
         assert_eq!(decoded.len(), 75_000);
         assert!(decoded == parts.concat(), "the decoded stream differs");
         let mut tables = TableFile::new().unwrap();
-        let done = FrameIndexer::new(&stream, stream.len() as u64)
+        let done = BlockIndexer::new(&stream, found)
             .finish(&mut tables)
             .unwrap();
         assert_eq!(
@@ -323,7 +346,8 @@ mod tests {
         // A flipped byte in the second frame's checksum.
         let last = stream.len() - 1;
         stream[last] ^= 1;
-        let mut indexer = FrameIndexer::new(&stream, stream.len() as u64);
+        let found = frames(&stream, stream.len() as u64).unwrap();
+        let mut indexer = BlockIndexer::new(&stream, found);
         assert_eq!(indexer.next_chunk().unwrap().len(), 50_000);
         match indexer.next_chunk() {
             Err(InflateError::Bad { at, why }) => {
@@ -338,10 +362,7 @@ mod tests {
         big.push(0x50); // window descriptor
         big.extend_from_slice(&(1u64 << 40).to_le_bytes());
         big.extend_from_slice(&[1, 0, 0]); // a last raw block of 0 bytes
-        let err = FrameIndexer::new(&big, big.len() as u64)
-            .next_chunk()
-            .map(|c| c.len())
-            .unwrap_err();
+        let err = frames(&big, big.len() as u64).unwrap_err();
         assert!(err.to_string().contains("pzstd"), "{err}");
     }
 

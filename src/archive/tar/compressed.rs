@@ -9,7 +9,6 @@ use tracing::{debug, warn};
 
 use super::stream::{Chunks, Decoded};
 use super::walk;
-use crate::archive::framed::zstd::FrameIndexer;
 use crate::archive::framed::{self, BlockIndexer};
 use crate::archive::inflate::{self, Indexer, InflateError, Wrapper};
 use crate::archive::{ArchiveError, ScannedImage};
@@ -130,27 +129,13 @@ pub fn scan_gzip(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
     Ok(())
 }
 
-/// Scans a zstd-compressed tar written in frames: the tar is walked through its decoded stream,
-/// each frame decoded once, and the frame table that serves the members' bytes later (one frame
-/// decoded per read) is kept in `image.stream`.
+/// Scans a zstd-compressed tar written in frames: the frames are listed (from the seek table or
+/// the headers), then decoded for the walk, and their table is kept in `image.stream`.
 pub fn scan_zstd(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
     let path = image.path.clone();
-    let mut stream = Decoded::new(FrameIndexer::new(file, image.size));
-    walk_decoded(&mut stream, image, &ZSTD)?;
-    // The rest of the stream (after the end-of-archive blocks) is checked too, as `zstd -d` would.
-    let tables = image.tables().map_err(|e| ArchiveError::io(&path, e))?;
-    let done = stream
-        .indexer
-        .finish(tables)
-        .map_err(|e| stream_error(&path, &ZSTD, e))?;
-    debug!(
-        image = %path.display(),
-        decoded = done.total,
-        frames = done.frames,
-        "indexed the zstd stream"
-    );
-    image.stream = Some(done.table);
-    Ok(())
+    let frames =
+        framed::zstd::frames(file, image.size).map_err(|e| stream_error(&path, &ZSTD, e))?;
+    scan_blocks(BlockIndexer::new(file, frames), image, &ZSTD)
 }
 
 /// Scans an xz-compressed tar by block: the blocks are listed from the file's own index, then

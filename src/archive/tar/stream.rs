@@ -5,7 +5,6 @@
 use std::io;
 
 use crate::archive::framed::BlockIndexer;
-use crate::archive::framed::zstd::FrameIndexer;
 use crate::archive::inflate::{Indexer, InflateError};
 use crate::source::read_at::ReadAt;
 
@@ -106,12 +105,6 @@ pub(super) trait Chunks {
 impl Chunks for Indexer<'_> {
     fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
         Indexer::next_chunk(self)
-    }
-}
-
-impl Chunks for FrameIndexer<'_> {
-    fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
-        FrameIndexer::next_chunk(self)
     }
 }
 
