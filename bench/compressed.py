@@ -2,12 +2,14 @@
 """Compressed tars served by frame and block, against ratarmount on the same files, and
 `packfs pack --compress zstd` against `tar | zstd -T0`.
 
-    sudo python3 bench/compressed.py [--dataset imagenet-20k] [--formats zst,xz,bz2]
-        [--files 1000] [--readers 1,8] [--deadline 40] [--cache-size 256M] [--work /tmp/packfs-bench]
+    sudo python3 bench/compressed.py [--dataset imagenet-20k | --tree DIR] [--formats zst,xz,bz2]
+        [--frame-sizes 256K,1M] [--files 1000] [--readers 1,8] [--deadline 40]
+        [--cache-size 256M] [--work /tmp/packfs-bench] [--index-only]
 
 For the dataset's tree (bench/gen_dataset.py):
-1. pack: `packfs pack --compress zstd --shards 1` against `tar -cf - | zstd -T0 -3` at the same
-   level (wall time, compressed size), both after dropping the page cache.
+1. pack: `packfs pack --compress zstd --shards 1` (at each --frame-sizes) against
+   `tar -cf - | zstd -T0 -3` at the same level (wall time, compressed size), both after dropping
+   the page cache; and plain `packfs pack`.
 2. The images: the plain all.tar; the packed .tar.zst (seekable format, 256 KiB frames);
    `xz -T2 -6` of all.tar (xz's own block size, 24 MiB); `lbzip2 -n 2 -9` (900 kB blocks).
 3. For each compressed image, for packfs and for ratarmount (indexed_zstd, python-xz and
@@ -37,13 +39,19 @@ def wall(cmd, shell=False):
     return time.perf_counter() - t0
 
 
-def pack(args, ds, work, results):
-    """`packfs pack --compress zstd` against tar piped into zstd -T0, same level."""
-    tree = os.path.join(ds, "tree")
-    out = os.path.join(work, "pack")
-    secs = wall([PACKFS, "pack", tree, "-o", out, "--name", "all", "--shards", "1",
-                 "--compress", "zstd:3"])
-    packed = os.path.join(out, "all-000000.tar.zst")
+def pack(args, tree, work, results):
+    """`packfs pack --compress zstd` (at each frame size) against tar piped into zstd -T0, same
+    level; returns the shard packed with the first frame size."""
+    results["pack"] = {"frames": []}
+    first = None
+    for frame in args.frame_sizes.split(","):
+        out = os.path.join(work, f"pack-{frame}")
+        secs = wall([PACKFS, "pack", tree, "-o", out, "--name", "all", "--shards", "1",
+                     "--compress", "zstd:3", "--frame-size", frame])
+        packed = os.path.join(out, "all-000000.tar.zst")
+        results["pack"]["frames"].append({"frame": frame, "s": secs,
+                                          "bytes": os.path.getsize(packed)})
+        first = first or packed
     ref = os.path.join(work, "tar-zstd.tar.zst")
     ref_secs = wall(f"tar -cf - -C {os.path.dirname(tree)} {os.path.basename(tree)} | "
                     f"zstd -q -T0 -3 -c > {ref}", shell=True)
@@ -51,17 +59,17 @@ def pack(args, ds, work, results):
     plain_secs = wall([PACKFS, "pack", tree, "-o", plain, "--name", "all", "--shards", "1"])
     tar_bytes = os.path.getsize(os.path.join(plain, "all-000000.tar"))
     shutil.rmtree(plain)
-    results["pack"] = {
-        "packfs_s": secs, "packfs_bytes": os.path.getsize(packed),
-        "tar_zstd_s": ref_secs, "tar_zstd_bytes": os.path.getsize(ref),
-        "plain_pack_s": plain_secs, "tar_bytes": tar_bytes,
-    }
     p = results["pack"]
-    print(f"pack --compress zstd:3 {secs:.1f} s, ratio {tar_bytes / p['packfs_bytes']:.3f}; "
-          f"tar | zstd -T0 -3 {ref_secs:.1f} s, ratio {tar_bytes / p['tar_zstd_bytes']:.3f} "
-          f"(time {secs / ref_secs:.2f}x); plain pack {plain_secs:.1f} s", flush=True)
+    p.update({"tar_zstd_s": ref_secs, "tar_zstd_bytes": os.path.getsize(ref),
+              "plain_pack_s": plain_secs, "tar_bytes": tar_bytes})
+    print(f"tar | zstd -T0 -3: {ref_secs:.1f} s, ratio {tar_bytes / p['tar_zstd_bytes']:.3f}; "
+          f"plain pack {plain_secs:.1f} s", flush=True)
+    for f in p["frames"]:
+        print(f"pack --compress zstd:3 --frame-size {f['frame']}: {f['s']:.1f} s "
+              f"({f['s'] / ref_secs:.2f}x tar | zstd), ratio {tar_bytes / f['bytes']:.3f}",
+              flush=True)
     os.remove(ref)
-    return packed
+    return first
 
 
 def main():
@@ -74,13 +82,31 @@ def main():
     ap.add_argument("--cache-size", default="256M")
     ap.add_argument("--work", default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--index-only", action="store_true", help="pack and index times, no reads")
+    ap.add_argument("--tree", help="a directory to use instead of a generated dataset (its "
+                    "all.tar is made under --work)")
+    ap.add_argument("--frame-sizes", default="256K",
+                    help="frame sizes to pack with (comma-separated); reads use the first")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: cold passes drop the page cache")
     if not shutil.which("ratarmount"):
         sys.exit("ratarmount is not installed (bench/install_peers.sh)")
-    ds, meta = harness.ensure_dataset(args.dataset, args.work)
-    tar = os.path.join(ds, "all.tar")
+    if args.tree:
+        tree = os.path.abspath(args.tree)
+        ds = os.path.join(args.work, "tree-" + os.path.basename(tree))
+        os.makedirs(ds, exist_ok=True)
+        meta = {"tree": tree}
+        tar = os.path.join(ds, "all.tar")
+        if not os.path.exists(tar):
+            subprocess.run(["tar", "-cf", tar + ".tmp", "-C", os.path.dirname(tree),
+                            os.path.basename(tree)], check=True)
+            os.rename(tar + ".tmp", tar)
+        args.dataset = "tree-" + os.path.basename(tree)
+    else:
+        ds, meta = harness.ensure_dataset(args.dataset, args.work)
+        tree = os.path.join(ds, "tree")
+        tar = os.path.join(ds, "all.tar")
     work = tempfile.mkdtemp(dir=args.work, prefix="compressed-")
     results = {"dataset": args.dataset, "meta": meta, "files": args.files,
                "cache_size": args.cache_size, "host": platform.node(), "cpus": os.cpu_count(),
@@ -88,7 +114,7 @@ def main():
     formats = args.formats.split(",")
     images = {"tar": tar}
     if "zst" in formats:
-        images["zst"] = pack(args, ds, work, results)
+        images["zst"] = pack(args, tree, work, results)
     for f in formats:
         if f in COMPRESS:
             out = os.path.join(ds, f"all.tar.{f}")
@@ -120,15 +146,18 @@ def main():
         print(f"{name:4} {info['bytes'] / 1e6:8.1f} MB: packfs index {secs:6.1f} s"
               + (f", ratarmount {rat:6.1f} s ({rat / secs:.2f}x)" if rat else ""), flush=True)
 
+    if args.index_only:
+        images = {}
     paths = []
-    tree = os.path.join(ds, "tree")
     for root, _, names in os.walk(tree):
         paths += [os.path.relpath(os.path.join(root, n), tree) for n in names]
     paths.sort()
     random.Random(11).shuffle(paths)
     # Members as the packed shard names them (under the tree's own name) and as all.tar does.
     listing = {}
-    for kind, prefix in (("tar", ""), ("zst", os.path.basename(tree) + "/")):
+    # (all.tar of a generated dataset holds the tree's content; of --tree, the tree by its name)
+    tar_prefix = os.path.basename(tree) + "/" if args.tree else ""
+    for kind, prefix in (("tar", tar_prefix), ("zst", os.path.basename(tree) + "/")):
         listing[kind] = os.path.join(work, f"sample-{kind}")
         with open(listing[kind], "w") as f:
             f.write("".join(prefix + p + "\n" for p in paths[:args.files]))
@@ -165,7 +194,7 @@ def main():
           "packfs warm (x plain tar) | ratarmount warm | RSS packfs / ratarmount |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in images:
-        if name == "tar":
+        if name == "tar" or not rate(name, "packfs", 1, "cold")[1]:
             continue
         for readers in [int(r) for r in args.readers.split(",")]:
             (pc, pr), (rc, rr) = (rate(name, "packfs", readers, "cold"),

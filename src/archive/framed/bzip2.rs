@@ -154,9 +154,15 @@ impl<'r> Bits<'r> {
         let mut i = first;
         while i < self.len {
             window = window << 8 | self.byte(i)? as u64;
+            i += 1;
+            // A magic that ends in byte i - 1 covers the byte two before it whole, whatever its
+            // shift: only where that byte can belong to one are the shifts tried (1 byte in 16).
+            if !MAGIC_BYTES[((window >> 16) & 0xFF) as usize] {
+                continue;
+            }
             // Magics ending in this byte, k bits before its end: earliest start first.
             for k in (0..8).rev() {
-                let start = ((i + 1) * 8).checked_sub(48 + k);
+                let start = (i * 8).checked_sub(48 + k);
                 let v = (window >> k) & MASK48;
                 if let Some(start) = start.filter(|&s| s >= from && s >= first * 8)
                     && (v == BLOCK_MAGIC || v == END_MAGIC)
@@ -164,11 +170,26 @@ impl<'r> Bits<'r> {
                     return Ok(Some((start, v)));
                 }
             }
-            i += 1;
         }
         Ok(None)
     }
 }
+
+/// The bytes a magic, at any of its eight shifts, puts whole two bytes before the one it ends in.
+const MAGIC_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let magics = [BLOCK_MAGIC, END_MAGIC];
+    let mut m = 0;
+    while m < 2 {
+        let mut k = 0;
+        while k < 8 {
+            t[((magics[m] << k) >> 16 & 0xFF) as usize] = true;
+            k += 1;
+        }
+        m += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {

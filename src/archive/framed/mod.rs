@@ -17,6 +17,8 @@ pub mod zstd;
 
 use std::collections::VecDeque;
 
+use rayon::prelude::*;
+
 use crate::archive::codec::Codec;
 use crate::archive::inflate::InflateError;
 use crate::archive::inflate::table::{self, FrameEntry};
@@ -63,6 +65,11 @@ pub fn attach(
     Ok(())
 }
 
+/// Decoded bytes (or compressed, when not declared) a batch of pieces reaches before it stops
+/// taking more, once it has one per thread; and the most pieces in a batch.
+const BATCH_BYTES: u64 = 16 << 20;
+const BATCH_PIECES: usize = 64;
+
 /// One piece, found before it is decoded: its compressed bytes, its codec, and its decoded size
 /// when the format declares it (xz's index does; bzip2 says nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +81,7 @@ pub struct Block {
 }
 
 /// Decodes a stream's pieces, found beforehand, in order for the tar walk, several at a time on
-/// their own threads: the scan of a `.tar.bz2` or `.tar.xz` runs at the decoders' speed times the
+/// rayon's threads: the scan of a `.tar.bz2` or `.tar.xz` runs at the decoders' speed times the
 /// cores, not one decoder's.
 pub struct BlockIndexer<'r> {
     image: &'r dyn ReadAt,
@@ -94,7 +101,7 @@ pub struct BlockIndexer<'r> {
 
 impl<'r> BlockIndexer<'r> {
     pub fn new(image: &'r dyn ReadAt, blocks: Vec<Block>) -> BlockIndexer<'r> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        let threads = rayon::current_num_threads();
         BlockIndexer {
             image,
             blocks,
@@ -138,23 +145,25 @@ impl<'r> BlockIndexer<'r> {
         }
     }
 
-    /// Decodes the next pieces, one per thread, into `ready`; the first failure (in stream order)
-    /// is the stream's, unless it is a bzip2 block cut short by a chance magic, which is then
-    /// joined with the next piece and tried again.
+    /// Decodes the next pieces on rayon's threads into `ready`: at least one per thread, and
+    /// small ones by the dozen (`BATCH_BYTES`), so that 256 KiB frames cost no hand-off each. The
+    /// first failure (in stream order) is the stream's, unless it is a bzip2 block cut short by a
+    /// chance magic, which is then joined with the next piece and tried again.
     fn decode_batch(&mut self) {
-        let end = (self.next + self.threads).min(self.blocks.len());
+        let mut end = self.next;
+        let mut bytes = 0u64;
+        while end < self.blocks.len()
+            && (end - self.next < self.threads
+                || (bytes < BATCH_BYTES && end - self.next < BATCH_PIECES))
+        {
+            let b = &self.blocks[end];
+            bytes += b.size.unwrap_or(b.in_len);
+            end += 1;
+        }
         let batch = &self.blocks[self.next..end];
         let image = self.image;
-        let results: Vec<Result<Vec<u8>, InflateError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .iter()
-                .map(|b| s.spawn(move || decode(image, b)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
+        let results: Vec<Result<Vec<u8>, InflateError>> =
+            batch.par_iter().map(|b| decode(image, b)).collect();
         for (j, r) in results.into_iter().enumerate() {
             match r {
                 Ok(out) => self.ready.push_back(out),

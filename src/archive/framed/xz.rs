@@ -15,8 +15,10 @@ use crate::util::le;
 
 const HEADER_MAGIC: [u8; 6] = [0xFD, b'7', b'z', b'X', b'Z', 0];
 const FOOTER_MAGIC: [u8; 2] = *b"YZ";
-/// The largest index packfs reads (2 bytes per block at least: millions of blocks).
-const MAX_INDEX: u64 = 64 << 20;
+/// The largest index packfs reads: 8 MiB list a million blocks and more (6 bytes per record for
+/// blocks of 16 MiB), 20 TB of data; and the records it can hold (2 bytes each at least) cost
+/// 224 MB of memory at most while the file is indexed.
+const MAX_INDEX: u64 = 8 << 20;
 
 fn bad(at: u64, why: impl Into<String>) -> InflateError {
     InflateError::Bad {
