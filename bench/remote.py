@@ -3,7 +3,8 @@
 injected latency (tests/support/objserver.py serves both layouts from /dev/shm over HTTP/1.1 and
 counts every request).
 
-For each latency (ms per request) and each reader count, one cold epoch of random reads:
+For each latency (ms per request) and each reader count, one cold epoch of random reads (or, with
+`--order archive`, of the files in the order the shards hold them, shard after shard):
   - per-object: every sample is its own object, fetched with one GET each by N threads
     (keep-alive connections), the access pattern of mountpoint-s3 over one object per file;
   - packfs: the samples in tar shards, mounted from a local index (`packfs mount INDEX`), N
@@ -12,6 +13,7 @@ For each latency (ms per request) and each reader count, one cold epoch of rando
     from a cold page cache once staging is complete.
 Requests and bytes are the server's counts. Usage:
   bench/remote.sh [--files 4000] [--size 110000] [--shards 8] [--latency 5,20] [--readers 8,32]
+      [--order random|archive] [--runs object,packfs,stage]
 """
 
 import argparse
@@ -162,6 +164,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "out/remote.json"))
     ap.add_argument("--mount-args", default="", help="extra options for every packfs mount")
     ap.add_argument("--runs", default="object,packfs,stage", help="which runs, of object,packfs,stage")
+    ap.add_argument("--order", default="random", choices=["random", "archive"])
     args = ap.parse_args()
 
     objects = make_dataset(args.work, args.files, args.size, args.shards)
@@ -184,6 +187,13 @@ def main():
             for readers in [int(x) for x in args.readers.split(",")]:
                 order = names[:]
                 random.Random(readers).shuffle(order)
+                if args.order == "archive":
+                    order = []
+                    for k in range(args.shards):
+                        with tarfile.open(os.path.join(objects, f"shard-{k:06d}.tar")) as t:
+                            order += [m.name for m in t.getmembers() if m.isfile()]
+                    # The reader threads take files from the end of the list.
+                    order.reverse()
 
                 runs = args.runs.split(",")
                 extra = args.mount_args.split()
@@ -222,9 +232,14 @@ def main():
         server.kill()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"files": len(names), "shards": args.shards, "rows": rows}, f, indent=1)
+        json.dump({"files": len(names), "shards": args.shards, "order": args.order, "rows": rows},
+                  f, indent=1)
+    tar_bytes = sum(os.path.getsize(os.path.join(objects, f"shard-{k:06d}.tar"))
+                    for k in range(args.shards))
     print()
-    print(f"{len(names)} files of ~{args.size // 1000} kB, {args.shards} shards; cold epoch of random reads")
+    print(f"{len(names)} files of ~{args.size // 1000} kB, {args.shards} shards "
+          f"({tar_bytes / 1e6:.0f} MB, {-(-tar_bytes // (1 << 20))} chunks of 1 MiB); cold epoch, "
+          f"{args.order} order")
     print()
     print("| latency | readers | run | files/s | vs one object per file | requests | GETs | MB |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")

@@ -766,3 +766,82 @@ fn no_secret_reaches_any_log_at_any_level() {
     assert!(text.lines().count() > 20, "{text}");
     leaks("the daemon's log", &text);
 }
+
+/// A shard larger than half the RAM cache is read exactly, one GET per file, unless a reader walks
+/// it in archive order: then three files in a row make a stream, read in whole chunks with
+/// read-ahead, and the walk costs about one GET per chunk. A random order stays one per file.
+#[test]
+fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // 240 files of 10-90 kB in 8 directories: 12 MB of tar, 12 chunks of 1 MiB.
+    let mut names = Vec::new();
+    for i in 0..240u64 {
+        let name = format!("d{}/f{i:03}.bin", i % 8);
+        write_file(
+            &src.join(&name),
+            &bytes(i, 10_000 + (i as usize * 3_331) % 80_000),
+            0o644,
+        );
+        names.push(name);
+    }
+    names.sort();
+    let shards = dir.path().join("shards");
+    fs::create_dir(&shards).unwrap();
+    let shard = shards.join("walk.tar");
+    run(Command::new("tar")
+        .args(["--sort=name", "--format=gnu", "-cf"])
+        .arg(&shard)
+        .arg("-C")
+        .arg(&src)
+        .args(["d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7"]));
+    let tar_len = fs::metadata(&shard).unwrap().len();
+    let chunks = tar_len.div_ceil(1 << 20);
+    let server = objserver(Some(&shards), None);
+    let home = dir.path();
+    let url = format!("{}/walk.tar", server.url);
+    let mount = |name: &str| {
+        let mut cmd = pk("http://127.0.0.1:9", home);
+        cmd.args(["mount", "--cache-size", "8M"]).arg(&url);
+        RemoteMount::new(cmd, &dir.path().join(name))
+    };
+    let gets = || control(&server, "_stats")["gets"].as_u64().unwrap();
+
+    // In archive order (GNU tar sorted the members by name).
+    let m = mount("in-order");
+    let before = gets();
+    for name in &names {
+        assert!(fs::read(m.dir.join(name)).unwrap() == fs::read(src.join(name)).unwrap());
+    }
+    let walked = gets() - before;
+    let counters = m.wait_for("http://127.0.0.1:9", home, |c| {
+        c["served"]["streams"].as_u64().unwrap() >= 1
+    });
+    assert!(
+        walked * 10 <= chunks * 12 + 20,
+        "{walked} GETs for {chunks} chunks: {counters}"
+    );
+    drop(m);
+
+    // In a random order, on a fresh mount: one GET per file.
+    let m = mount("random");
+    let mut order = names.clone();
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let before = gets();
+    for name in &order {
+        assert!(fs::read(m.dir.join(name)).unwrap() == fs::read(src.join(name)).unwrap());
+    }
+    let random = gets() - before;
+    eprintln!(
+        "archive order: {walked} GETs for {chunks} chunks; random order: {random} GETs for {} files",
+        names.len()
+    );
+    assert!(
+        (names.len() as u64..=names.len() as u64 + 8).contains(&random),
+        "{random} GETs for {} files in a random order",
+        names.len()
+    );
+}

@@ -125,6 +125,16 @@ fn render(m: &MountStatus) -> String {
         human(source),
         int(&c["source"], "reads")
     );
+    if int(served, "streams") > 0 {
+        let _ = writeln!(
+            out,
+            "  in order  {} reader(s) walking an image in order, read in chunks with read-ahead: \
+             {}, {} chunks fetched ahead",
+            int(served, "streams"),
+            human(int(served, "streamed_bytes")),
+            int(served, "read_ahead_chunks")
+        );
+    }
     let ram_c = &c["ram"];
     let (hits, loads) = (int(ram_c, "hits"), int(ram_c, "loads"));
     let _ = writeln!(

@@ -13,6 +13,7 @@ use super::Source;
 use super::ram_cache::{CHUNK_TAG, RamCache, RamStats};
 use super::read_ahead::ReadAhead;
 use super::stage::{Stage, chunk_len};
+use super::streams::Streams;
 
 /// How a read wants its bytes fetched when they are not staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +30,10 @@ pub struct TierStats {
     pub ram_bytes: u64,
     /// Source chunks fetched ahead of sequential readers.
     pub read_ahead_chunks: u64,
+    /// Readers found walking an image in order across files (switched to chunks), and the
+    /// bytes they read that way.
+    pub streams: u64,
+    pub streamed_bytes: u64,
     pub staged_bytes: u64,
     pub source_bytes: u64,
 }
@@ -38,6 +43,8 @@ pub struct Images {
     ram: Arc<RamCache>,
     /// Fetches ahead of readers that walk an image in order (when chunks are fetched).
     read_ahead: Option<ReadAhead>,
+    /// Readers walking an image in order across files, whose reads go in chunks.
+    streams: Streams,
     stage: Option<Arc<Stage>>,
     chunk_size: u64,
     /// Fetch stored bytes in chunks through the RAM tier, for every image (besides the images
@@ -70,12 +77,13 @@ impl Images {
         let has_ram = ram_budget > 0;
         let chunked = chunked && has_ram;
         let ram = Arc::new(RamCache::new(ram_budget));
-        let read_ahead = (has_ram && (chunked || stage.is_some()))
-            .then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size));
+        let read_ahead = has_ram.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size));
+        let streams = Streams::new(source.image_count());
         Images {
             source,
             ram,
             read_ahead,
+            streams,
             stage,
             chunk_size,
             chunked,
@@ -109,6 +117,8 @@ impl Images {
     pub fn stats(&self) -> TierStats {
         TierStats {
             read_ahead_chunks: self.read_ahead.as_ref().map_or(0, ReadAhead::fetched),
+            streams: self.streams.detected(),
+            streamed_bytes: self.streams.streamed(),
             ram_bytes: self.ram_bytes.load(Ordering::Relaxed),
             staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
@@ -129,7 +139,14 @@ impl Images {
         // 7.6x the dataset per epoch for the other shares of 4 nodes. Read exactly then.
         let kept = self.stage.as_ref().filter(|s| s.keeps(image));
         let staging = kept.is_some_and(|s| !s.stopped());
-        let chunked = fetch == Fetch::Chunks && self.has_ram && (self.chunked || staging);
+        let wants_chunks = fetch == Fetch::Chunks && self.has_ram;
+        // A reader walking the image in order across files reads it in chunks (and so with
+        // read-ahead): one request per chunk, not one per file (`streams`).
+        let streaming = wants_chunks
+            && !self.chunked
+            && !staging
+            && self.streams.note(image, offset, buf.len() as u64);
+        let chunked = wants_chunks && (self.chunked || staging || streaming);
         // Nothing local can hold these bytes: one read of exactly them, not one per chunk.
         if kept.is_none() && !chunked {
             return self.read_source(image, offset, buf);
@@ -150,11 +167,22 @@ impl Images {
             if chunked {
                 let start = i * self.chunk_size;
                 let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
-                let fetched = self.ram.fetch(image, CHUNK_TAG | start, || {
-                    let mut bytes = vec![0u8; len as usize];
-                    self.source.read_exact_at(image, start, &mut bytes)?;
-                    Ok(bytes)
-                });
+                let pinned = streaming
+                    .then(|| self.read_ahead.as_ref()?.pinned(image, start))
+                    .flatten();
+                let fetched = match pinned {
+                    Some(chunk) => Ok((chunk, false)),
+                    None => self.ram.fetch(image, CHUNK_TAG | start, || {
+                        let mut bytes = vec![0u8; len as usize];
+                        self.source.read_exact_at(image, start, &mut bytes)?;
+                        Ok(bytes)
+                    }),
+                };
+                if let (true, Some(ahead), Ok((chunk, true))) =
+                    (streaming, &self.read_ahead, &fetched)
+                {
+                    ahead.pin(image, start, chunk.clone());
+                }
                 if let (Some(ahead), Ok((_, true))) = (&self.read_ahead, &fetched) {
                     let chunks = self.image_size(image).div_ceil(self.chunk_size);
                     ahead.missed(&self.ram, image, i, chunks, self.chunk_size);

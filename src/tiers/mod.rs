@@ -13,6 +13,7 @@ mod read_ahead;
 pub mod served_by;
 mod source;
 pub mod stage;
+mod streams;
 
 use std::path::PathBuf;
 use std::sync::Arc;

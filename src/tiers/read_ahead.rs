@@ -3,14 +3,20 @@
 //! are fetched into the RAM tier by background threads while the reader consumes these. On an
 //! object store each chunk is a round trip of milliseconds; a sequential reader then waits for
 //! none of them after the first two.
+//!
+//! The chunks of readers walking in order are also kept in a small window of their own until they
+//! are read (`pin`, `pinned`): the RAM cache admits new entries into a cold part of 3% of its
+//! budget, where a chunk fetched ahead could be evicted by the next one before its reader comes
+//! (measured: 19 chunk loads for a 12-chunk walk under an 8 MiB cache).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Sender, TrySendError, bounded};
 
 use super::Source;
-use super::ram_cache::{CHUNK_TAG, RamCache};
+use super::ram_cache::{CHUNK_TAG, Decoded, RamCache};
 use super::stage::chunk_len;
 
 /// Chunks fetched ahead of a sequential reader.
@@ -20,9 +26,16 @@ const DEPTH: u64 = 2;
 const THREADS: usize = 2;
 /// Chunks waiting for a thread; more are dropped (a hint, not a promise).
 const QUEUE: usize = 16;
+/// Chunks kept for readers walking in order, beyond the RAM cache's budget: each of a few
+/// streams' current chunk and the `DEPTH` ahead of it.
+const PINNED: usize = 8;
+
+/// Recently fetched chunks of readers walking in order, oldest first: (image, chunk start).
+type Window = Mutex<VecDeque<((u32, u64), Decoded)>>;
 
 pub struct ReadAhead {
     queue: Sender<(u32, u64)>,
+    window: Arc<Window>,
     /// Per image: the last chunk missed, plus one (0: none yet).
     last_miss: Vec<AtomicU64>,
     /// Chunks fetched ahead so far.
@@ -33,9 +46,15 @@ impl ReadAhead {
     pub fn new(source: Arc<Source>, ram: Arc<RamCache>, chunk_size: u64) -> ReadAhead {
         let (queue, jobs) = bounded::<(u32, u64)>(QUEUE);
         let fetched = Arc::new(AtomicU64::new(0));
+        let window: Arc<Window> = Arc::default();
         for n in 0..THREADS {
-            let (jobs, source, ram, fetched) =
-                (jobs.clone(), source.clone(), ram.clone(), fetched.clone());
+            let (jobs, source, ram, fetched, window) = (
+                jobs.clone(),
+                source.clone(),
+                ram.clone(),
+                fetched.clone(),
+                window.clone(),
+            );
             let spawned = std::thread::Builder::new()
                 .name(format!("read-ahead-{n}"))
                 .spawn(move || {
@@ -49,8 +68,9 @@ impl ReadAhead {
                             Ok(bytes)
                         });
                         // A failed fetch is the reader's to meet and report, with its own read.
-                        if let Ok((_, true)) = loaded {
+                        if let Ok((chunk, true)) = loaded {
                             fetched.fetch_add(1, Ordering::Relaxed);
+                            pin_in(&window, image, start, chunk);
                         }
                     }
                 });
@@ -63,6 +83,7 @@ impl ReadAhead {
             .collect();
         ReadAhead {
             queue,
+            window,
             last_miss,
             fetched,
         }
@@ -92,4 +113,29 @@ impl ReadAhead {
     pub fn fetched(&self) -> u64 {
         self.fetched.load(Ordering::Relaxed)
     }
+
+    /// Keeps the chunk at `start` of `image`, just fetched for a reader walking in order.
+    pub fn pin(&self, image: u32, start: u64, chunk: Decoded) {
+        pin_in(&self.window, image, start, chunk);
+    }
+
+    /// The chunk at `start` of `image` if it is kept.
+    pub fn pinned(&self, image: u32, start: u64) -> Option<Decoded> {
+        let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        window
+            .iter()
+            .find(|(key, _)| *key == (image, start))
+            .map(|(_, chunk)| chunk.clone())
+    }
+}
+
+fn pin_in(window: &Window, image: u32, start: u64, chunk: Decoded) {
+    let mut window = window.lock().unwrap_or_else(|p| p.into_inner());
+    if window.iter().any(|(key, _)| *key == (image, start)) {
+        return;
+    }
+    if window.len() == PINNED {
+        window.pop_front();
+    }
+    window.push_back(((image, start), chunk));
 }

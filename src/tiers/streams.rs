@@ -1,0 +1,188 @@
+//! Readers that walk an image in order, across its files: pack order, `cp -r`, `tar`, `verify`,
+//! WebDataset-style epochs, the shard-ordered sampler. Where stored bytes are otherwise read
+//! exactly (an image larger than half the RAM cache, no stage), each file would cost a request of
+//! its own: one GET per sample on an object store, one RPC per sample on a parallel file system.
+//! A read that starts just after where a tracked run of reads ended (a tar header and padding
+//! apart: the next file) extends the run by a file; one that continues it (the next request of
+//! the same file, or a little behind when the kernel's requests overtake each other) extends it
+//! without counting. From its `RUN`th file on the run is a stream, read in whole chunks through
+//! the RAM tier, so the chunk read-ahead (`read_ahead`) fetches ahead of it. One large file read
+//! alone in order is not a stream: chunks would add up to two chunks of its neighbours' bytes
+//! to it, which a random epoch of large files would pay for every file. A read anywhere else starts a new
+//! run in the least recently used slot: random readers stay exact, and a stream that jumps is
+//! abandoned (its chunks stay in the cache until evicted).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Runs tracked per image: concurrent readers walking one image in order (DataLoader workers on
+/// one shard) each keep their own.
+const SLOTS: usize = 4;
+/// How far past a run's end a read may start and still extend it: a tar header with its padding,
+/// or a PAX header (a member's 512-byte header, up to 511 bytes of padding, a few KiB of PAX).
+const GAP: u64 = 64 << 10;
+/// How far before a run's end a read may start: the kernel's requests for one file travel on
+/// several threads and arrive a little out of order.
+const BEHIND: u64 = 1 << 20;
+/// Files in a row before a run is a stream: three files read in order are a pattern, one or two
+/// are chance.
+const RUN: u32 = 3;
+
+#[derive(Clone, Copy, Default)]
+struct Run {
+    end: u64,
+    /// Files the run went through (0: an empty slot).
+    files: u32,
+    /// When the run was last extended (a counter per image), for replacing the oldest.
+    used: u64,
+}
+
+#[derive(Default)]
+struct Slots {
+    runs: [Run; SLOTS],
+    clock: u64,
+}
+
+pub struct Streams {
+    images: Vec<Mutex<Slots>>,
+    /// Runs that became streams, and bytes read as part of one.
+    detected: AtomicU64,
+    streamed: AtomicU64,
+}
+
+impl Streams {
+    pub fn new(images: usize) -> Streams {
+        Streams {
+            images: (0..images).map(|_| Mutex::default()).collect(),
+            detected: AtomicU64::new(0),
+            streamed: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes a read of `len` bytes at `offset` of `image`; whether it belongs to a stream.
+    pub fn note(&self, image: u32, offset: u64, len: u64) -> bool {
+        let Some(slots) = self.images.get(image as usize) else {
+            return false;
+        };
+        let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.clock += 1;
+        let now = slots.clock;
+        let end = offset.saturating_add(len);
+        let extends = |r: &Run| {
+            r.files > 0 && offset <= r.end.saturating_add(GAP) && end > r.end.saturating_sub(BEHIND)
+        };
+        if let Some(run) = slots.runs.iter_mut().find(|r| extends(r)) {
+            if offset > run.end {
+                // After a gap: the next file.
+                run.files = run.files.saturating_add(1);
+                if run.files == RUN {
+                    self.detected.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            run.end = run.end.max(end);
+            run.used = now;
+            if run.files >= RUN {
+                self.streamed.fetch_add(len, Ordering::Relaxed);
+                return true;
+            }
+            return false;
+        }
+        let oldest = slots
+            .runs
+            .iter_mut()
+            .min_by_key(|r| r.used)
+            .expect("SLOTS > 0");
+        *oldest = Run {
+            end,
+            files: 1,
+            used: now,
+        };
+        false
+    }
+
+    /// Runs that became streams so far.
+    pub fn detected(&self) -> u64 {
+        self.detected.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read as part of a stream so far.
+    pub fn streamed(&self) -> u64 {
+        self.streamed.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Files of `sizes` laid out as a tar lays them out: a header before each, padding after.
+    fn tar_layout(sizes: &[u64]) -> Vec<(u64, u64)> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                at += 512;
+                let file = (at, s);
+                at += s.div_ceil(512) * 512;
+                file
+            })
+            .collect()
+    }
+
+    #[test]
+    fn files_read_in_archive_order_become_a_stream_and_random_ones_do_not() {
+        let files = tar_layout(&[3000, 110_000, 800, 40_000, 5, 70_000, 2_000_000, 100]);
+        let s = Streams::new(2);
+        let streamed: Vec<bool> = files.iter().map(|&(at, n)| s.note(0, at, n)).collect();
+        assert_eq!(streamed, [false, false, true, true, true, true, true, true]);
+        assert_eq!(s.detected(), 1);
+        // The same files in a scattered order, on another image: never a stream.
+        let s = Streams::new(2);
+        for k in [5, 1, 7, 3, 0, 6, 2, 4] {
+            let (at, n) = files[k];
+            assert!(!s.note(1, at, n), "file {k}");
+        }
+        assert_eq!(s.detected(), 0);
+    }
+
+    #[test]
+    fn two_readers_walking_one_image_keep_their_streams() {
+        let a = tar_layout(&[10_000; 20]);
+        let s = Streams::new(1);
+        let far = 1 << 30;
+        let mut streamed = 0;
+        for &(at, n) in &a {
+            streamed += s.note(0, at, n) as u32;
+            streamed += s.note(0, far + at, n) as u32;
+        }
+        assert_eq!(s.detected(), 2);
+        assert_eq!(streamed, 2 * (20 - (RUN - 1)));
+    }
+
+    #[test]
+    fn one_large_file_read_in_order_is_not_a_stream() {
+        let s = Streams::new(1);
+        for k in 0..64u64 {
+            assert!(!s.note(0, 512 + k * 131_072, 131_072), "request {k}");
+        }
+        // Its requests arriving a little out of order do not start new runs either.
+        assert!(!s.note(0, 512 + 10 * 131_072, 131_072));
+        assert_eq!(s.detected(), 0);
+    }
+
+    proptest! {
+        /// Reads at random offsets far apart (more than a gap) never count as a stream.
+        #[test]
+        fn scattered_reads_are_never_a_stream(offsets in prop::collection::vec(0u64..1 << 40, 1..200)) {
+            let s = Streams::new(1);
+            let mut sorted = offsets.clone();
+            sorted.sort();
+            let spread = sorted.windows(2).all(|w| w[1] - w[0] > 4 * (GAP + BEHIND));
+            prop_assume!(spread);
+            for &o in &offsets {
+                prop_assert!(!s.note(0, o, 4096));
+            }
+        }
+    }
+}
