@@ -800,11 +800,14 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
     let server = objserver(Some(&shards), None);
     let home = dir.path();
     let url = format!("{}/walk.tar", server.url);
-    let mount = |name: &str| {
+    let mount_with = |name: &str, extra: &[&str]| {
         let mut cmd = pk("http://127.0.0.1:9", home);
-        cmd.args(["mount", "--cache-size", "8M"]).arg(&url);
+        cmd.args(["mount", "--cache-size", "8M"])
+            .args(extra)
+            .arg(&url);
         RemoteMount::new(cmd, &dir.path().join(name))
     };
+    let mount = |name: &str| mount_with(name, &[]);
     let gets = || control(&server, "_stats")["gets"].as_u64().unwrap();
 
     // In archive order (GNU tar sorted the members by name).
@@ -835,9 +838,24 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
         assert!(fs::read(m.dir.join(name)).unwrap() == fs::read(src.join(name)).unwrap());
     }
     let random = gets() - before;
+    drop(m);
+
+    // With every read in chunks (`--ram-chunks true`), the chunks read-ahead fetches are kept
+    // until read as well: the same walk, about one GET per chunk.
+    let m = mount_with("ram-chunks", &["--ram-chunks", "true"]);
+    let before = gets();
+    for name in &names {
+        assert!(fs::read(m.dir.join(name)).unwrap() == fs::read(src.join(name)).unwrap());
+    }
+    let chunked = gets() - before;
     eprintln!(
-        "archive order: {walked} GETs for {chunks} chunks; random order: {random} GETs for {} files",
+        "archive order: {walked} GETs for {chunks} chunks; random order: {random} GETs for {} \
+         files; --ram-chunks true: {chunked} GETs",
         names.len()
+    );
+    assert!(
+        chunked * 10 <= chunks * 12 + 20,
+        "{chunked} GETs for {chunks} chunks"
     );
     assert!(
         (names.len() as u64..=names.len() as u64 + 8).contains(&random),

@@ -12,13 +12,6 @@ use std::process::Command;
 
 use common::*;
 
-/// The `N frames` count of a `packfs ls --extents` line.
-fn frames(line: &str) -> usize {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "frames").unwrap();
-    words[at - 1].parse().unwrap()
-}
-
 #[test]
 fn tar_zst_from_every_writer_mounts_as_its_tree() {
     let tmp = tempfile::tempdir().unwrap();
@@ -75,7 +68,7 @@ fn tar_zst_from_every_writer_mounts_as_its_tree() {
         .arg(d.join("frames.tar.zst")));
     let line = ls.lines().find(|l| l.contains("text/tokens.txt")).unwrap();
     assert!(line.contains("zstd"), "{line}");
-    assert!(frames(line) >= 3, "{line}");
+    assert!(count_before(line, "frames") >= 3, "{line}");
 }
 
 #[test]

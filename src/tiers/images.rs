@@ -167,9 +167,12 @@ impl Images {
             if chunked {
                 let start = i * self.chunk_size;
                 let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
-                let pinned = streaming
-                    .then(|| self.read_ahead.as_ref()?.pinned(image, start))
-                    .flatten();
+                // The chunks just fetched (ahead or by a reader) are kept until read, past the
+                // RAM cache's cold part (`read_ahead`).
+                let pinned = self
+                    .read_ahead
+                    .as_ref()
+                    .and_then(|a| a.pinned(image, start));
                 let fetched = match pinned {
                     Some(chunk) => Ok((chunk, false)),
                     None => self.ram.fetch(image, CHUNK_TAG | start, || {
@@ -178,9 +181,7 @@ impl Images {
                         Ok(bytes)
                     }),
                 };
-                if let (true, Some(ahead), Ok((chunk, true))) =
-                    (streaming, &self.read_ahead, &fetched)
-                {
+                if let (Some(ahead), Ok((chunk, true))) = (&self.read_ahead, &fetched) {
                     ahead.pin(image, start, chunk.clone());
                 }
                 if let (Some(ahead), Ok((_, true))) = (&self.read_ahead, &fetched) {

@@ -4,8 +4,8 @@
 //! object store each chunk is a round trip of milliseconds; a sequential reader then waits for
 //! none of them after the first two.
 //!
-//! The chunks of readers walking in order are also kept in a small window of their own until they
-//! are read (`pin`, `pinned`): the RAM cache admits new entries into a cold part of 3% of its
+//! The chunks fetched lately (ahead, or by a reader) are also kept in a small window of their own
+//! until they are read (`pin`, `pinned`): the RAM cache admits new entries into a cold part of 3% of its
 //! budget, where a chunk fetched ahead could be evicted by the next one before its reader comes
 //! (measured: 19 chunk loads for a 12-chunk walk under an 8 MiB cache).
 
@@ -26,11 +26,11 @@ const DEPTH: u64 = 2;
 const THREADS: usize = 2;
 /// Chunks waiting for a thread; more are dropped (a hint, not a promise).
 const QUEUE: usize = 16;
-/// Chunks kept for readers walking in order, beyond the RAM cache's budget: each of a few
-/// streams' current chunk and the `DEPTH` ahead of it.
+/// Chunks kept beyond the RAM cache's budget, the latest fetched: a few sequential readers'
+/// current chunk and the `DEPTH` ahead of it.
 const PINNED: usize = 8;
 
-/// Recently fetched chunks of readers walking in order, oldest first: (image, chunk start).
+/// Recently fetched chunks, oldest first: (image, chunk start).
 type Window = Mutex<VecDeque<((u32, u64), Decoded)>>;
 
 pub struct ReadAhead {
@@ -114,7 +114,7 @@ impl ReadAhead {
         self.fetched.load(Ordering::Relaxed)
     }
 
-    /// Keeps the chunk at `start` of `image`, just fetched for a reader walking in order.
+    /// Keeps the chunk at `start` of `image`, just fetched by a reader.
     pub fn pin(&self, image: u32, start: u64, chunk: Decoded) {
         pin_in(&self.window, image, start, chunk);
     }

@@ -17,6 +17,13 @@ pub fn sh(script: &str, dir: &Path) {
     run(Command::new("sh").arg("-c").arg(script).current_dir(dir));
 }
 
+/// The number before `word` in a `packfs ls --extents` line ("... in 12 frames from ...").
+pub fn count_before(line: &str, word: &str) -> usize {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == word).unwrap();
+    words[at - 1].parse().unwrap()
+}
+
 /// Runs a command, panics with its output unless it succeeds, returns stdout.
 pub fn run(cmd: &mut Command) -> String {
     let out = cmd

@@ -12,7 +12,7 @@
 
 use std::io;
 
-use super::Block;
+use super::{Block, Chunked};
 use crate::archive::codec::Codec;
 use crate::archive::inflate::InflateError;
 use crate::source::read_at::ReadAt;
@@ -23,15 +23,6 @@ const MASK48: u64 = (1 << 48) - 1;
 /// The most compressed bytes a bzip2 block takes: 900 kB that do not compress, with their tables.
 /// A longer run between magics is damage, or a false magic the indexer joins past.
 pub const MAX_PACKED: u64 = 2 << 20;
-/// The file is read in pieces this large while looking for magics.
-const CHUNK: usize = 4 << 20;
-
-fn bad(at: u64, why: impl Into<String>) -> InflateError {
-    InflateError::Bad {
-        at,
-        why: why.into(),
-    }
-}
 
 /// Every block of the bzip2 file in `image` (`len` bytes), in order. Bytes after the last stream
 /// that are not another stream are ignored, as bzip2 ignores them; their offset is returned so
@@ -47,21 +38,24 @@ pub fn blocks(image: &dyn ReadAt, len: u64) -> Result<(Vec<Block>, Option<u64>),
         let level = match bits.stream_header(at)? {
             Some(level) => level,
             None if at > 0 => return Ok((found, Some(at))),
-            None => return Err(bad(0, "not a bzip2 stream (no BZh header)")),
+            None => return Err(InflateError::bad(0, "not a bzip2 stream (no BZh header)")),
         };
         let mut pos = (at + 4) * 8;
         loop {
             match bits.magic_at(pos)? {
                 Some(BLOCK_MAGIC) => {
                     let (end, _) = bits.next_magic(pos + 48)?.ok_or_else(|| {
-                        bad(
+                        InflateError::bad(
                             pos / 8,
                             "the bzip2 stream is cut short (no end-of-stream marker)",
                         )
                     })?;
                     let (first, last) = (pos / 8, end.div_ceil(8));
                     if last - first > MAX_PACKED * 8 {
-                        return Err(bad(first, "a bzip2 block far larger than bzip2 writes"));
+                        return Err(InflateError::bad(
+                            first,
+                            "a bzip2 block far larger than bzip2 writes",
+                        ));
                     }
                     found.push(Block {
                         in_at: first,
@@ -79,51 +73,37 @@ pub fn blocks(image: &dyn ReadAt, len: u64) -> Result<(Vec<Block>, Option<u64>),
                     // The stream's CRC, then padding to a byte.
                     at = (pos + 48 + 32).div_ceil(8);
                     if at > len {
-                        return Err(bad(pos / 8, "the bzip2 stream is cut short"));
+                        return Err(InflateError::bad(pos / 8, "the bzip2 stream is cut short"));
                     }
                     break;
                 }
-                _ => return Err(bad(pos / 8, "no bzip2 block where one must start")),
+                _ => {
+                    return Err(InflateError::bad(
+                        pos / 8,
+                        "no bzip2 block where one must start",
+                    ));
+                }
             }
         }
     }
 }
 
 /// The file as bits, read in chunks.
-struct Bits<'r> {
-    image: &'r dyn ReadAt,
-    len: u64,
-    buf: Vec<u8>,
-    buf_at: u64,
-}
+struct Bits<'r>(Chunked<'r>);
 
 impl<'r> Bits<'r> {
     fn new(image: &'r dyn ReadAt, len: u64) -> Bits<'r> {
-        Bits {
-            image,
-            len,
-            buf: Vec::new(),
-            buf_at: 0,
-        }
+        Bits(Chunked::new(image, len))
     }
 
     /// The byte at `i` (0 past the end).
     fn byte(&mut self, i: u64) -> io::Result<u8> {
-        if i >= self.len {
-            return Ok(0);
-        }
-        if i < self.buf_at || i >= self.buf_at + self.buf.len() as u64 {
-            let n = (self.len - i).min(CHUNK as u64) as usize;
-            self.buf.resize(n, 0);
-            self.image.read_exact_at(&mut self.buf, i)?;
-            self.buf_at = i;
-        }
-        Ok(self.buf[(i - self.buf_at) as usize])
+        self.0.byte(i)
     }
 
     /// The level of the stream header at byte `at`, if there is one.
     fn stream_header(&mut self, at: u64) -> io::Result<Option<u8>> {
-        if self.len - at < 4 {
+        if self.0.len - at < 4 {
             return Ok(None);
         }
         let mut h = [0u8; 4];
@@ -135,7 +115,7 @@ impl<'r> Bits<'r> {
 
     /// The magic (block or end of stream) that starts at bit `pos`, if either does.
     fn magic_at(&mut self, pos: u64) -> io::Result<Option<u64>> {
-        if pos + 48 > self.len * 8 {
+        if pos + 48 > self.0.len * 8 {
             return Ok(None);
         }
         let mut v = 0u64;
@@ -152,7 +132,7 @@ impl<'r> Bits<'r> {
         let first = from / 8;
         let mut window = 0u64;
         let mut i = first;
-        while i < self.len {
+        while i < self.0.len {
             window = window << 8 | self.byte(i)? as u64;
             i += 1;
             // A magic that ends in byte i - 1 covers the byte two before it whole, whatever its

@@ -16,6 +16,7 @@ pub mod xz;
 pub mod zstd;
 
 use std::collections::VecDeque;
+use std::io;
 
 use rayon::prelude::*;
 
@@ -63,6 +64,53 @@ pub fn attach(
     })?;
     image.stream = Some(done.table);
     Ok(())
+}
+
+/// The file is read in pieces this large while walking it for pieces.
+const CHUNK: usize = 4 << 20;
+
+/// A file through a window of large reads, for the pre-scans that walk it in order (zstd frame
+/// headers, bzip2 magics).
+pub(super) struct Chunked<'r> {
+    image: &'r dyn ReadAt,
+    pub(super) len: u64,
+    buf: Vec<u8>,
+    buf_at: u64,
+}
+
+impl<'r> Chunked<'r> {
+    pub(super) fn new(image: &'r dyn ReadAt, len: u64) -> Chunked<'r> {
+        Chunked {
+            image,
+            len,
+            buf: Vec::new(),
+            buf_at: 0,
+        }
+    }
+
+    /// `n` bytes at `at` (`UnexpectedEof` past the end of the file).
+    pub(super) fn bytes(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
+        let end = at + n as u64;
+        if end > self.len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if at < self.buf_at || end > self.buf_at + self.buf.len() as u64 {
+            let want = (self.len - at).min(CHUNK.max(n) as u64) as usize;
+            self.buf.resize(want, 0);
+            self.image.read_exact_at(&mut self.buf, at)?;
+            self.buf_at = at;
+        }
+        let from = (at - self.buf_at) as usize;
+        Ok(&self.buf[from..from + n])
+    }
+
+    /// The byte at `i` (0 past the end of the file, where a bit scan may look).
+    pub(super) fn byte(&mut self, i: u64) -> io::Result<u8> {
+        match i < self.len {
+            true => Ok(self.bytes(i, 1)?[0]),
+            false => Ok(0),
+        }
+    }
 }
 
 /// Decoded bytes (or compressed, when not declared) a batch of pieces reaches before it stops

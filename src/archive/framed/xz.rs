@@ -20,16 +20,9 @@ const FOOTER_MAGIC: [u8; 2] = *b"YZ";
 /// 224 MB of memory at most while the file is indexed.
 const MAX_INDEX: u64 = 8 << 20;
 
-fn bad(at: u64, why: impl Into<String>) -> InflateError {
-    InflateError::Bad {
-        at,
-        why: why.into(),
-    }
-}
-
 /// The refusal of a block larger than one read may decode: the single-block policy.
 fn too_big(at: u64) -> InflateError {
-    bad(
+    InflateError::bad(
         at,
         format!(
             "an xz block larger than {} MiB: packfs serves xz files written in blocks (`xz -T0`, \
@@ -46,7 +39,7 @@ pub fn blocks(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> 
     let mut streams = Vec::new();
     let mut end = len;
     if !len.is_multiple_of(4) {
-        return Err(bad(
+        return Err(InflateError::bad(
             len,
             "the file's size is not a multiple of four bytes, as xz files are (it is cut short \
              or has bytes after its end)",
@@ -65,7 +58,7 @@ pub fn blocks(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> 
         end = start;
     }
     if streams.is_empty() {
-        return Err(bad(0, "an xz file with no stream"));
+        return Err(InflateError::bad(0, "an xz file with no stream"));
     }
     Ok(streams.into_iter().rev().flatten().collect())
 }
@@ -73,34 +66,40 @@ pub fn blocks(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> 
 /// The stream that ends at `end`: where it starts, and its blocks.
 fn stream(image: &dyn ReadAt, end: u64) -> Result<(u64, Vec<Block>), InflateError> {
     if end < 24 {
-        return Err(bad(0, "an xz stream shorter than its header and footer"));
+        return Err(InflateError::bad(
+            0,
+            "an xz stream shorter than its header and footer",
+        ));
     }
     let footer_at = end - 12;
     let mut footer = [0u8; 12];
     image.read_exact_at(&mut footer, footer_at)?;
     if footer[10..12] != FOOTER_MAGIC {
-        return Err(bad(
+        return Err(InflateError::bad(
             footer_at,
             "no xz stream footer where the file (or the stream before padding) ends: the file \
              is cut short or has bytes after its end",
         ));
     }
     if crc32fast::hash(&footer[4..10]) != le::u32_at(&footer, 0) {
-        return Err(bad(footer_at, "the xz stream footer's CRC does not match"));
+        return Err(InflateError::bad(
+            footer_at,
+            "the xz stream footer's CRC does not match",
+        ));
     }
     let flags = [footer[8], footer[9]];
     let check = flags[1];
     let check_len = xz_check_size(check)
         .filter(|_| flags[0] == 0 && check <= 15)
-        .ok_or_else(|| bad(footer_at, "xz stream flags this xz does not know"))?;
+        .ok_or_else(|| InflateError::bad(footer_at, "xz stream flags this xz does not know"))?;
     let index_len = (le::u32_at(&footer, 4) as u64 + 1) * 4;
     let index_at = footer_at
         .checked_sub(index_len)
         .filter(|_| index_len <= MAX_INDEX)
-        .ok_or_else(|| bad(footer_at, "the xz index is larger than the stream"))?;
+        .ok_or_else(|| InflateError::bad(footer_at, "the xz index is larger than the stream"))?;
     let mut index = vec![0u8; index_len as usize];
     image.read_exact_at(&mut index, index_at)?;
-    let records = parse_index(&index).map_err(|why| bad(index_at, why))?;
+    let records = parse_index(&index).map_err(|why| InflateError::bad(index_at, why))?;
     let blocks_len = records
         .iter()
         .try_fold(0u64, |sum, r| sum.checked_add(r.0.div_ceil(4) * 4));
@@ -108,7 +107,7 @@ fn stream(image: &dyn ReadAt, end: u64) -> Result<(u64, Vec<Block>), InflateErro
         .and_then(|n| index_at.checked_sub(n))
         .and_then(|n| n.checked_sub(12))
         .ok_or_else(|| {
-            bad(
+            InflateError::bad(
                 index_at,
                 "the xz index lists more blocks than the stream holds",
             )
@@ -116,20 +115,23 @@ fn stream(image: &dyn ReadAt, end: u64) -> Result<(u64, Vec<Block>), InflateErro
     let mut header = [0u8; 12];
     image.read_exact_at(&mut header, header_at)?;
     if header[..6] != HEADER_MAGIC || header[6..8] != flags {
-        return Err(bad(
+        return Err(InflateError::bad(
             header_at,
             "no xz stream header where the stream's index says it starts",
         ));
     }
     if crc32fast::hash(&header[6..8]) != le::u32_at(&header, 8) {
-        return Err(bad(header_at, "the xz stream header's CRC does not match"));
+        return Err(InflateError::bad(
+            header_at,
+            "the xz stream header's CRC does not match",
+        ));
     }
     let mut at = header_at + 12;
     let mut blocks = Vec::with_capacity(records.len());
     for (unpadded, size) in records {
         let padded = unpadded.div_ceil(4) * 4;
         if unpadded <= check_len {
-            return Err(bad(at, "an xz block smaller than its check"));
+            return Err(InflateError::bad(at, "an xz block smaller than its check"));
         }
         if size > MAX_UNIT as u64 || padded > MAX_UNIT as u64 {
             return Err(too_big(at));

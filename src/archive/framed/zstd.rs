@@ -13,7 +13,7 @@
 
 use std::io;
 
-use super::Block;
+use super::{Block, Chunked};
 use crate::archive::codec::Codec;
 use crate::archive::inflate::InflateError;
 use crate::archive::plan::MAX_UNIT;
@@ -27,18 +27,9 @@ const SKIPPABLE: std::ops::RangeInclusive<u32> = 0x184D_2A50..=0x184D_2A5F;
 /// the frame count, a descriptor and this magic.
 const SEEK_TABLE: u32 = 0x184D_2A5E;
 const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
-/// The file is read in pieces this large while walking headers.
-const CHUNK: usize = 4 << 20;
-
-fn bad(at: u64, why: impl Into<String>) -> InflateError {
-    InflateError::Bad {
-        at,
-        why: why.into(),
-    }
-}
 
 fn too_big(frame: u64) -> InflateError {
-    bad(
+    InflateError::bad(
         frame,
         format!(
             "a zstd frame larger than {} MiB: packfs serves zstd streams written in frames \
@@ -60,17 +51,20 @@ pub fn frames(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> 
     let mut at = 0;
     while at < len {
         if len - at < 4 {
-            return Err(bad(at, "bytes after the last zstd frame are not a frame"));
+            return Err(InflateError::bad(
+                at,
+                "bytes after the last zstd frame are not a frame",
+            ));
         }
         let word = le::u32_at(file.bytes(at, 4)?, 0);
         if SKIPPABLE.contains(&word) {
             if len - at < 8 {
-                return Err(bad(at, "a skippable frame is cut short"));
+                return Err(InflateError::bad(at, "a skippable frame is cut short"));
             }
             let skip = le::u32_at(file.bytes(at + 4, 4)?, 0) as u64;
             at += 8 + skip;
             if at > len {
-                return Err(bad(
+                return Err(InflateError::bad(
                     at - 8 - skip,
                     "a skippable frame runs past the end of the file",
                 ));
@@ -78,7 +72,7 @@ pub fn frames(image: &dyn ReadAt, len: u64) -> Result<Vec<Block>, InflateError> 
             continue;
         }
         if word != MAGIC {
-            return Err(bad(at, "not a zstd frame (bad magic number)"));
+            return Err(InflateError::bad(at, "not a zstd frame (bad magic number)"));
         }
         let (frame_len, size) = walk_frame(&mut file, at)?;
         found.push(Block {
@@ -143,7 +137,10 @@ fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), Inflate
     let fcs_flag = descriptor >> 6;
     let single_segment = descriptor & 0x20 != 0;
     if descriptor & 0x08 != 0 {
-        return Err(bad(at, "a zstd frame header with its reserved bit set"));
+        return Err(InflateError::bad(
+            at,
+            "a zstd frame header with its reserved bit set",
+        ));
     }
     let checksum = descriptor & 0x04 != 0;
     let dict_len = [0, 1, 2, 4][(descriptor & 3) as usize];
@@ -157,7 +154,7 @@ fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), Inflate
     let fields = file.bytes(at + 5, rest).map_err(|e| cut_short(e, at))?;
     let dict_at = usize::from(!single_segment);
     if fields[dict_at..dict_at + dict_len].iter().any(|&b| b != 0) {
-        return Err(bad(
+        return Err(InflateError::bad(
             at,
             "a zstd frame that needs a dictionary: decompress the file once with its dictionary \
              (`zstd -d -D DICT`) and give the .tar",
@@ -183,7 +180,7 @@ fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), Inflate
         let content = match kind {
             0 | 2 => size,
             1 => 1,
-            _ => return Err(bad(pos, "a zstd block of the reserved type")),
+            _ => return Err(InflateError::bad(pos, "a zstd block of the reserved type")),
         };
         pos += 3 + content;
         if pos - at > MAX_UNIT as u64 {
@@ -197,7 +194,7 @@ fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), Inflate
         pos += 4;
     }
     if pos > file.len {
-        return Err(bad(
+        return Err(InflateError::bad(
             at,
             "the zstd frame is cut short (the file ends inside it)",
         ));
@@ -213,7 +210,10 @@ pub(super) fn decode_undeclared(packed: &[u8], at: u64) -> Result<Vec<u8>, Infla
         .map_err(InflateError::Io)?
         .single_frame();
     if let Err(e) = decoder.take(MAX_UNIT as u64 + 1).read_to_end(&mut out) {
-        return Err(bad(at, format!("the zstd frame is corrupt: {e}")));
+        return Err(InflateError::bad(
+            at,
+            format!("the zstd frame is corrupt: {e}"),
+        ));
     }
     if out.len() > MAX_UNIT {
         return Err(too_big(at));
@@ -224,44 +224,9 @@ pub(super) fn decode_undeclared(packed: &[u8], at: u64) -> Result<Vec<u8>, Infla
 fn cut_short(e: io::Error, at: u64) -> InflateError {
     match e.kind() {
         io::ErrorKind::UnexpectedEof => {
-            bad(at, "the zstd frame is cut short (the file ends inside it)")
+            InflateError::bad(at, "the zstd frame is cut short (the file ends inside it)")
         }
         _ => InflateError::Io(e),
-    }
-}
-
-/// The file through a window of large reads, for walking headers in order.
-struct Chunked<'r> {
-    image: &'r dyn ReadAt,
-    len: u64,
-    buf: Vec<u8>,
-    buf_at: u64,
-}
-
-impl<'r> Chunked<'r> {
-    fn new(image: &'r dyn ReadAt, len: u64) -> Chunked<'r> {
-        Chunked {
-            image,
-            len,
-            buf: Vec::new(),
-            buf_at: 0,
-        }
-    }
-
-    /// `n` bytes at `at` (`UnexpectedEof` past the end of the file).
-    fn bytes(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
-        let end = at + n as u64;
-        if end > self.len {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if at < self.buf_at || end > self.buf_at + self.buf.len() as u64 {
-            let want = (self.len - at).min(CHUNK.max(n) as u64) as usize;
-            self.buf.resize(want, 0);
-            self.image.read_exact_at(&mut self.buf, at)?;
-            self.buf_at = at;
-        }
-        let from = (at - self.buf_at) as usize;
-        Ok(&self.buf[from..from + n])
     }
 }
 

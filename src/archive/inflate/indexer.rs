@@ -39,6 +39,16 @@ pub enum InflateError {
     Bad { at: u64, why: String },
 }
 
+impl InflateError {
+    /// Data that is not what its framing promises, at image offset `at`.
+    pub fn bad(at: u64, why: impl Into<String>) -> InflateError {
+        InflateError::Bad {
+            at,
+            why: why.into(),
+        }
+    }
+}
+
 /// What follows the last gzip member, when it is not the end of the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Trailing {
@@ -114,10 +124,7 @@ impl<'r> Indexer<'r> {
     }
 
     fn bad(&self, why: impl Into<String>) -> InflateError {
-        InflateError::Bad {
-            at: self.in_pos,
-            why: why.into(),
-        }
+        InflateError::bad(self.in_pos, why)
     }
 
     /// Makes at least `n` unread input bytes available (fewer only at the image's end).
