@@ -2,6 +2,7 @@
 """The headline benchmark: epochs on a simulated parallel file system, same data, same run.
 
     bench/pfs.sh [--datasets imagenet-20k,tiny-200k] [--profile typical] [--readers 8,32]
+                 [--orders random,archive]
 
 The dataset (plain tree, tar shards, squashfs image) is copied to /dev/shm and served through
 bench/pfssim, a FUSE file system that answers like a busy Lustre/GPFS client (a latency per
@@ -19,7 +20,10 @@ operation. Each way of reading the data is then mounted on top of it, fresh for 
 Per run: time to first sample (launch to the first file read), an ImageFolder scan, epoch 1 and
 epoch 2 of a shuffled read of every file with N readers (no decode), or one DataLoader epoch
 (decode + resize) with N workers; for each, files/s, the PFS operations by kind and the bytes
-read from the PFS (the simulator's counters), and the daemon's peak RSS. Results: a table,
+read from the PFS (the simulator's counters), and the daemon's peak RSS. With `--orders
+random,archive` the read epochs also run in archive order (the shards' member order, each
+reader a contiguous slice: WebDataset-style epochs, the shard-ordered sampler). Per run, the PFS
+bytes from mount to the end (staging included) against the dataset's bytes. Results: a table,
 JSON and a chart in bench/out/. See docs/benchmarks/parallel-fs.md.
 """
 import argparse, json, os, platform, shutil, subprocess, sys, time
@@ -192,14 +196,14 @@ def first_sample(root, rel):
         return len(f.read())
 
 
-def workload(kind, root, listing, readers, deadline):
-    r = peers.run_workload(kind, readers, root, listing, deadline)
+def workload(kind, root, listing, readers, deadline, split="interleave"):
+    r = peers.run_workload(kind, readers, root, listing, deadline, split)
     if "error" in r:
         raise RuntimeError(f"{kind} failed: {r['error']}")
     return r
 
 
-def one_run(cfg, pfs, job, readers, listing, first, deadline):
+def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"):
     """Fresh mount, cold client: time to first sample, then the job's passes."""
     peers.drop_caches()
     out = {}
@@ -212,7 +216,7 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline):
     out["setup_ops"] = ops_between(before, mark)
     passes = [("scan", "scan", 1), ("epoch1", "read", readers), ("epoch2", "read", readers)] \
         if job == "read" else [("loader", "loader", readers)]
-    if job == "read" and readers != 8:
+    if job == "read" and (readers != 8 or split != "interleave"):
         passes = passes[1:]  # the scan does not depend on the readers: once per config
     for label, kind, n in passes:
         if label == "epoch2":
@@ -220,7 +224,7 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline):
             if waited is not None:
                 out["waited_for_stage_s"] = round(waited, 2)
                 mark = pfs.counters()
-        r = workload(kind, root, listing, n, deadline)
+        r = workload(kind, root, listing, n, deadline, split)
         after = pfs.counters()
         r["pfs"] = ops_between(mark, after)
         mark = after
@@ -228,6 +232,8 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline):
         print(f"  {cfg.name:16} {job}-{readers:<3} {label:7} {r['files_per_s']:9.0f} files/s  "
               f"PFS: {r['pfs']['meta']:7} metadata ops, {r['pfs']['reads']:7} reads, "
               f"{r['pfs']['bytes'] / 1e6:8.1f} MB", flush=True)
+    # Everything the PFS served from mount to here: setup, epochs and the staging copy.
+    out["total_pfs"] = ops_between(before, pfs.counters())
     out["latency_us"] = cfg.latencies()
     if cfg.pid:
         out["memory_kb"] = peers.memory_kb(cfg.pid)
@@ -242,6 +248,8 @@ def main():
     ap.add_argument("--sim-args", default="", help="more pfssim options, e.g. '--meta-us 1000'")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--readers", default="8,32")
+    ap.add_argument("--orders", default="random",
+                    help="read epochs in a shuffled order, in archive order (contiguous slices), or both")
     ap.add_argument("--workers", default="2,8", help="DataLoader workers ('' to skip)")
     ap.add_argument("--deadline", type=float, default=600, help="seconds per pass at most")
     ap.add_argument("--work", default="/tmp/packfs-bench")
@@ -257,9 +265,10 @@ def main():
     if os.geteuid() != 0:
         sys.exit("pfs.py needs root: it drops the page cache and mounts a loop device")
     os.makedirs(args.out, exist_ok=True)
-    jobs = [("read", int(n)) for n in args.readers.split(",") if n]
+    orders = args.orders.split(",")
+    jobs = [("read", int(n), order) for order in orders for n in args.readers.split(",") if n]
     if peers.torch_available():
-        jobs += [("loader", int(n)) for n in args.workers.split(",") if n]
+        jobs += [("loader", int(n), "random") for n in args.workers.split(",") if n]
     else:
         print("torch/torchvision missing (WITH_TORCH=1 bench/install_peers.sh): no DataLoader runs")
     results = {"profile": args.profile, "sim_args": args.sim_args,
@@ -271,7 +280,11 @@ def main():
         pfs = Pfs(ds, args.work, args.profile, args.sim_args.split())
         listing = os.path.join(args.work, f"{dsname}.pfs.list")
         files = peers.write_reading_order(ds, listing)
-        entry = {"meta": meta, "shards": len(os.listdir(pfs.path("shards"))), "configs": {}}
+        archive_listing = os.path.join(args.work, f"{dsname}.pfs.archive.list")
+        write_archive_order(ds, archive_listing)
+        entry = {"meta": meta, "shards": len(os.listdir(pfs.path("shards"))), "configs": {},
+                 "bytes": sum(os.path.getsize(pfs.path("shards", s))
+                              for s in os.listdir(pfs.path("shards")))}
         try:
             for name in args.configs.split(","):
                 cfg = Config(name, pfs, args.work, dsname)
@@ -281,14 +294,17 @@ def main():
                     print(f"{name}: MISSING: {why}")
                     continue
                 runs = {}
-                for job, n in jobs:
+                for job, n, order in jobs:
+                    key = f"{job}-{n}" + ("-archive" if order == "archive" else "")
                     try:
-                        runs[f"{job}-{n}"] = one_run(cfg, pfs, job, n, listing, files[0],
-                                                     args.deadline)
+                        runs[key] = one_run(cfg, pfs, job, n,
+                                            archive_listing if order == "archive" else listing,
+                                            files[0], args.deadline,
+                                            "contiguous" if order == "archive" else "interleave")
                     except Exception as e:  # a config that fails is reported; the rest still run
                         cfg.stop()
-                        runs[f"{job}-{n}"] = {"error": str(e)}
-                        print(f"  {name} {job}-{n}: ERROR: {e}", flush=True)
+                        runs[key] = {"error": str(e)}
+                        print(f"  {name} {key}: ERROR: {e}", flush=True)
                 entry["configs"][name] = runs
         finally:
             pfs.stop()
@@ -298,6 +314,23 @@ def main():
     report(results)
     chart(results, os.path.join(args.out, f"pfs-{args.profile}.png"))
     print(f"\nJSON: {path}\nchart: {os.path.join(args.out, f'pfs-{args.profile}.png')}")
+
+
+def write_archive_order(ds, listing):
+    """Every regular file in the shards' member order, shard after shard (paths relative to the
+    tree: the shards hold the tree's paths)."""
+    files = []
+    for s in sorted(os.listdir(os.path.join(ds, "shards"))):
+        if not s.endswith(".tar"):
+            continue
+        out = subprocess.run(["tar", "-tvf", os.path.join(ds, "shards", s)], check=True,
+                             capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("-"):
+                files.append(line.split(None, 5)[5])
+    with open(listing, "w") as f:
+        f.write("\n".join(files) + "\n")
+    return files
 
 
 def rate(run, label):
@@ -349,6 +382,18 @@ def report(results):
                 r = ((v.get(job) or {}).get(lab) or {}).get("pfs")
                 cells.append(f"{r['meta']:,} / {r['reads']:,} / {r['bytes'] / 1e6:,.0f}" if r else "-")
             print(f"| {title} | " + " | ".join(cells) + " |")
+        if entry.get("bytes"):
+            print(f"\nPFS bytes from mount to the end of the run (staging included) / dataset "
+                  f"({entry['bytes'] / 1e6:,.0f} MB) and PFS reads / (dataset / 1 MiB):\n")
+            print("| run | " + " | ".join(cfgs) + " |")
+            print("|---|" + "---:|" * len(cfgs))
+            for job in jobs:
+                cells = []
+                for name, v in cfgs.items():
+                    t = (v.get(job) or {}).get("total_pfs")
+                    cells.append(f"{t['bytes'] / entry['bytes']:.2f}x / "
+                                 f"{t['reads'] / (entry['bytes'] / 2**20):.2f}" if t else "-")
+                print(f"| {job} | " + " | ".join(cells) + " |")
         print("\n| config | setup PFS ops (mount + first sample) | peak RSS | packfs p50/p99 read |")
         print("|---|---|---:|---|")
         for name, v in cfgs.items():

@@ -181,9 +181,9 @@ class Peer:
             time.sleep(0.01)
 
 
-def run_workload(kind, readers, root, listing, deadline):
+def run_workload(kind, readers, root, listing, deadline, split="interleave"):
     cmd = [sys.executable, os.path.join(HERE, "workloads.py"), kind, root,
-           "--readers", str(readers), "--deadline", str(deadline)]
+           "--readers", str(readers), "--deadline", str(deadline), "--split", split]
     if kind in ("read", "loader"):
         cmd += ["--list", listing]
     out = sh(cmd)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One benchmark workload against one mounted tree; prints one JSON line.
 
-    workloads.py WORKLOAD ROOT [--list FILE] [--readers N] [--deadline SECONDS]
+    workloads.py WORKLOAD ROOT [--list FILE] [--readers N] [--deadline SECONDS] [--split contiguous]
 
 WORKLOAD is one of:
   walk     os.walk of ROOT, counting files (names only)
@@ -9,7 +9,7 @@ WORKLOAD is one of:
   scan     ImageFolder construction: torchvision.datasets.ImageFolder(ROOT/train) when torchvision
            imports, else the same scan by hand (sorted class folders, sorted walk of each)
   read     every file of --list (paths relative to ROOT, in the order given), opened, read whole and
-           closed, split over --readers processes
+           closed, split over --readers processes (dealt in turn, or --split contiguous slices)
   loader   a DataLoader epoch (PIL decode, resize to 64x64) with --readers workers over the first
            5 000 files of --list; needs torch and torchvision
 A pass stops at --deadline; the result then says complete=false and gives the rate so far.
@@ -61,8 +61,14 @@ def read_slice(job):
     return files, total, True
 
 
-def read(paths, readers, deadline):
-    slices = [(paths[i::readers], deadline) for i in range(readers)]
+def read(paths, readers, deadline, split="interleave"):
+    if split == "contiguous":
+        # Each reader its own run of the list (a DataLoader worker given a contiguous slice, the
+        # shard-ordered sampler): in archive order, each walks its part of the shards in order.
+        n = len(paths)
+        slices = [(paths[i * n // readers:(i + 1) * n // readers], deadline) for i in range(readers)]
+    else:
+        slices = [(paths[i::readers], deadline) for i in range(readers)]
     if readers == 1:
         results = [read_slice(slices[0])]
     else:
@@ -103,6 +109,8 @@ def main():
     ap.add_argument("--list")
     ap.add_argument("--readers", type=int, default=1)
     ap.add_argument("--deadline", type=float, default=60)
+    ap.add_argument("--split", choices=["interleave", "contiguous"], default="interleave",
+                    help="read: the list dealt to the readers in turn, or in contiguous slices")
     args = ap.parse_args()
     paths = []
     if args.list:
@@ -122,7 +130,7 @@ def main():
     elif args.workload == "scan":
         files, nbytes, complete = scan(args.root, deadline)
     elif args.workload == "read":
-        files, nbytes, complete = read(paths, args.readers, deadline)
+        files, nbytes, complete = read(paths, args.readers, deadline, args.split)
     else:
         files, nbytes, complete = loader(paths, args.readers, deadline)
     seconds = time.perf_counter() - start

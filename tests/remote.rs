@@ -840,6 +840,36 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
     let random = gets() - before;
     drop(m);
 
+    // Two readers each walking their half of the shard, file by file in turn (DataLoader workers
+    // given contiguous slices): each is found (the kernel names the thread that asks), so the
+    // walk still costs about one GET per chunk, not one per file.
+    let m = mount("two-walkers");
+    let before = gets();
+    let (first, second) = names.split_at(names.len() / 2);
+    let turns = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        for half in [first, second] {
+            let (m, src, turns) = (&m, &src, &turns);
+            scope.spawn(move || {
+                for name in half {
+                    turns.wait();
+                    assert!(
+                        fs::read(m.dir.join(name)).unwrap() == fs::read(src.join(name)).unwrap()
+                    );
+                }
+            });
+        }
+    });
+    let interleaved = gets() - before;
+    let counters = m.wait_for("http://127.0.0.1:9", home, |c| {
+        c["served"]["streams"].as_u64().unwrap() >= 2
+    });
+    assert!(
+        interleaved * 10 <= chunks * 12 + 20,
+        "{interleaved} GETs for {chunks} chunks, two readers in turn: {counters}"
+    );
+    drop(m);
+
     // With every read in chunks (`--ram-chunks true`), the chunks read-ahead fetches are kept
     // until read as well: the same walk, about one GET per chunk.
     let m = mount_with("ram-chunks", &["--ram-chunks", "true"]);
@@ -849,8 +879,8 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
     }
     let chunked = gets() - before;
     eprintln!(
-        "archive order: {walked} GETs for {chunks} chunks; random order: {random} GETs for {} \
-         files; --ram-chunks true: {chunked} GETs",
+        "archive order: {walked} GETs for {chunks} chunks; two readers in turn: {interleaved}; \
+         random order: {random} GETs for {} files; --ram-chunks true: {chunked} GETs",
         names.len()
     );
     assert!(

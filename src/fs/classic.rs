@@ -220,7 +220,7 @@ impl Filesystem for PackFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -235,6 +235,7 @@ impl Filesystem for PackFs {
             size,
             reply,
             started: Instant::now(),
+            reader: req.pid(),
         });
     }
 

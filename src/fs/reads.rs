@@ -22,6 +22,7 @@ use tracing::warn;
 use super::core::Ino;
 use super::dispatch::{DataReply, Dispatch, Reply, SentData};
 use super::error::Error;
+use crate::tiers::streams::as_reader;
 
 /// A read to answer through `reply`, whichever transport it came by.
 pub struct ReadJob<R> {
@@ -31,6 +32,9 @@ pub struct ReadJob<R> {
     pub reply: R,
     /// When the request came in (its latency includes the wait for a worker).
     pub started: Instant,
+    /// The process that asked (0 if not known): readers walking a shard in order are found per
+    /// process (`tiers::streams`).
+    pub reader: u32,
 }
 
 pub struct Reads {
@@ -118,6 +122,7 @@ impl Reads {
             size: job.size,
             reply: SentData::new(job.reply),
             started: job.started,
+            reader: job.reader,
         };
         if let Err(unsent) = pool.send(job) {
             return unsent.into_inner().reply.error(Error::Stopping.errno());
@@ -212,8 +217,11 @@ fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
             size,
             reply,
             started,
+            reader,
         } = job;
-        server.read(ino, offset, size, started, buf, reply);
+        as_reader(reader, || {
+            server.read(ino, offset, size, started, buf, reply)
+        });
         // Keep at most one large request's worth of buffer per thread (its bytes stay: the next
         // read overwrites them instead of clearing them first).
         buf.truncate(2 << 20);

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Source;
-use super::ram_cache::{CHUNK_TAG, RamCache, RamStats};
+use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, RamStats};
 use super::read_ahead::ReadAhead;
-use super::stage::{Stage, chunk_len};
+use super::stage::{ForRead, Shared, Stage, chunk_len};
 use super::streams::Streams;
 
 /// How a read wants its bytes fetched when they are not staged.
@@ -77,7 +77,8 @@ impl Images {
         let has_ram = ram_budget > 0;
         let chunked = chunked && has_ram;
         let ram = Arc::new(RamCache::new(ram_budget));
-        let read_ahead = has_ram.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size));
+        let read_ahead =
+            has_ram.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size, stage.clone()));
         let streams = Streams::new(source.image_count());
         Images {
             source,
@@ -164,55 +165,112 @@ impl Images {
                 super::served_by::mark(super::served_by::STAGE);
                 continue;
             }
-            if chunked {
-                let start = i * self.chunk_size;
-                let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
-                // The chunks just fetched (ahead or by a reader) are kept until read, past the
-                // RAM cache's cold part (`read_ahead`).
-                let pinned = self
-                    .read_ahead
-                    .as_ref()
-                    .and_then(|a| a.pinned(image, start));
-                let fetched = match pinned {
-                    Some(chunk) => Ok((chunk, false)),
-                    None => self.ram.fetch(image, CHUNK_TAG | start, || {
-                        let mut bytes = vec![0u8; len as usize];
-                        self.source.read_exact_at(image, start, &mut bytes)?;
-                        Ok(bytes)
-                    }),
-                };
-                if let (Some(ahead), Ok((chunk, true))) = (&self.read_ahead, &fetched) {
-                    ahead.pin(image, start, chunk.clone());
-                }
-                if let (Some(ahead), Ok((_, true))) = (&self.read_ahead, &fetched) {
-                    let chunks = self.image_size(image).div_ceil(self.chunk_size);
-                    ahead.missed(&self.ram, image, i, chunks, self.chunk_size);
-                }
-                let Ok((chunk, loaded)) = fetched else {
-                    // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
-                    // these bytes, so an error is this read's own.
-                    self.read_source(image, pos, dst)?;
+            // While the stage copies this image, each chunk is read whole once: by the read
+            // that claims it (and hands it to the stager) or by the stager; a read meeting a
+            // chunk the stager holds, or a stager that lags, takes exactly its bytes.
+            let claim = match (chunked, stage) {
+                (true, Some(s)) if staging => s.claim_for_read(image, i as usize),
+                (true, _) => ForRead::Fetch,
+                (false, _) => ForRead::Exact,
+            };
+            let claim = match claim {
+                ForRead::Local if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) => {
+                    self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    super::served_by::mark(super::served_by::STAGE);
                     continue;
-                };
-                let from = within as usize;
-                dst.copy_from_slice(&chunk[from..from + n]);
-                let tier = if loaded {
-                    &self.source_bytes
-                } else {
-                    &self.ram_bytes
-                };
-                tier.fetch_add(n as u64, Ordering::Relaxed);
-                if let Some(stage) = stage {
-                    stage.offer(image, i as usize, Some(chunk));
                 }
-            } else {
+                ForRead::Local => ForRead::Exact,
+                // The bytes may be in the RAM tier already (a read fetched them for the stager).
+                ForRead::Exact if chunked && self.holds(image, i * self.chunk_size) => {
+                    ForRead::Shared
+                }
+                other => other,
+            };
+            if claim == ForRead::Exact {
                 self.read_source(image, pos, dst)?;
                 if let Some(stage) = stage {
-                    stage.offer(image, i as usize, None);
+                    stage.offer(image, i as usize);
                 }
+                continue;
+            }
+            let shared = match (claim, stage) {
+                (ForRead::Shared, Some(s)) => s.shared(image, i as usize),
+                _ => Shared::Fetching,
+            };
+            let fetched = match shared {
+                Shared::Bytes(chunk) => Ok((chunk, false)),
+                Shared::Fetching => self.chunk(image, i),
+                // Written by now, or about to be: whatever is not local yet is read exactly.
+                Shared::Gone if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) => {
+                    self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    super::served_by::mark(super::served_by::STAGE);
+                    continue;
+                }
+                Shared::Gone if self.holds(image, i * self.chunk_size) => self.chunk(image, i),
+                Shared::Gone => {
+                    self.read_source(image, pos, dst)?;
+                    continue;
+                }
+            };
+            let mine = claim == ForRead::Fetch && staging;
+            let Ok((chunk, loaded)) = fetched else {
+                if let Some(stage) = stage.filter(|_| mine) {
+                    stage.release(image, i as usize);
+                }
+                // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
+                // these bytes, so an error is this read's own.
+                self.read_source(image, pos, dst)?;
+                continue;
+            };
+            let from = within as usize;
+            dst.copy_from_slice(&chunk[from..from + n]);
+            let tier = if loaded {
+                &self.source_bytes
+            } else {
+                &self.ram_bytes
+            };
+            tier.fetch_add(n as u64, Ordering::Relaxed);
+            if let Some(stage) = stage.filter(|_| mine) {
+                stage.hand_over(image, i as usize, chunk);
             }
         }
         Ok(())
+    }
+
+    /// Chunk `i` of `image` whole, from the read-ahead window, the RAM tier or the source; and
+    /// whether this call read it from the source.
+    fn chunk(&self, image: u32, i: u64) -> io::Result<(Decoded, bool)> {
+        let start = i * self.chunk_size;
+        let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
+        // The chunks just fetched (ahead or by a reader) are kept until read, past the RAM
+        // cache's cold part (`read_ahead`).
+        if let Some(chunk) = self
+            .read_ahead
+            .as_ref()
+            .and_then(|a| a.pinned(image, start))
+        {
+            return Ok((chunk, false));
+        }
+        let fetched = self.ram.fetch(image, CHUNK_TAG | start, || {
+            let mut bytes = vec![0u8; len as usize];
+            self.source.read_exact_at(image, start, &mut bytes)?;
+            Ok(bytes)
+        })?;
+        if let (Some(ahead), (chunk, true)) = (&self.read_ahead, &fetched) {
+            ahead.pin(image, start, chunk.clone());
+            let chunks = self.image_size(image).div_ceil(self.chunk_size);
+            ahead.missed(&self.ram, image, i, chunks, self.chunk_size);
+        }
+        Ok(fetched)
+    }
+
+    /// Whether the chunk at `start` of `image` is in memory.
+    fn holds(&self, image: u32, start: u64) -> bool {
+        self.ram.contains(image, CHUNK_TAG | start)
+            || self
+                .read_ahead
+                .as_ref()
+                .is_some_and(|a| a.pinned(image, start).is_some())
     }
 
     /// Exactly `buf.len()` bytes at `offset`, from the source.

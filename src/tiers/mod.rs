@@ -13,7 +13,7 @@ mod read_ahead;
 pub mod served_by;
 mod source;
 pub mod stage;
-mod streams;
+pub mod streams;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -12,14 +12,18 @@
 //! to it, which a random epoch of large files would pay for every file. A read anywhere else starts a new
 //! run in the least recently used slot: random readers stay exact, and a stream that jumps is
 //! abandoned (its chunks stay in the cache until evicted).
+//!
+//! Runs belong to a reader (the process that asked, as the file system tells it: `as_reader`), so
+//! DataLoader workers each walking their own slice of one shard are each found; where the reader
+//! is not known (0), the image's reads are one reader's.
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Runs tracked per image. A run counts its files only while they are the image's consecutive
-/// reads, so readers interleaved on one image are not found (they stay exact, as before); the
-/// slots keep a run's place across the few reads a reader's own file takes.
-const SLOTS: usize = 4;
+/// Runs tracked per image: a few readers' own walks at once (32 DataLoader workers over 8 shards
+/// put 4 on each), with room for the random readers' runs that come and go between them.
+const SLOTS: usize = 16;
 /// How far past a run's end a read may start and still extend it: a tar header with its padding,
 /// or a PAX header (a member's 512-byte header, up to 511 bytes of padding, a few KiB of PAX).
 const GAP: u64 = 64 << 10;
@@ -30,8 +34,27 @@ const BEHIND: u64 = 1 << 20;
 /// are chance.
 const RUN: u32 = 3;
 
+thread_local! {
+    /// The reader whose request this thread serves (0: not known).
+    static READER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f` on behalf of `reader` (a process id): its reads extend that reader's runs.
+pub fn as_reader<T>(reader: u32, f: impl FnOnce() -> T) -> T {
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            READER.set(self.0);
+        }
+    }
+    let _restore = Restore(READER.replace(reader));
+    f()
+}
+
 #[derive(Clone, Copy, Default)]
 struct Run {
+    /// Whose reads these are.
+    reader: u32,
     end: u64,
     /// Files the run went through (0: an empty slot).
     files: u32,
@@ -43,8 +66,6 @@ struct Run {
 struct Slots {
     runs: [Run; SLOTS],
     clock: u64,
-    /// The run the image's previous read extended or started.
-    last: usize,
 }
 
 pub struct Streams {
@@ -68,21 +89,30 @@ impl Streams {
         let Some(slots) = self.images.get(image as usize) else {
             return false;
         };
+        let reader = READER.get();
         let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.clock += 1;
         let now = slots.clock;
         let end = offset.saturating_add(len);
         let extends = |r: &Run| {
-            r.files > 0 && offset <= r.end.saturating_add(GAP) && end > r.end.saturating_sub(BEHIND)
+            r.files > 0
+                && r.reader == reader
+                && offset <= r.end.saturating_add(GAP)
+                && end > r.end.saturating_sub(BEHIND)
         };
         if let Some(j) = slots.runs.iter().position(extends) {
-            let last = std::mem::replace(&mut slots.last, j);
+            // The reader's previous read of this image was in this run.
+            let latest = slots
+                .runs
+                .iter()
+                .filter(|r| r.files > 0 && r.reader == reader)
+                .all(|r| r.used <= slots.runs[j].used);
             let run = &mut slots.runs[j];
             if offset > run.end {
-                // After a gap: the next file. It counts only as the very next read of the image:
-                // a random reader that comes back to where a run it left ended is not walking
-                // in order (3 reads later, by chance, in a test of 10 files).
-                run.files = match last == j {
+                // After a gap: the next file. It counts only as the reader's very next read of
+                // the image: a random reader that comes back to where a run it left ended is not
+                // walking in order (3 reads later, by chance, in a test of 10 files).
+                run.files = match latest {
                     true => run.files.saturating_add(1),
                     false => 1,
                 };
@@ -102,11 +132,11 @@ impl Streams {
             .min_by_key(|&j| slots.runs[j].used)
             .expect("SLOTS > 0");
         slots.runs[oldest] = Run {
+            reader,
             end,
             files: 1,
             used: now,
         };
-        slots.last = oldest;
         false
     }
 
@@ -167,13 +197,37 @@ mod tests {
             assert!(!s.note(0, at, n), "file {k}");
         }
         assert_eq!(s.detected(), 0);
-        // Readers interleaved on one image are not found either (each stays exact).
+        // Readers interleaved on one image, not told apart, are not found (each stays exact).
         let far = 1 << 30;
         let a = tar_layout(&[10_000; 20]);
         for &(at, n) in &a {
             assert!(!s.note(0, at, n));
             assert!(!s.note(0, far + at, n));
         }
+    }
+
+    #[test]
+    fn readers_told_apart_are_each_found_walking_their_slice_of_one_image() {
+        // 8 DataLoader workers, each walking its own contiguous slice of one shard, their reads
+        // interleaved; and a random reader among them.
+        let files = tar_layout(&[30_000; 400]);
+        let s = Streams::new(1);
+        let mut streamed = [0u32; 9];
+        for k in 0..50 {
+            for w in 0..8u32 {
+                let (at, n) = files[w as usize * 50 + k];
+                streamed[w as usize] += as_reader(100 + w, || s.note(0, at, n)) as u32;
+            }
+            let (at, n) = files[(k * 137) % 400];
+            streamed[8] += as_reader(7, || s.note(0, at + 4096, n - 4096)) as u32;
+        }
+        assert_eq!(
+            &streamed[..8],
+            &[48; 8],
+            "each worker's third file on is a stream"
+        );
+        assert_eq!(streamed[8], 0, "the random reader stays exact");
+        assert_eq!(s.detected(), 8);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use super::{MAX_PAYLOAD, Server};
 use crate::fs::dispatch::{DataReply, Reply};
 use crate::fs::error::Error;
 use crate::fs::reads::ReadJob;
+use crate::tiers::streams::as_reader;
 use crate::util::le::{put16, put32, put64, u32_at, u64_at};
 
 const CMD_REGISTER: u32 = 1;
@@ -418,6 +419,7 @@ impl<'a> Queue<'a> {
         offset: u64,
         size: u32,
         started: Instant,
+        reader: u32,
     ) -> io::Result<()> {
         let mut out = (0, 0);
         let reply = InEntry {
@@ -425,8 +427,10 @@ impl<'a> Queue<'a> {
             out: &mut out,
         };
         let dispatch = &self.server.dispatch;
-        let tried =
-            dispatch.read_without_waiting(ino, offset, size, started, &mut self.read_buf, reply);
+        let buf = &mut self.read_buf;
+        let tried = as_reader(reader, || {
+            dispatch.read_without_waiting(ino, offset, size, started, buf, reply)
+        });
         if tried.is_ok() {
             return self.commit(i, out.0, out.1);
         }
@@ -446,6 +450,7 @@ impl<'a> Queue<'a> {
             size,
             reply,
             started,
+            reader,
         });
         self.grow_if_short()
     }
@@ -464,7 +469,7 @@ impl<'a> Queue<'a> {
         if h.opcode == READ && op_in.len() >= 20 {
             let offset = u64_at(op_in, 8);
             let size = u32_at(op_in, 16).min(e.payload.len() as u32);
-            return self.read(i, h.nodeid, offset, size, started);
+            return self.read(i, h.nodeid, offset, size, started, h.pid);
         }
         // The fixed arguments are at most 40 bytes (READDIR's): copied out of the header, which
         // the reply overwrites, without an allocation.

@@ -47,6 +47,8 @@ pub fn op_in_size(opcode: u32) -> usize {
 pub struct InHeader {
     pub opcode: u32,
     pub nodeid: u64,
+    /// The process that asked.
+    pub pid: u32,
 }
 
 impl InHeader {
@@ -54,6 +56,7 @@ impl InHeader {
         (b.len() >= IN_HEADER).then(|| InHeader {
             opcode: u32_at(b, 4),
             nodeid: u64_at(b, 16),
+            pid: u32_at(b, 32),
         })
     }
 }

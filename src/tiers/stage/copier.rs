@@ -375,6 +375,7 @@ impl Copier<'_> {
 /// Takes an offered chunk for copying (queued -> busy): its image and its state word before, or
 /// `None` if another thread took it or it is no longer queued.
 fn claim<'s>(stage: &'s Stage, offer: &Offer) -> Option<(&'s StagedImage, u64)> {
+    stage.offer_taken(offer.image, offer.chunk);
     let img = stage.images.get(offer.image as usize)?.as_ref()?;
     let word = img.word(offer.chunk);
     (state(word) == QUEUED && img.swap(offer.chunk, word, with_state(word, BUSY)))

@@ -12,6 +12,7 @@ mod lock;
 mod state_file;
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -139,8 +140,39 @@ fn still_local(before: u64, now: u64) -> bool {
     now >> 8 == before >> 8 && is_local(now)
 }
 
-/// Offers waiting at most (each may hold a chunk's bytes).
-const QUEUE: usize = 32;
+/// Bytes of offers waiting at most (each may hold a chunk's bytes, mostly shared with the RAM
+/// tier), and at least this many offers. Beyond, the stager lags: reads of chunks it does not
+/// have take exactly their bytes instead of whole chunks, which it would have to fetch again. A
+/// burst of 16 readers from mount time offered 40 chunks faster than a stager on a busy CPU took
+/// them: with room for 32, a third of a lazy epoch's chunks were not kept.
+const QUEUE_BYTES: u64 = 64 << 20;
+const QUEUE_MIN: u64 = 32;
+
+/// Where a chunk another read claimed is (`Stage::shared`).
+pub enum Shared {
+    /// That read is fetching it: the RAM tier's fetch of it is joined.
+    Fetching,
+    /// Handed over, waiting for the stager.
+    Bytes(Decoded),
+    /// The stager took it (it is being written, or is local now).
+    Gone,
+}
+
+/// What a read that wants chunk `i` whole does, while the stage copies its image
+/// (`Stage::claim_for_read`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForRead {
+    /// The chunk is this read's to fetch whole: then `hand_over` its bytes, or `release` it.
+    Fetch,
+    /// Another read is fetching it, or fetched it and it waits for the stager: its bytes are in
+    /// the RAM tier (or on their way there).
+    Shared,
+    /// The stager is copying it (its bytes in the RAM tier only if a read fetched them), or lags
+    /// behind: read exactly the bytes wanted.
+    Exact,
+    /// It became local meanwhile.
+    Local,
+}
 
 pub struct Stage {
     opts: StageOptions,
@@ -150,6 +182,14 @@ pub struct Stage {
     images: Vec<Option<StagedImage>>,
     source: Arc<Source>,
     offers: (Sender<Offer>, Receiver<Offer>),
+    /// Offers sent and not yet taken by the stager (at most `queue`, by admission).
+    pending: AtomicU64,
+    /// The bytes of chunks handed over and not yet taken, for other reads of them: a QUEUED
+    /// chunk's bytes may have left the RAM tier (a 64 MiB cache under 16 readers evicts a chunk
+    /// before the next sample in it is read), and fetching it again is what this avoids.
+    /// `None` while the read that claimed the chunk fetches it.
+    handed: Mutex<HashMap<(u32, usize), Option<Decoded>>>,
+    queue: u64,
     tick: AtomicU64,
     total_chunks: u64,
     total_bytes: u64,
@@ -236,7 +276,10 @@ impl Stage {
             _lock: lock,
             images: staged,
             source,
-            offers: crossbeam_channel::bounded(QUEUE),
+            offers: crossbeam_channel::unbounded(),
+            pending: AtomicU64::new(0),
+            handed: Mutex::default(),
+            queue: (QUEUE_BYTES / opts.chunk_size.max(1)).max(QUEUE_MIN),
             tick: AtomicU64::new(1),
             total_chunks,
             total_bytes,
@@ -320,31 +363,115 @@ impl Stage {
         true
     }
 
-    /// Tells the stager that a read touched chunk `i` of `image`, which is not staged; `bytes` are
-    /// the whole chunk when the read fetched it. In eager mode only chunks with bytes are taken
-    /// (the copy reaches the others anyway).
-    pub fn offer(&self, image: u32, i: usize, bytes: Option<Decoded>) {
-        if self.stopped.load(Ordering::Relaxed)
-            || (bytes.is_none() && self.opts.mode == StageMode::Eager)
-        {
+    /// Tells the stager that a read touched chunk `i` of `image`, which is not staged, and read
+    /// exactly its own bytes (lazy mode copies the chunk; eager mode reaches it anyway). Whole
+    /// chunks go through `claim_for_read` and `hand_over` instead.
+    pub fn offer(&self, image: u32, i: usize) {
+        if self.stopped.load(Ordering::Relaxed) || self.opts.mode == StageMode::Eager {
             return;
         }
         let Some(Some(img)) = self.images.get(image as usize) else {
             return;
         };
         let word = img.word(i);
-        if state(word) != image::ABSENT || !img.swap(i, word, with_state(word, image::QUEUED)) {
+        if state(word) != image::ABSENT || !self.admit() {
             return;
         }
-        let offer = Offer {
-            image,
-            chunk: i,
-            bytes,
-        };
-        if self.offers.0.try_send(offer).is_err() {
-            // The stager is behind: forget it, a later read offers it again.
-            img.swap(i, with_state(word, image::QUEUED), word);
+        if !img.swap(i, word, with_state(word, image::QUEUED)) {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            return;
         }
+        self.send(image, i, None);
+    }
+
+    /// Decides how a read gets chunk `i` of `image` (kept by this stage, staging not stopped) when
+    /// it wants the chunk whole: each chunk is read from the source once, by a read or by the
+    /// stager, never by both.
+    pub fn claim_for_read(&self, image: u32, i: usize) -> ForRead {
+        let Some(Some(img)) = self.images.get(image as usize) else {
+            return ForRead::Exact;
+        };
+        let word = img.word(i);
+        match state(word) {
+            image::ABSENT if self.stopped() => ForRead::Exact,
+            image::ABSENT => {
+                if !self.admit() {
+                    return ForRead::Exact;
+                }
+                // Marked fetching before it is QUEUED: a read told `Shared` finds it.
+                self.handed_bytes().insert((image, i), None);
+                if img.swap(i, word, with_state(word, image::QUEUED)) {
+                    return ForRead::Fetch;
+                }
+                self.handed_bytes().remove(&(image, i));
+                // Another read or the stager took it first: whatever it is now, it is not ours.
+                self.pending.fetch_sub(1, Ordering::Relaxed);
+                match state(img.word(i)) {
+                    image::QUEUED => ForRead::Shared,
+                    s if s == PRESENT || s == VERIFIED => ForRead::Local,
+                    _ => ForRead::Exact,
+                }
+            }
+            image::QUEUED => ForRead::Shared,
+            BUSY => ForRead::Exact,
+            _ => ForRead::Local,
+        }
+    }
+
+    /// The bytes of chunk `i` of `image`, fetched whole after `claim_for_read` said `Fetch`.
+    pub fn hand_over(&self, image: u32, i: usize, bytes: Decoded) {
+        self.handed_bytes().insert((image, i), Some(bytes.clone()));
+        self.send(image, i, Some(bytes));
+    }
+
+    /// Where the bytes of chunk `i` of `image` are, for a read told `ForRead::Shared`.
+    pub fn shared(&self, image: u32, i: usize) -> Shared {
+        match self.handed_bytes().get(&(image, i)) {
+            Some(Some(bytes)) => Shared::Bytes(bytes.clone()),
+            Some(None) => Shared::Fetching,
+            None => Shared::Gone,
+        }
+    }
+
+    fn handed_bytes(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, usize), Option<Decoded>>> {
+        self.handed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives back a chunk `claim_for_read` gave to a read whose fetch failed.
+    pub fn release(&self, image: u32, i: usize) {
+        self.handed_bytes().remove(&(image, i));
+        if let Some(Some(img)) = self.images.get(image as usize) {
+            let word = img.word(i);
+            if state(word) == image::QUEUED {
+                img.swap(i, word, with_state(word, image::ABSENT));
+            }
+        }
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Takes a place in the stager's queue, if it has one.
+    fn admit(&self) -> bool {
+        let pending = self.pending.fetch_add(1, Ordering::Relaxed);
+        if pending >= self.queue {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn send(&self, image: u32, chunk: usize, bytes: Option<Decoded>) {
+        // Unbounded, but never more than `queue` waiting: every offer was admitted first.
+        let _ = self.offers.0.send(Offer {
+            image,
+            chunk,
+            bytes,
+        });
+    }
+
+    /// An offer left the queue (taken by the stager, whatever becomes of it).
+    fn offer_taken(&self, image: u32, i: usize) {
+        self.handed_bytes().remove(&(image, i));
+        self.pending.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn local_read_failed(&self, img: &StagedImage, i: usize, word: u64, e: std::io::Error) {
