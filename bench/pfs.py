@@ -26,7 +26,7 @@ reader a contiguous slice: WebDataset-style epochs, the shard-ordered sampler). 
 bytes from mount to the end (staging included) against the dataset's bytes. Results: a table,
 JSON and a chart in bench/out/. See docs/benchmarks/parallel-fs.md.
 """
-import argparse, json, os, platform, shutil, subprocess, sys, time
+import argparse, json, os, platform, shutil, subprocess, sys, tarfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -321,13 +321,9 @@ def write_archive_order(ds, listing):
     tree: the shards hold the tree's paths)."""
     files = []
     for s in sorted(os.listdir(os.path.join(ds, "shards"))):
-        if not s.endswith(".tar"):
-            continue
-        out = subprocess.run(["tar", "-tvf", os.path.join(ds, "shards", s)], check=True,
-                             capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("-"):
-                files.append(line.split(None, 5)[5])
+        if s.endswith(".tar"):
+            with tarfile.open(os.path.join(ds, "shards", s)) as tar:
+                files += [m.name for m in tar if m.isfile()]
     with open(listing, "w") as f:
         f.write("\n".join(files) + "\n")
     return files

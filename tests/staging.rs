@@ -549,42 +549,19 @@ fn reads_are_exact_once_staging_stopped() {
 /// by the walk (issue 17: 5.99 GB read from the PFS for 2.62 GB).
 #[test]
 fn chunks_reads_fetched_are_staged_without_a_second_source_read() {
-    use packfs::catalog::ImageInfo;
-    use packfs::source::Fingerprint;
     use packfs::source::read_at::ReadAt;
     use packfs::tiers::faults::{Fault, Faulty, Gate};
-    use packfs::tiers::stage::{Stage, StageMode, StageOptions, run_copier};
-    use packfs::tiers::{Fetch, Images, Source, SourceImage};
+    use packfs::tiers::stage::{StageMode, run_copier};
+    use packfs::tiers::{Fetch, Images};
     use std::sync::Arc;
 
     const MIB: u64 = 1 << 20;
     let size = 64 * MIB;
     let data: Arc<dyn ReadAt> = Arc::new(bytes(11, size as usize));
-    let fingerprint = Fingerprint::of_read_at(&*data, size, 0, 0).unwrap();
     // The walk's first run (the first 8 MiB) waits at the gate; reads elsewhere do not.
     let gate = Arc::new(Gate::default());
-    let slow = Faulty::new(data.clone(), vec![(0..8 * MIB, Fault::Stall(gate.clone()))]);
-    let path = PathBuf::from("/nowhere/shard.tar");
-    let source = Arc::new(Source::new(vec![SourceImage {
-        path: path.clone(),
-        data: Arc::new(slow),
-        size,
-    }]));
-    let dir = tempfile::tempdir().unwrap();
-    let opts = StageOptions {
-        dir: dir.path().join("stage"),
-        mode: StageMode::Eager,
-        budget: None,
-        rate: None,
-        share: None,
-        chunk_size: MIB,
-    };
-    let infos = [ImageInfo {
-        path,
-        fingerprint,
-        stream: None,
-    }];
-    let stage = Arc::new(Stage::open(opts, source.clone(), &infos, "this test").unwrap());
+    let slow = Faulty::new(data, vec![(0..8 * MIB, Fault::Stall(gate.clone()))]);
+    let (source, stage, _dir) = staged_source(11, size, Arc::new(slow), StageMode::Eager, MIB);
     let images = Images::new(source.clone(), 256 * MIB, MIB, true, Some(stage.clone()));
     std::thread::scope(|scope| {
         let copier = scope.spawn(|| run_copier(&stage, true, None));
@@ -696,52 +673,45 @@ fn a_sample_of_another_share_across_a_chunk_boundary_is_one_source_read() {
     drop(m);
 }
 
-/// A source that records every read it answers, after a latency (a store, a busy PFS).
-struct Counting {
-    data: Vec<u8>,
-    latency: Duration,
+/// A source that records every read it answers.
+struct Recording {
+    inner: std::sync::Arc<dyn packfs::source::read_at::ReadAt>,
     reads: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
-impl packfs::source::read_at::ReadAt for Counting {
+impl packfs::source::read_at::ReadAt for Recording {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-        if packfs::source::read_at::waiting_refused() {
-            return Err(packfs::source::read_at::would_block());
-        }
-        std::thread::sleep(self.latency);
-        let from = (offset as usize).min(self.data.len());
-        let n = buf.len().min(self.data.len() - from);
-        buf[..n].copy_from_slice(&self.data[from..from + n]);
+        let n = self.inner.read_at(buf, offset)?;
         self.reads.lock().unwrap().push((offset, n as u64));
         Ok(n)
     }
 }
 
-/// Readers from mount time, each reading its part of a shuffled epoch of samples, while the stage
-/// copies (eager) or keeps what reads touch (lazy); returns the reads the source answered.
-fn epoch_while_staging(
+/// One image of `size` bytes (`bytes(seed, size)`), read through `data` by a source with a stage
+/// of `mode` in a temporary directory; the stage's copier is not started.
+fn staged_source(
+    seed: u64,
+    size: u64,
+    data: std::sync::Arc<dyn packfs::source::read_at::ReadAt>,
     mode: packfs::tiers::stage::StageMode,
-    readers: usize,
-) -> (u64, u64, Vec<(u64, u64)>) {
+    chunk_size: u64,
+) -> (
+    std::sync::Arc<packfs::tiers::Source>,
+    std::sync::Arc<packfs::tiers::stage::Stage>,
+    tempfile::TempDir,
+) {
     use packfs::catalog::ImageInfo;
     use packfs::source::Fingerprint;
-    use packfs::tiers::stage::{Stage, StageMode, StageOptions, run_copier};
-    use packfs::tiers::{Fetch, Images, Source, SourceImage};
+    use packfs::tiers::stage::{Stage, StageOptions};
+    use packfs::tiers::{Source, SourceImage};
     use std::sync::Arc;
 
-    const CHUNK: u64 = 256 << 10;
-    let size: u64 = 64 << 20;
-    let counting = Arc::new(Counting {
-        data: bytes(17, size as usize),
-        latency: Duration::from_micros(500),
-        reads: Default::default(),
-    });
-    let fingerprint = Fingerprint::of_read_at(&*counting, size, 0, 0).unwrap();
-    counting.reads.lock().unwrap().clear();
+    let plain = bytes(seed, size as usize);
+    let fingerprint = Fingerprint::of_read_at(&plain, size, 0, 0).unwrap();
     let path = PathBuf::from("/nowhere/shard.tar");
     let source = Arc::new(Source::new(vec![SourceImage {
         path: path.clone(),
-        data: counting.clone(),
+        data,
         size,
     }]));
     let dir = tempfile::tempdir().unwrap();
@@ -751,7 +721,7 @@ fn epoch_while_staging(
         budget: None,
         rate: None,
         share: None,
-        chunk_size: CHUNK,
+        chunk_size,
     };
     let infos = [ImageInfo {
         path,
@@ -759,26 +729,46 @@ fn epoch_while_staging(
         stream: None,
     }];
     let stage = Arc::new(Stage::open(opts, source.clone(), &infos, "this test").unwrap());
+    (source, stage, dir)
+}
+
+/// Readers from mount time, each reading its part of a shuffled epoch of samples, while the stage
+/// copies (eager) or keeps what reads touch (lazy); returns the reads the source answered.
+fn epoch_while_staging(
+    mode: packfs::tiers::stage::StageMode,
+    readers: usize,
+) -> (u64, u64, Vec<(u64, u64)>) {
+    use packfs::tiers::faults::{Fault, Faulty};
+    use packfs::tiers::stage::{StageMode, run_copier};
+    use packfs::tiers::{Fetch, Images};
+    use std::sync::Arc;
+
+    const CHUNK: u64 = 256 << 10;
+    let size: u64 = 64 << 20;
+    let want = bytes(17, size as usize);
+    let recording = Arc::new(Recording {
+        inner: Arc::new(want.clone()),
+        reads: Default::default(),
+    });
+    // Each read answered after a latency (a store, a busy PFS).
+    let slow = Faulty::new(
+        recording.clone(),
+        vec![(0..size, Fault::Latency(Duration::from_micros(500)))],
+    );
+    let (source, stage, _dir) = staged_source(17, size, Arc::new(slow), mode, CHUNK);
     let images = Images::new(source.clone(), 256 << 20, CHUNK, false, Some(stage.clone()));
     // Samples of 20-180 kB laid end to end, in a shuffled order dealt to the readers.
     let mut samples = Vec::new();
     let mut at = 0u64;
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     while at < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let len = (20_000 + x % 160_000).min(size - at);
+        let len = (20_000 + rng.below(160_000)).min(size - at);
         samples.push((at, len));
         at += len;
     }
     for k in (1..samples.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        samples.swap(k, (x % (k as u64 + 1)) as usize);
+        samples.swap(k, rng.below(k as u64 + 1) as usize);
     }
-    let want = bytes(17, size as usize);
     std::thread::scope(|scope| {
         let copier = scope.spawn(|| run_copier(&stage, mode == StageMode::Eager, None));
         let readers: Vec<_> = (0..readers)
@@ -813,7 +803,7 @@ fn epoch_while_staging(
         copier.join().unwrap();
     });
     assert_eq!(stage.stats().present_bytes, size, "{:?}", stage.stats());
-    let reads = counting.reads.lock().unwrap().clone();
+    let reads = recording.reads.lock().unwrap().clone();
     (size, CHUNK, reads)
 }
 

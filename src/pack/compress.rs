@@ -15,6 +15,7 @@ use std::io::{self, Write};
 use rayon::prelude::*;
 
 use crate::archive::codec::Codec;
+use crate::archive::framed::zstd as zstd_frames;
 use crate::archive::inflate::table::FrameEntry;
 
 /// The shard suffix of compressed packs.
@@ -25,9 +26,6 @@ pub const SUFFIX: &str = ".tar.zst";
 pub const DEFAULT_FRAME: usize = 256 << 10;
 /// What `--compress zstd` means without a level: zstd's own default.
 pub const DEFAULT_LEVEL: i32 = 3;
-/// The seekable format's skippable-frame magic for its seek table, and its footer magic.
-const SEEK_TABLE_MAGIC: u32 = 0x184D_2A5E;
-const SEEKABLE_MAGIC: u32 = 0x8F92_EAB1;
 /// Frames compressed at once per shard.
 const RUN: usize = 16;
 
@@ -180,22 +178,17 @@ fn compress_frame(frame: &[u8], level: i32) -> io::Result<Vec<u8>> {
     c.compress(frame)
 }
 
-/// The seekable format's seek table: a skippable frame of (compressed, decoded) sizes per frame
-/// and a footer (count, descriptor: no per-frame checksums, magic).
+/// The seek table of `frames`, which end where the next begins and the last at `total`.
 fn seek_table(frames: &[FrameEntry], total: u64) -> Vec<u8> {
-    let mut t = Vec::with_capacity(8 + frames.len() * 8 + 9);
-    t.extend_from_slice(&SEEK_TABLE_MAGIC.to_le_bytes());
-    t.extend_from_slice(&((frames.len() * 8 + 9) as u32).to_le_bytes());
-    for (i, f) in frames.iter().enumerate() {
-        let next = frames.get(i + 1).map_or(total, |n| n.out_at);
-        // Frames hold at most `frame` decoded bytes and compress to about as much: u32 is room.
-        t.extend_from_slice(&(f.in_len as u32).to_le_bytes());
-        t.extend_from_slice(&((next - f.out_at) as u32).to_le_bytes());
-    }
-    t.extend_from_slice(&(frames.len() as u32).to_le_bytes());
-    t.push(0);
-    t.extend_from_slice(&SEEKABLE_MAGIC.to_le_bytes());
-    t
+    let sizes: Vec<(u64, u64)> = frames
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let next = frames.get(i + 1).map_or(total, |n| n.out_at);
+            (f.in_len, next - f.out_at)
+        })
+        .collect();
+    zstd_frames::seek_table(&sizes)
 }
 
 #[cfg(test)]
@@ -256,7 +249,7 @@ mod tests {
         assert!(decoded == plain);
         // The seek table's footer names the frame count.
         let n = packed.len();
-        assert_eq!(&packed[n - 4..], &SEEKABLE_MAGIC.to_le_bytes());
+        assert_eq!(&packed[n - 4..], &0x8F92_EAB1u32.to_le_bytes());
         assert_eq!(
             u32::from_le_bytes(packed[n - 9..n - 5].try_into().unwrap()),
             5

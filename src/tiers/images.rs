@@ -160,59 +160,43 @@ impl Images {
             let dst = &mut buf[done..done + n];
             done += n;
             let stage = self.stage.as_deref();
-            if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) {
-                self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                super::served_by::mark(super::served_by::STAGE);
+            if self.read_staged(stage, image, i, within, dst) {
                 continue;
             }
             // While the stage copies this image, each chunk is read whole once: by the read
-            // that claims it (and hands it to the stager) or by the stager; a read meeting a
-            // chunk the stager holds, or a stager that lags, takes exactly its bytes.
-            let claim = match (chunked, stage) {
-                (true, Some(s)) if staging => s.claim_for_read(image, i as usize),
-                (true, _) => ForRead::Fetch,
-                (false, _) => ForRead::Exact,
+            // that claims it (and hands it to the stager) or by the stager (`claim_for_read`).
+            let how = match stage {
+                Some(s) if chunked && staging => s.claim_for_read(image, i as usize),
+                _ if chunked => ForRead::Fetch,
+                _ => ForRead::Exact,
             };
-            let claim = match claim {
-                ForRead::Local if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) => {
-                    self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    super::served_by::mark(super::served_by::STAGE);
+            let fetched = match (how, stage) {
+                (ForRead::Fetch, _) => Some(self.chunk(image, i)),
+                (ForRead::Shared, Some(s)) => match s.shared(image, i as usize) {
+                    Shared::Bytes(chunk) => Some(Ok((chunk, false))),
+                    Shared::Fetching => Some(self.chunk(image, i)),
+                    Shared::Gone => None,
+                },
+                _ => None,
+            };
+            let Some(fetched) = fetched else {
+                // Not this read's to fetch whole (the stager has it, or lags): local by now, in
+                // memory (a read fetched it), or exactly these bytes.
+                if chunked && self.read_staged(stage, image, i, within, dst) {
                     continue;
                 }
-                ForRead::Local => ForRead::Exact,
-                // The bytes may be in the RAM tier already (a read fetched them for the stager).
-                ForRead::Exact if chunked && self.holds(image, i * self.chunk_size) => {
-                    ForRead::Shared
+                if let Some(chunk) = self.in_memory(image, i).filter(|_| chunked) {
+                    dst.copy_from_slice(&chunk[within as usize..within as usize + n]);
+                    self.ram_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    continue;
                 }
-                other => other,
-            };
-            if claim == ForRead::Exact {
                 self.read_source(image, pos, dst)?;
                 if let Some(stage) = stage {
                     stage.offer(image, i as usize);
                 }
                 continue;
-            }
-            let shared = match (claim, stage) {
-                (ForRead::Shared, Some(s)) => s.shared(image, i as usize),
-                _ => Shared::Fetching,
             };
-            let fetched = match shared {
-                Shared::Bytes(chunk) => Ok((chunk, false)),
-                Shared::Fetching => self.chunk(image, i),
-                // Written by now, or about to be: whatever is not local yet is read exactly.
-                Shared::Gone if stage.is_some_and(|s| s.read(image, i as usize, within, dst)) => {
-                    self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    super::served_by::mark(super::served_by::STAGE);
-                    continue;
-                }
-                Shared::Gone if self.holds(image, i * self.chunk_size) => self.chunk(image, i),
-                Shared::Gone => {
-                    self.read_source(image, pos, dst)?;
-                    continue;
-                }
-            };
-            let mine = claim == ForRead::Fetch && staging;
+            let mine = how == ForRead::Fetch && staging;
             let Ok((chunk, loaded)) = fetched else {
                 if let Some(stage) = stage.filter(|_| mine) {
                     stage.release(image, i as usize);
@@ -264,13 +248,32 @@ impl Images {
         Ok(fetched)
     }
 
-    /// Whether the chunk at `start` of `image` is in memory.
-    fn holds(&self, image: u32, start: u64) -> bool {
-        self.ram.contains(image, CHUNK_TAG | start)
-            || self
-                .read_ahead
-                .as_ref()
-                .is_some_and(|a| a.pinned(image, start).is_some())
+    /// Chunk `i` of `image` if it is in memory (the read-ahead window or the RAM tier); never
+    /// reads the source.
+    fn in_memory(&self, image: u32, i: u64) -> Option<Decoded> {
+        let start = i * self.chunk_size;
+        self.read_ahead
+            .as_ref()
+            .and_then(|a| a.pinned(image, start))
+            .or_else(|| self.ram.get(image, CHUNK_TAG | start))
+    }
+
+    /// Fills `dst` from the staged copy of chunk `i` if it is there, counting it.
+    fn read_staged(
+        &self,
+        stage: Option<&Stage>,
+        image: u32,
+        i: u64,
+        within: u64,
+        dst: &mut [u8],
+    ) -> bool {
+        if !stage.is_some_and(|s| s.read(image, i as usize, within, dst)) {
+            return false;
+        }
+        self.staged_bytes
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        super::served_by::mark(super::served_by::STAGE);
+        true
     }
 
     /// Exactly `buf.len()` bytes at `offset`, from the source.

@@ -158,6 +158,13 @@ impl RamCache {
         }
     }
 
+    /// The value for `(image, offset)` if it is held now; never loads.
+    pub fn get(&self, image: u32, offset: u64) -> Option<Decoded> {
+        let value = self.cache.get(&(image, offset))?;
+        super::served_by::mark(super::served_by::RAM);
+        Some(value)
+    }
+
     /// Whether `(image, offset)` is held now (without touching its recency).
     pub fn contains(&self, image: u32, offset: u64) -> bool {
         self.cache.contains_key(&(image, offset))

@@ -41,14 +41,7 @@ thread_local! {
 
 /// Runs `f` on behalf of `reader` (a process id): its reads extend that reader's runs.
 pub fn as_reader<T>(reader: u32, f: impl FnOnce() -> T) -> T {
-    struct Restore(u32);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            READER.set(self.0);
-        }
-    }
-    let _restore = Restore(READER.replace(reader));
-    f()
+    crate::util::scoped::with(&READER, reader, f)
 }
 
 #[derive(Clone, Copy, Default)]

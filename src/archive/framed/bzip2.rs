@@ -201,15 +201,7 @@ mod tests {
         let file = &file.to_vec();
         let (found, trailing) = blocks(file, file.len() as u64).unwrap();
         assert_eq!(trailing, None);
-        let mut indexer = BlockIndexer::new(file, found);
-        let mut out = Vec::new();
-        loop {
-            let chunk = indexer.next_chunk().unwrap();
-            if chunk.is_empty() {
-                return out;
-            }
-            out.extend_from_slice(chunk);
-        }
+        BlockIndexer::new(file, found).decode_all()
     }
 
     #[test]
@@ -272,15 +264,7 @@ mod tests {
                 ..first
             },
         );
-        let mut indexer = BlockIndexer::new(&file, found);
-        let mut out = Vec::new();
-        loop {
-            let chunk = indexer.next_chunk().unwrap();
-            if chunk.is_empty() {
-                break;
-            }
-            out.extend_from_slice(chunk);
-        }
+        let out = BlockIndexer::new(&file, found).decode_all();
         assert!(out == data);
     }
 

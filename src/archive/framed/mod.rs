@@ -147,6 +147,21 @@ pub struct BlockIndexer<'r> {
     threads: usize,
 }
 
+#[cfg(test)]
+impl BlockIndexer<'_> {
+    /// Every decoded byte, in order (the pieces' tests).
+    pub(crate) fn decode_all(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let chunk = self.next_chunk().unwrap();
+            if chunk.is_empty() {
+                return out;
+            }
+            out.extend_from_slice(chunk);
+        }
+    }
+}
+
 impl<'r> BlockIndexer<'r> {
     pub fn new(image: &'r dyn ReadAt, blocks: Vec<Block>) -> BlockIndexer<'r> {
         let threads = rayon::current_num_threads();

@@ -251,15 +251,7 @@ mod tests {
         let found = blocks(&file, file.len() as u64).unwrap();
         let sizes: Vec<_> = found.iter().map(|b| b.size).collect();
         assert_eq!(sizes, [Some(100_000), Some(30_000), Some(30_000)]);
-        let mut indexer = BlockIndexer::new(&file, found);
-        let mut decoded = Vec::new();
-        loop {
-            let chunk = indexer.next_chunk().unwrap();
-            if chunk.is_empty() {
-                break;
-            }
-            decoded.extend_from_slice(chunk);
-        }
+        let decoded = BlockIndexer::new(&file, found).decode_all();
         assert!(decoded == [&a[..], &b, &b].concat());
     }
 

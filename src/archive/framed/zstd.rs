@@ -129,6 +129,24 @@ fn from_seek_table(image: &dyn ReadAt, len: u64) -> Result<Option<Vec<Block>>, I
     Ok((at == table_at).then_some(found))
 }
 
+/// The seek table (a skippable frame) for frames of these (compressed, decoded) sizes, without
+/// checksums: what `packfs pack --compress` ends a shard with, and `from_seek_table` reads.
+/// Sizes must fit in 32 bits (pack's frames are far smaller).
+pub fn seek_table(sizes: &[(u64, u64)]) -> Vec<u8> {
+    let len = sizes.len() * 8 + 9;
+    let mut t = Vec::with_capacity(8 + len);
+    t.extend_from_slice(&SEEK_TABLE.to_le_bytes());
+    t.extend_from_slice(&(len as u32).to_le_bytes());
+    for &(packed, size) in sizes {
+        t.extend_from_slice(&(packed as u32).to_le_bytes());
+        t.extend_from_slice(&(size as u32).to_le_bytes());
+    }
+    t.extend_from_slice(&(sizes.len() as u32).to_le_bytes());
+    t.push(0);
+    t.extend_from_slice(&SEEKABLE_MAGIC.to_le_bytes());
+    t
+}
+
 /// Walks the header, blocks and checksum of the frame at `at`: its length, and its decoded size
 /// if the header declares it.
 fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), InflateError> {
@@ -255,6 +273,23 @@ mod tests {
     }
 
     #[test]
+    fn the_seek_table_written_is_the_one_read() {
+        let parts = [sample(9_000, 3), sample(20_000, 4)];
+        let mut file = Vec::new();
+        let mut sizes = Vec::new();
+        for p in &parts {
+            let frame = zstd::bulk::compress(p, 3).unwrap();
+            sizes.push((frame.len() as u64, p.len() as u64));
+            file.extend(frame);
+        }
+        file.extend(seek_table(&sizes));
+        let found = from_seek_table(&file, file.len() as u64).unwrap().unwrap();
+        let listed: Vec<_> = found.iter().map(|b| (b.in_len, b.size.unwrap())).collect();
+        assert_eq!(listed, sizes);
+        assert_eq!(found[1].in_at, sizes[0].0);
+    }
+
+    #[test]
     fn frames_are_found_decoded_and_planned_one_unit_each() {
         // Three frames (the middle one with a checksum, one empty) and a skippable frame.
         let parts = [sample(70_000, 1), Vec::new(), sample(5_000, 2)];
@@ -268,15 +303,7 @@ mod tests {
         stream.extend_from_slice(&3u32.to_le_bytes());
         stream.extend_from_slice(b"abc");
         let found = frames(&stream, stream.len() as u64).unwrap();
-        let mut indexer = BlockIndexer::new(&stream, found.clone());
-        let mut decoded = Vec::new();
-        loop {
-            let chunk = indexer.next_chunk().unwrap();
-            if chunk.is_empty() {
-                break;
-            }
-            decoded.extend_from_slice(chunk);
-        }
+        let decoded = BlockIndexer::new(&stream, found.clone()).decode_all();
         assert_eq!(decoded.len(), 75_000);
         assert!(decoded == parts.concat(), "the decoded stream differs");
         let mut tables = TableFile::new().unwrap();

@@ -164,14 +164,11 @@ pub enum Shared {
 pub enum ForRead {
     /// The chunk is this read's to fetch whole: then `hand_over` its bytes, or `release` it.
     Fetch,
-    /// Another read is fetching it, or fetched it and it waits for the stager: its bytes are in
-    /// the RAM tier (or on their way there).
+    /// Another read is fetching it, or fetched it and it waits for the stager (`Stage::shared`).
     Shared,
-    /// The stager is copying it (its bytes in the RAM tier only if a read fetched them), or lags
-    /// behind: read exactly the bytes wanted.
+    /// Not to be fetched whole: the stager is copying it (its bytes in memory only if a read
+    /// fetched them), or lags behind, or the chunk became local meanwhile.
     Exact,
-    /// It became local meanwhile.
-    Local,
 }
 
 pub struct Stage {
@@ -392,29 +389,21 @@ impl Stage {
             return ForRead::Exact;
         };
         let word = img.word(i);
-        match state(word) {
-            image::ABSENT if self.stopped() => ForRead::Exact,
-            image::ABSENT => {
-                if !self.admit() {
-                    return ForRead::Exact;
-                }
-                // Marked fetching before it is QUEUED: a read told `Shared` finds it.
-                self.handed_bytes().insert((image, i), None);
-                if img.swap(i, word, with_state(word, image::QUEUED)) {
-                    return ForRead::Fetch;
-                }
-                self.handed_bytes().remove(&(image, i));
-                // Another read or the stager took it first: whatever it is now, it is not ours.
-                self.pending.fetch_sub(1, Ordering::Relaxed);
-                match state(img.word(i)) {
-                    image::QUEUED => ForRead::Shared,
-                    s if s == PRESENT || s == VERIFIED => ForRead::Local,
-                    _ => ForRead::Exact,
-                }
+        if state(word) == image::ABSENT && !self.stopped() {
+            if !self.admit() {
+                return ForRead::Exact;
             }
+            if img.swap(i, word, with_state(word, image::QUEUED)) {
+                // Until this lands, a read told `Shared` reads exactly (it finds nothing).
+                self.handed_bytes().insert((image, i), None);
+                return ForRead::Fetch;
+            }
+            // Another read or the stager took it first: whatever it is now, it is not ours.
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+        match state(img.word(i)) {
             image::QUEUED => ForRead::Shared,
-            BUSY => ForRead::Exact,
-            _ => ForRead::Local,
+            _ => ForRead::Exact,
         }
     }
 
@@ -424,7 +413,8 @@ impl Stage {
         self.send(image, i, Some(bytes));
     }
 
-    /// Where the bytes of chunk `i` of `image` are, for a read told `ForRead::Shared`.
+    /// Where the bytes of chunk `i` of `image` are, for a read told `ForRead::Shared`. (A chunk
+    /// queued by an exact read is not here: the stager reads it, and so is `Gone` for reads.)
     pub fn shared(&self, image: u32, i: usize) -> Shared {
         match self.handed_bytes().get(&(image, i)) {
             Some(Some(bytes)) => Shared::Bytes(bytes.clone()),
