@@ -16,7 +16,14 @@ thread_local! {
 /// way, so that data already in memory is answered at once and a slow read never holds up the
 /// other requests of its CPU.
 pub fn without_waiting<T>(f: impl FnOnce() -> T) -> T {
-    crate::util::scoped::with(&NO_WAIT, true, f)
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_WAIT.set(self.0);
+        }
+    }
+    let _restore = Restore(NO_WAIT.replace(true));
+    f()
 }
 
 /// Whether this thread is inside `without_waiting`.

@@ -41,7 +41,16 @@ thread_local! {
 
 /// Runs `f` on behalf of `reader` (a process id): its reads extend that reader's runs.
 pub fn as_reader<T>(reader: u32, f: impl FnOnce() -> T) -> T {
-    crate::util::scoped::with(&READER, reader, f)
+    // The same guard as `read_at::without_waiting`'s: sharing it through `util` would make
+    // `source` and `util` import each other (tests/layout.rs).
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            READER.set(self.0);
+        }
+    }
+    let _restore = Restore(READER.replace(reader));
+    f()
 }
 
 #[derive(Clone, Copy, Default)]
