@@ -246,3 +246,34 @@ fn a_sample_over_128k_costs_one_source_read() {
         samples.len() as u64
     );
 }
+
+/// A 1 MiB read into a buffer that starts inside a page (as one from malloc does) spans 257 pages;
+/// FUSE direct I/O sends at most 256 per request and so cuts it in two. The simulator counts one
+/// RPC, as a parallel file system client moving the 1 MiB extent would (counted twice, every
+/// chunk packfs fetched cost two, the second for 16 bytes). Reads of adjacent ranges stay one RPC
+/// each.
+#[test]
+fn a_read_cut_at_the_kernels_page_limit_is_one_rpc() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    write_file(&backing.join("big.bin"), &bytes(5, 4 << 20), 0o644);
+    let sim = Sim::start(&backing, &dir.path().join("pfs"), &["--profile", "none"]);
+    let file = fs::File::open(sim.mnt.join("big.bin")).unwrap();
+    let reads = |c: &serde_json::Value| c["data_ops"].as_u64().unwrap();
+    let before = sim.counters();
+    // 16 bytes into a page-aligned allocation: the buffer starts inside a page.
+    let mut buf = vec![0u8; (2 << 20) + 4096];
+    let at = 4096 - (buf.as_ptr() as usize % 4096) + 16;
+    let whole = &mut buf[at..at + (1 << 20)];
+    file.read_exact_at(whole, 1 << 20).unwrap();
+    assert_eq!(whole, &bytes(5, 4 << 20)[1 << 20..2 << 20]);
+    let after = sim.counters();
+    assert_eq!(reads(&after) - reads(&before), 1, "{after}");
+    assert_eq!(after["local"]["split_tail"], 1, "{after}");
+    // Two small reads, one right after the other: two RPCs.
+    let mut small = [0u8; 4000];
+    file.read_exact_at(&mut small, 0).unwrap();
+    file.read_exact_at(&mut small, 4000).unwrap();
+    assert_eq!(reads(&sim.counters()) - reads(&after), 2);
+}

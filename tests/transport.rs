@@ -165,6 +165,14 @@ fn uring_serves_the_same_tree_through_the_rings() {
     let c = counters_when(&stats, |c| c["ring_requests"].as_u64() > Some(0));
     assert_eq!(c["transport"], "uring", "{c}");
     assert_eq!(c["errors"], 0, "{c}");
+    // One read pool for both transports: the rings hand their waiting reads to the classic
+    // loop's (16 workers by default, no stall here to grow it), not to a second one of their own.
+    let workers = fs::read_dir(format!("/proc/{}/task", m.pid))
+        .unwrap()
+        .filter_map(|t| fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|name| name.starts_with("packfs-read-"))
+        .count();
+    assert_eq!(workers, 16, "read workers in the daemon");
     drop(m);
     assert!(!is_mounted(&mnt), "the mount ends with the rings");
 }

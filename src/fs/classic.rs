@@ -31,7 +31,7 @@ const MAX_BACKGROUND: u16 = 256;
 
 pub struct PackFs {
     dispatch: Arc<Dispatch>,
-    reads: Reads,
+    reads: Arc<Reads>,
     readdirplus: ReaddirPlus,
     /// With `--transport uring`: told at INIT whether the kernel agreed to the rings.
     uring: Option<Sender<bool>>,
@@ -41,9 +41,9 @@ impl PackFs {
     pub fn new(
         dispatch: Arc<Dispatch>,
         opts: &FsOptions,
+        reads: Arc<Reads>,
         uring: Option<Sender<bool>>,
     ) -> std::io::Result<Self> {
-        let reads = Reads::start(opts.request_threads(), opts.io_threads, dispatch.clone())?;
         Ok(PackFs {
             dispatch,
             reads,

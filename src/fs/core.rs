@@ -3,10 +3,12 @@
 //! answer is a value or one `Error`; the transports only decode requests and encode replies (the
 //! dispatcher records them), so all of this runs in tests without a kernel.
 
+use std::io;
 use std::sync::Arc;
 
 use super::error::Error;
 use crate::catalog::{Catalog, Entry, EntryId, Kind};
+use crate::source::read_at;
 use crate::tiers::{FileReader, Served};
 
 /// Inode numbers are entry ids + 1 (FUSE's root is 1, the catalog's root is entry 0).
@@ -213,13 +215,16 @@ impl Core {
         let layout = self.catalog.layout(e)?;
         self.files
             .read(id, e.image, layout, e.size, offset, len, buf)
-            .map_err(|err| Error::Io {
-                image: self.files.images().source().image_path(e.image),
-                offset: err.image_offset,
-                path: self.catalog.path_of(id),
-                file_offset: offset,
-                len,
-                error: err.error,
+            .map_err(|err| match err.error.kind() {
+                io::ErrorKind::WouldBlock if read_at::waiting_refused() => Error::WouldWait,
+                _ => Error::Io {
+                    image: self.files.images().source().image_path(e.image),
+                    offset: err.image_offset,
+                    path: self.catalog.path_of(id),
+                    file_offset: offset,
+                    len,
+                    error: err.error,
+                },
             })
     }
 

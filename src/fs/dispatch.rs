@@ -5,7 +5,6 @@
 //! and FUSE over io_uring (`ring/`) are each one such adapter, and so would a third be.
 
 use std::ffi::OsStr;
-use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,6 +36,17 @@ pub trait AttrReply: Reply {
 /// The answer to READ and READLINK: bytes.
 pub trait DataReply: Reply {
     fn data(self, bytes: &[u8]);
+
+    /// Answers a read with what the core served; returns the bytes replied. A reply whose read
+    /// was assembled in its own buffer takes the bytes where they are (the rings: no copy).
+    fn served(self, served: Served) -> u32
+    where
+        Self: Sized,
+    {
+        let bytes = served.bytes();
+        self.data(bytes);
+        bytes.len() as u32
+    }
 }
 
 /// The answer to STATFS: the figures of `attr::statfs_figures`.
@@ -310,11 +320,7 @@ impl Dispatch {
         reply: impl DataReply,
     ) {
         let req = Request::new(Op::Read, ino, started).at(offset, size);
-        self.finish(req, answer, reply, |reply, served| {
-            let bytes = served.bytes();
-            reply.data(bytes);
-            bytes.len() as u32
-        });
+        self.finish(req, answer, reply, |reply, served| reply.served(served));
     }
 
     /// As `read`, but only from memory (page cache, RAM cache, staged copy): a read that would
@@ -329,9 +335,7 @@ impl Dispatch {
         reply: R,
     ) -> Result<(), R> {
         let answer = read_at::without_waiting(|| self.core_read(ino, offset, size, buf));
-        if let Err(Error::Io { error, .. }) = &answer
-            && error.kind() == io::ErrorKind::WouldBlock
-        {
+        if let Err(Error::WouldWait) = &answer {
             return Err(reply);
         }
         self.finish_read(ino, offset, size, started, answer, reply);

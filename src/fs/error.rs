@@ -38,6 +38,11 @@ pub enum Error {
         len: usize,
         error: io::Error,
     },
+    /// A read asked not to wait (`read_at::without_waiting`) needs storage: the transport hands
+    /// it to the read pool. Built without an allocation (no path, no image name): it is the
+    /// common case of the rings' first try.
+    #[error("the read would wait for storage")]
+    WouldWait,
     /// The mount is stopping: its read pool is gone, and a read handed to it cannot be answered.
     #[error("the mount is stopping")]
     Stopping,
@@ -73,6 +78,7 @@ impl Error {
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink | Error::NotFile => libc::EINVAL,
+            Error::WouldWait => libc::EAGAIN,
             // A request fails rather than answer wrongly.
             Error::Damaged(_) | Error::Io { .. } | Error::Panicked { .. } | Error::Stopping => {
                 libc::EIO

@@ -11,8 +11,8 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,9 @@ pub struct Reads {
     /// Request threads allowed to read inline at once.
     inline_limit: usize,
     inline_now: AtomicUsize,
-    pool: Option<Sender<ReadJob<SentData>>>,
+    /// None once shut down. One pool for both transports: the rings hand every read that
+    /// must wait here, as the classic loop does when its request threads are busy.
+    pool: RwLock<Option<Sender<ReadJob<SentData>>>>,
     workers: Arc<Workers>,
 }
 
@@ -100,7 +102,7 @@ impl Reads {
             server,
             inline_limit: request_threads.saturating_sub(1),
             inline_now: AtomicUsize::new(0),
-            pool: Some(tx),
+            pool: RwLock::new(Some(tx)),
             workers,
         })
     }
@@ -113,7 +115,14 @@ impl Reads {
             return;
         }
         self.inline_now.fetch_sub(1, Ordering::AcqRel);
-        let Some(pool) = &self.pool else {
+        self.hand_off(job);
+    }
+
+    /// Serves the read in the pool, never on the calling thread (a ring's queue thread must not
+    /// wait on storage: every request issued on its CPU would wait behind it).
+    pub fn hand_off<R: DataReply + Send + 'static>(&self, job: ReadJob<R>) {
+        let pool = self.pool.read().expect("not poisoned");
+        let Some(pool) = pool.as_ref() else {
             return job.reply.error(Error::Stopping.errno());
         };
         let job = ReadJob {
@@ -131,8 +140,8 @@ impl Reads {
     }
 
     /// Lets the workers finish the queued reads and exit.
-    pub fn shutdown(&mut self) {
-        self.pool.take();
+    pub fn shutdown(&self) {
+        self.pool.write().expect("not poisoned").take();
         let handles = std::mem::take(&mut *self.workers.handles.lock().expect("not poisoned"));
         for worker in handles {
             let _ = worker.join();

@@ -14,6 +14,7 @@ use std::os::fd::AsFd;
 use tracing::warn;
 
 use super::dispatch::{Dispatch, Observer};
+use super::reads::Reads;
 use super::ring::{self, Rings};
 use super::{Core, Owner, PackFs};
 
@@ -139,7 +140,17 @@ pub fn mount(
         };
     let (inited, init_done) = crossbeam_channel::bounded(1);
     let dispatch = Arc::new(Dispatch::new(core, observer));
-    let fs = PackFs::new(dispatch.clone(), opts, uring.then_some(inited))?;
+    let reads = Arc::new(Reads::start(
+        opts.request_threads(),
+        opts.io_threads,
+        dispatch.clone(),
+    )?);
+    let fs = PackFs::new(
+        dispatch.clone(),
+        opts,
+        reads.clone(),
+        uring.then_some(inited),
+    )?;
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -177,7 +188,7 @@ pub fn mount(
             }
             let _ = tx.send(result);
         })?;
-    let rings = ring_fd.and_then(|fd| start_rings(fd, &init_done, dispatch, opts.io_threads));
+    let rings = ring_fd.and_then(|fd| start_rings(fd, &init_done, dispatch, reads));
     let transport = match rings {
         Some(_) => Transport::Uring,
         None => Transport::Classic,
@@ -197,7 +208,7 @@ fn start_rings(
     fd: std::os::fd::OwnedFd,
     init_done: &Receiver<bool>,
     dispatch: Arc<Dispatch>,
-    io_threads: usize,
+    reads: Arc<Reads>,
 ) -> Option<Rings> {
     match init_done.recv_timeout(Duration::from_secs(10)) {
         Ok(true) => {}
@@ -214,7 +225,7 @@ fn start_rings(
             return None;
         }
     }
-    match Rings::start(fd, dispatch, io_threads) {
+    match Rings::start(fd, dispatch, reads) {
         Ok(rings) => Some(rings),
         Err(e) => {
             warn!(

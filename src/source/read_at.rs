@@ -32,11 +32,10 @@ pub fn waiting_refused() -> bool {
 }
 
 /// The error of a read that would have waited, inside `without_waiting`.
+/// A bare kind, no message: made on every read the rings try first and must hand to the pool,
+/// so it must not allocate.
 pub fn would_block() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::WouldBlock,
-        "the read would wait for its device",
-    )
+    io::ErrorKind::WouldBlock.into()
 }
 
 pub trait ReadAt: Send + Sync {

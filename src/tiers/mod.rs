@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 pub use file_reader::{FileReader, ReadError, Served};
 pub use images::{Fetch, Images, TierStats};
-pub use ram_cache::{RamCache, RamStats};
+pub use ram_cache::{Decoded, RamCache, RamStats};
 pub use source::{SameBytes, Source, SourceError, SourceImage, SourceStats};
 use stage::{Stage, StageError, StageOptions};
 

@@ -56,12 +56,15 @@ pub enum Local {
     Ioctl,
     /// A read at or past the end of the file (the client knows the size).
     ReadAtEnd,
+    /// The tail of one read the kernel split only because the caller's buffer is not page
+    /// aligned (FUSE direct I/O sends at most 256 pages per request): part of the RPC before it.
+    SplitTail,
 }
 
 #[derive(Default)]
 pub struct Stats {
     rpcs: [AtomicU64; Rpc::ALL.len()],
-    local: [AtomicU64; 2],
+    local: [AtomicU64; 3],
     read_bytes: AtomicU64,
     errors: AtomicU64,
     in_flight: AtomicU64,
@@ -114,6 +117,7 @@ impl Stats {
             "local": {
                 "ioctl": self.local[Local::Ioctl as usize].load(Relaxed),
                 "read_at_end": self.local[Local::ReadAtEnd as usize].load(Relaxed),
+                "split_tail": self.local[Local::SplitTail as usize].load(Relaxed),
             },
             "max_in_flight": self.max_in_flight.load(Relaxed),
             "profile": profile,

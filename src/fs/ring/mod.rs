@@ -5,8 +5,9 @@
 //! kernel keeps sending through /dev/fuse (FORGET, INTERRUPT, and everything until the rings are
 //! ready); `queue` serves the rest from the same `Core`, and `wire` writes the replies.
 //!
-//! Reads go to a read pool, as on the classic loop when it is busy: a queue thread stuck in a
-//! slow read would hold up every request issued on its CPU.
+//! Reads answered from memory are answered on the queue thread; the others go to the classic
+//! loop's read pool (one pool for both): a queue thread stuck in a slow read would hold up every
+//! request issued on its CPU.
 
 mod answer;
 mod queue;
@@ -70,7 +71,7 @@ fn queues() -> usize {
 /// What the queues share.
 pub(super) struct Server {
     pub dispatch: Arc<Dispatch>,
-    pub reads: Reads,
+    pub reads: Arc<Reads>,
 }
 
 /// The queue threads; they end when the connection does (unmount).
@@ -81,9 +82,8 @@ pub struct Rings {
 impl Rings {
     /// Registers `DEPTH` entries on every queue of the connection on `fd`, one pinned thread per
     /// queue. The kernel takes registrations only once INIT is answered: retried until then.
-    pub fn start(fd: OwnedFd, dispatch: Arc<Dispatch>, io_threads: usize) -> io::Result<Rings> {
-        // One request thread's worth of inline reads: none (see the module comment).
-        let reads = Reads::start(1, io_threads, dispatch.clone())?;
+    /// `reads` is the classic loop's read pool: the rings hand it every read that must wait.
+    pub fn start(fd: OwnedFd, dispatch: Arc<Dispatch>, reads: Arc<Reads>) -> io::Result<Rings> {
         let server = Arc::new(Server { dispatch, reads });
         let fd = Arc::new(fd);
         let n = queues();

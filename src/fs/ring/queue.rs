@@ -5,6 +5,7 @@
 //! read on the ring) to commit it.
 
 use std::io;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,13 +14,14 @@ use crossbeam_channel::{Receiver, Sender};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use tracing::{debug, warn};
 
-use super::answer::{InEntry, answer};
+use super::answer::answer;
 use super::wire::*;
 use super::{MAX_PAYLOAD, Server};
 use crate::fs::dispatch::{DataReply, Reply};
 use crate::fs::error::Error;
 use crate::fs::reads::ReadJob;
 use crate::tiers::streams::as_reader;
+use crate::tiers::{Decoded, Served};
 use crate::util::le::{put16, put32, put64, u32_at, u64_at};
 
 const CMD_REGISTER: u32 = 1;
@@ -35,7 +37,9 @@ const WAKE: u64 = u64::MAX;
 
 struct Entry {
     header: Box<[u8; HEADER]>,
-    payload: Box<[u8]>,
+    /// Registered with the kernel by address: it is never resized (a read into it asks at most
+    /// its length, so the core's buffer growth never happens here).
+    payload: Vec<u8>,
     iov: Box<[libc::iovec; 2]>,
     /// The request's id, to commit it with.
     commit_id: u64,
@@ -45,7 +49,7 @@ impl Entry {
     /// Buffers that stay where they are when the entry moves (the kernel keeps their addresses).
     fn new() -> Entry {
         let mut header = Box::new([0u8; HEADER]);
-        let mut payload = vec![0u8; MAX_PAYLOAD as usize].into_boxed_slice();
+        let mut payload = vec![0u8; MAX_PAYLOAD as usize];
         let iov = Box::new([
             libc::iovec {
                 iov_base: header.as_mut_ptr().cast(),
@@ -131,6 +135,62 @@ impl Drop for RingReply {
     }
 }
 
+/// How a read tried on the queue thread was answered. The bytes are in the payload already when
+/// the core assembled them there; a decoded unit's bytes are copied in after the read (the core
+/// held the payload buffer until then).
+enum InPayload {
+    InPlace(usize),
+    Shared(Decoded, Range<usize>),
+    Copied(Vec<u8>),
+    Failed(i32),
+}
+
+impl InPayload {
+    /// The errno (negative, or 0) and length to commit, with the bytes put in `payload`.
+    fn into_payload(self, payload: &mut [u8]) -> (i32, usize) {
+        let mut put = |bytes: &[u8]| {
+            let n = bytes.len().min(payload.len());
+            payload[..n].copy_from_slice(&bytes[..n]);
+            (0, n)
+        };
+        match self {
+            InPayload::InPlace(n) => (0, n.min(payload.len())),
+            InPayload::Shared(block, range) => put(&block[range]),
+            InPayload::Copied(bytes) => put(&bytes),
+            InPayload::Failed(errno) => (-errno, 0),
+        }
+    }
+}
+
+/// The reply of a read assembled in an entry's payload buffer (`Queue::read`).
+struct PayloadReply<'a>(&'a mut InPayload);
+
+impl Reply for PayloadReply<'_> {
+    fn error(self, errno: i32) {
+        *self.0 = InPayload::Failed(errno);
+    }
+}
+
+impl DataReply for PayloadReply<'_> {
+    /// Not the read path (`served` is): kept whole for any other caller.
+    fn data(self, bytes: &[u8]) {
+        *self.0 = InPayload::Copied(bytes.to_vec());
+    }
+
+    fn served(self, served: Served) -> u32 {
+        *self.0 = match served {
+            // Assembled in the buffer the read was given: the payload.
+            Served::Buffer(bytes) => InPayload::InPlace(bytes.len()),
+            Served::Shared(block, range) => InPayload::Shared(block, range),
+        };
+        match self.0 {
+            InPayload::InPlace(n) => *n as u32,
+            InPayload::Shared(_, range) => range.len() as u32,
+            _ => 0,
+        }
+    }
+}
+
 /// The 80-byte command of an SQE128: `fuse_uring_cmd_req` {flags, commit_id, qid}.
 fn command(commit_id: u64, qid: u16) -> [u8; 80] {
     let mut c = [0u8; 80];
@@ -186,8 +246,6 @@ struct Queue<'a> {
     live: usize,
     /// Completions that came while entries were being registered.
     early: Vec<(u64, i32)>,
-    /// Where reads answered here are assembled (at most one request long: `MAX_PAYLOAD`).
-    read_buf: Vec<u8>,
 }
 
 /// Serves queue `qid` until the connection ends; reports the registration to `registered`.
@@ -254,7 +312,6 @@ impl<'a> Queue<'a> {
             pending: 0,
             live: 0,
             early: Vec::new(),
-            read_buf: Vec::new(),
         })
     }
 
@@ -411,7 +468,8 @@ impl<'a> Queue<'a> {
     }
 
     /// Answers a read here if its bytes are in memory (page cache, RAM cache, staged copy),
-    /// otherwise hands it to the read pool, which answers through `RingReply`.
+    /// assembled in the entry's payload buffer itself (no copy); otherwise hands it to the read
+    /// pool, which answers through `RingReply`.
     fn read(
         &mut self,
         i: usize,
@@ -421,18 +479,26 @@ impl<'a> Queue<'a> {
         started: Instant,
         reader: u32,
     ) -> io::Result<()> {
-        let mut out = (0, 0);
-        let reply = InEntry {
-            payload: &mut self.entries[i].payload,
-            out: &mut out,
-        };
-        let dispatch = &self.server.dispatch;
-        let buf = &mut self.read_buf;
+        let server = self.server;
+        let e = &mut self.entries[i];
+        let registered = e.payload.as_ptr();
+        // The dispatcher answers every read it returns Ok for; were one left unanswered, it
+        // fails as a read the pool dropped does.
+        let mut answered = InPayload::Failed(Error::Stopping.errno());
         let tried = as_reader(reader, || {
-            dispatch.read_without_waiting(ino, offset, size, started, buf, reply)
+            server.dispatch.read_without_waiting(
+                ino,
+                offset,
+                size,
+                started,
+                &mut e.payload,
+                PayloadReply(&mut answered),
+            )
         });
+        debug_assert_eq!(registered, e.payload.as_ptr(), "the payload moved");
         if tried.is_ok() {
-            return self.commit(i, out.0, out.1);
+            let (error, len) = answered.into_payload(&mut e.payload);
+            return self.commit(i, error, len);
         }
         let e = &mut self.entries[i];
         let reply = RingReply {
@@ -444,7 +510,7 @@ impl<'a> Queue<'a> {
             answered: false,
         };
         self.pending += 1;
-        self.server.reads.submit(ReadJob {
+        self.server.reads.hand_off(ReadJob {
             ino,
             offset,
             size,
