@@ -893,3 +893,73 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
         names.len()
     );
 }
+
+/// Six readers each walking their own shard at once, with 20 ms per request: read-ahead (two
+/// threads) falls behind, and a reader reaches a chunk before the read-ahead queued for it does.
+/// Read-ahead then finds the chunk the reader fetched in its window and leaves it (it fetched it
+/// again: the RAM cache's cold part had let it go). About one GET per chunk.
+#[test]
+fn read_ahead_behind_its_readers_fetches_no_chunk_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    fs::create_dir(&shards).unwrap();
+    let mut walks = Vec::new();
+    for s in 0..6u64 {
+        let src = dir.path().join(format!("src{s}"));
+        let mut names = Vec::new();
+        for i in 0..60u64 {
+            let name = format!("s{s}/f{i:03}.bin");
+            let data = bytes(s * 100 + i, 40_000 + (i as usize * 7_919) % 120_000);
+            write_file(&src.join(&name), &data, 0o644);
+            names.push((name, data));
+        }
+        run(Command::new("tar")
+            .args(["--sort=name", "--format=gnu", "-cf"])
+            .arg(shards.join(format!("s{s}.tar")))
+            .arg("-C")
+            .arg(&src)
+            .arg(format!("s{s}")));
+        walks.push(names);
+    }
+    let chunks: u64 = (0..6)
+        .map(|s| {
+            let len = fs::metadata(shards.join(format!("s{s}.tar")))
+                .unwrap()
+                .len();
+            len.div_ceil(1 << 20)
+        })
+        .sum();
+    let server = objserver(Some(&shards), None);
+    control(&server, "_latency?ms=20");
+    let home = dir.path();
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    // 16 MiB: 16 chunks of the 36 fit; the window keeps 8 of them.
+    cmd.args(["mount", "--cache-size", "16M"]);
+    for s in 0..6 {
+        cmd.arg(format!("{}/s{s}.tar", server.url));
+    }
+    let m = RemoteMount::new(cmd, &dir.path().join("mnt"));
+    let before = control(&server, "_stats")["gets"].as_u64().unwrap();
+    let turns = std::sync::Barrier::new(walks.len());
+    std::thread::scope(|scope| {
+        for walk in &walks {
+            let (m, turns) = (&m, &turns);
+            scope.spawn(move || {
+                for (name, data) in walk {
+                    turns.wait();
+                    assert!(fs::read(m.dir.join(name)).unwrap() == *data, "{name}");
+                }
+            });
+        }
+    });
+    let gets = control(&server, "_stats")["gets"].as_u64().unwrap() - before;
+    let counters = m.wait_for("http://127.0.0.1:9", home, |c| {
+        c["served"]["streams"].as_u64().unwrap() >= 6
+    });
+    eprintln!("6 readers, own shards: {gets} GETs for {chunks} chunks");
+    // Each chunk once, and each reader's first two files exactly (before its run is found).
+    assert!(
+        gets <= chunks + 2 * 6 + 3,
+        "{gets} GETs for {chunks} chunks: {counters}"
+    );
+}

@@ -86,6 +86,12 @@ impl ReadAhead {
                             continue;
                         }
                         let start = i * chunk_size;
+                        // Fetched already, by a reader or ahead, and kept here: the RAM cache may
+                        // have let it go (its cold part holds a few chunks), this window has not.
+                        // Without this check 8 readers walking shards fetched 1.23x their bytes.
+                        if window.has(image, start) {
+                            continue;
+                        }
                         let len = chunk_len(source.image_size(image), chunk_size, i as usize);
                         let loaded = ram.fetch(image, CHUNK_TAG | start, || {
                             let mut bytes = vec![0u8; len as usize];
@@ -134,7 +140,8 @@ impl ReadAhead {
             return;
         }
         for ahead in i + 1..(i + 1 + DEPTH).min(chunks) {
-            if ram.contains(image, CHUNK_TAG | (ahead * chunk_size)) {
+            let start = ahead * chunk_size;
+            if self.window.has(image, start) || ram.contains(image, CHUNK_TAG | start) {
                 continue;
             }
             match self.queue.try_send((image, ahead)) {
@@ -164,6 +171,14 @@ impl ReadAhead {
         let chunk = entry.1.clone();
         window.push_back(entry);
         Some(chunk)
+    }
+}
+
+impl Window {
+    /// Whether the chunk at `start` of `image` is kept (without making it the latest used).
+    fn has(&self, image: u32, start: u64) -> bool {
+        let chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        chunks.iter().any(|(key, _)| *key == (image, start))
     }
 }
 
