@@ -163,6 +163,18 @@ class Config:
             time.sleep(0.2)
         raise RuntimeError("staging did not finish in 30 min")
 
+    def stage_counters(self):
+        """The stage's counters now (None without a stage): copied, from reads, lagged reads."""
+        if not self.name.startswith("packfs-"):
+            return None
+        out = sh([PACKFS, "status", "--json", self.mnt])
+        try:
+            st = json.loads(out.stdout)[0]["counters"]["stage"] or {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
+        return {k: st.get(k) for k in ("present_bytes", "copied_bytes", "copied_from_reads",
+                                       "lagged_reads")}
+
     def latencies(self):
         """packfs's own per-operation latency percentiles (its status counters)."""
         if not self.name.startswith("packfs"):
@@ -228,6 +240,9 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
         after = pfs.counters()
         r["pfs"] = ops_between(mark, after)
         mark = after
+        if label == "epoch1" and (st := cfg.stage_counters()):
+            r["stage"] = st
+            print(f"  {cfg.name:16} after epoch1: stage {st}", flush=True)
         out[label] = r
         print(f"  {cfg.name:16} {job}-{readers:<3} {label:7} {r['files_per_s']:9.0f} files/s  "
               f"PFS: {r['pfs']['meta']:7} metadata ops, {r['pfs']['reads']:7} reads, "

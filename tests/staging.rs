@@ -856,3 +856,41 @@ fn staging_with_concurrent_readers_reads_each_chunk_of_the_source_once() {
     }
     assert!(failed.is_empty(), "{failed:#?}");
 }
+
+/// A stager that lags (its queue full: here it never runs) costs no second source read: a read
+/// that fetches a chunk whole while the queue is full stores it itself. Before, such reads read
+/// exactly what they asked and left the chunk to be fetched whole again when staged: 16 readers
+/// on the simulated parallel file system read 1.16x the dataset (4,235 such reads), now 1.01x.
+#[test]
+fn reads_store_their_chunks_when_the_stagers_queue_is_full() {
+    use packfs::source::read_at::ReadAt;
+    use packfs::tiers::stage::StageMode;
+    use packfs::tiers::{Fetch, Images};
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+    // 2 MiB chunks: the stager's queue admits 32 (64 MiB); 40 chunks.
+    let (chunk, chunks) = (2 * MIB, 40);
+    let size = chunk * chunks;
+    let plain = bytes(21, size as usize);
+    let data: Arc<dyn ReadAt> = Arc::new(plain.clone());
+    let (source, stage, _dir) = staged_source(21, size, data, StageMode::Lazy, chunk);
+    let images = Images::new(source.clone(), 256 * MIB, chunk, true, Some(stage.clone()));
+    let mut buf = vec![0u8; 4096];
+    for i in 0..chunks {
+        images
+            .read_exact_at(0, i * chunk + 100, &mut buf, Fetch::Chunks)
+            .unwrap();
+        assert_eq!(buf, plain[(i * chunk + 100) as usize..][..4096]);
+    }
+    let st = stage.stats();
+    assert_eq!(st.lagged_reads, 0, "{st:?}");
+    // The 8 chunks past the queue are local now, each read from the source once, whole.
+    let mut local = vec![0u8; 4096];
+    let stored: Vec<u64> = (32..chunks)
+        .filter(|&i| stage.read(0, i as usize, 100, &mut local))
+        .collect();
+    assert_eq!(stored, (32..chunks).collect::<Vec<_>>());
+    assert_eq!(st.copied_from_reads, 8 * chunk, "{st:?}");
+    assert_eq!(source.stats().bytes, size, "each chunk read once, whole");
+}

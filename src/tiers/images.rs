@@ -171,7 +171,7 @@ impl Images {
                 _ => ForRead::Exact,
             };
             let fetched = match (how, stage) {
-                (ForRead::Fetch, _) => Some(self.chunk(image, i)),
+                (ForRead::Fetch | ForRead::Store, _) => Some(self.chunk(image, i)),
                 (ForRead::Shared, Some(s)) => match s.shared(image, i as usize) {
                     Shared::Bytes(chunk) => Some(Ok((chunk, false))),
                     Shared::Fetching => Some(self.chunk(image, i)),
@@ -196,7 +196,7 @@ impl Images {
                 }
                 continue;
             };
-            let mine = how == ForRead::Fetch && staging;
+            let mine = matches!(how, ForRead::Fetch | ForRead::Store) && staging;
             let Ok((chunk, loaded)) = fetched else {
                 if let Some(stage) = stage.filter(|_| mine) {
                     stage.release(image, i as usize);
@@ -214,8 +214,12 @@ impl Images {
                 &self.ram_bytes
             };
             tier.fetch_add(n as u64, Ordering::Relaxed);
-            if let Some(stage) = stage.filter(|_| mine) {
-                stage.hand_over(image, i as usize, chunk);
+            match stage.filter(|_| mine) {
+                Some(stage) if how == ForRead::Store => {
+                    stage.store_fetched(image, i as usize, &chunk)
+                }
+                Some(stage) => stage.hand_over(image, i as usize, chunk),
+                None => {}
             }
         }
         Ok(())

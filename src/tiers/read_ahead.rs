@@ -77,19 +77,20 @@ impl ReadAhead {
                 .spawn(move || {
                     // Ends when the tiers are dropped (the sender with them).
                     for (image, i) in jobs {
-                        // A chunk of an image being staged is read once: fetched ahead only if
-                        // neither the stager nor a read has it, and then handed to the stager.
-                        let staging = stage.as_deref().filter(|s| s.keeps(image) && !s.stopped());
-                        if staging
-                            .is_some_and(|s| s.claim_for_read(image, i as usize) != ForRead::Fetch)
-                        {
-                            continue;
-                        }
                         let start = i * chunk_size;
                         // Fetched already, by a reader or ahead, and kept here: the RAM cache may
                         // have let it go (its cold part holds a few chunks), this window has not.
                         // Without this check 8 readers walking shards fetched 1.23x their bytes.
+                        // (Checked before claiming: a claim must end in a hand-over or a release.)
                         if window.has(image, start) {
+                            continue;
+                        }
+                        // A chunk of an image being staged is read once: fetched ahead only if
+                        // neither the stager nor a read has it, then handed to the stager (or
+                        // stored here when its queue is full).
+                        let staging = stage.as_deref().filter(|s| s.keeps(image) && !s.stopped());
+                        let how = staging.map(|s| s.claim_for_read(image, i as usize));
+                        if how.is_some_and(|h| !matches!(h, ForRead::Fetch | ForRead::Store)) {
                             continue;
                         }
                         let len = chunk_len(source.image_size(image), chunk_size, i as usize);
@@ -105,8 +106,12 @@ impl ReadAhead {
                                     fetched.fetch_add(1, Ordering::Relaxed);
                                     pin_in(&window, image, start, chunk.clone());
                                 }
-                                if let Some(stage) = staging {
-                                    stage.hand_over(image, i as usize, chunk);
+                                match (staging, how) {
+                                    (Some(stage), Some(ForRead::Store)) => {
+                                        stage.store_fetched(image, i as usize, &chunk)
+                                    }
+                                    (Some(stage), _) => stage.hand_over(image, i as usize, chunk),
+                                    _ => {}
                                 }
                             }
                             (Err(_), Some(stage)) => stage.release(image, i as usize),

@@ -2,8 +2,6 @@
 //! come first; in eager mode it then walks the images front to back in large sequential reads.
 
 use std::collections::HashSet;
-use std::io;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -11,7 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::image::{ABSENT, BUSY, PRESENT, QUEUED, StagedImage, is_local, state, with_state};
+use super::image::{ABSENT, BUSY, QUEUED, StagedImage, is_local, state, with_state};
 use super::{Offer, Stage, StageMode};
 
 /// Source bytes read per request when copying runs of chunks (large sequential reads are what
@@ -436,42 +434,13 @@ impl Sink<'_> {
         }
     }
 
-    /// Writes chunk `i` (claimed: state word `busy`) and records it; false when it was not stored
-    /// (staging stopped), leaving the chunk claimed for the caller to release.
+    /// Writes chunk `i` (claimed: state word `busy`) and records it, with progress; false when
+    /// it was not stored (staging stopped), leaving the chunk claimed for the caller to release.
     fn store(&self, img: &StagedImage, i: usize, busy: u64, bytes: &[u8], sum: u64) -> bool {
-        let s = self.stage;
-        let len = bytes.len() as u64;
-        let written = img
-            .data
-            .write_all_at(bytes, img.chunk_start(i))
-            .and_then(|()| img.state.mark(i, sum));
-        if let Err(e) = written {
-            let _ = img.punch(i);
-            let _ = img.state.clear(i);
-            self.local_write_failed(e);
-            return false;
+        let stored = self.stage.store_chunk(img, i, busy, bytes, sum);
+        if let (true, Some(progress)) = (stored, self.progress) {
+            progress(self.stage.present_bytes.load(Ordering::Relaxed));
         }
-        img.chunks[i].sum.store(sum, Ordering::SeqCst);
-        img.swap(i, busy, with_state(busy, PRESENT));
-        s.present_chunks.fetch_add(1, Ordering::Relaxed);
-        s.present_bytes.fetch_add(len, Ordering::Relaxed);
-        s.copied_bytes.fetch_add(len, Ordering::Relaxed);
-        if let Some(progress) = self.progress {
-            progress(s.present_bytes.load(Ordering::Relaxed));
-        }
-        true
-    }
-
-    fn local_write_failed(&self, e: io::Error) {
-        let dir = self.stage.dir().display();
-        let why = match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
-                "stage directory {dir} is full ({e}); staging stopped, unstaged chunks are read from the source"
-            ),
-            _ => format!(
-                "cannot write to stage directory {dir} ({e}); staging stopped, unstaged chunks are read from the source"
-            ),
-        };
-        self.stage.stop(why);
+        stored
     }
 }

@@ -10,6 +10,7 @@ mod copier;
 mod image;
 mod lock;
 mod state_file;
+mod store;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -121,6 +122,9 @@ pub struct StageStats {
     pub copied_bytes: u64,
     /// Of those, bytes that reads had already fetched (no second source read).
     pub copied_from_reads: u64,
+    /// Reads that wanted a chunk whole and found the stager's queue full: they read exactly, and
+    /// the chunk is read again when it is staged (the stager lags).
+    pub lagged_reads: u64,
     pub verified_chunks: u64,
     pub failed_checks: u64,
     pub evicted_bytes: u64,
@@ -166,8 +170,11 @@ pub enum ForRead {
     Fetch,
     /// Another read is fetching it, or fetched it and it waits for the stager (`Stage::shared`).
     Shared,
+    /// The stager's queue is full: the chunk is this read's to fetch whole and store itself
+    /// (`store_fetched`), or `release` if the fetch fails.
+    Store,
     /// Not to be fetched whole: the stager is copying it (its bytes in memory only if a read
-    /// fetched them), or lags behind, or the chunk became local meanwhile.
+    /// fetched them), or the stage has no room, or the chunk became local meanwhile.
     Exact,
 }
 
@@ -194,6 +201,7 @@ pub struct Stage {
     present_bytes: AtomicU64,
     copied_bytes: AtomicU64,
     copied_from_reads: AtomicU64,
+    lagged_reads: AtomicU64,
     verified_chunks: AtomicU64,
     failed_checks: AtomicU64,
     evicted_bytes: AtomicU64,
@@ -284,6 +292,7 @@ impl Stage {
             present_bytes: AtomicU64::new(present_bytes),
             copied_bytes: AtomicU64::new(0),
             copied_from_reads: AtomicU64::new(0),
+            lagged_reads: AtomicU64::new(0),
             verified_chunks: AtomicU64::new(0),
             failed_checks: AtomicU64::new(0),
             evicted_bytes: AtomicU64::new(0),
@@ -379,64 +388,6 @@ impl Stage {
             return;
         }
         self.send(image, i, None);
-    }
-
-    /// Decides how a read gets chunk `i` of `image` (kept by this stage, staging not stopped) when
-    /// it wants the chunk whole: each chunk is read from the source once, by a read or by the
-    /// stager, never by both.
-    pub fn claim_for_read(&self, image: u32, i: usize) -> ForRead {
-        let Some(Some(img)) = self.images.get(image as usize) else {
-            return ForRead::Exact;
-        };
-        let word = img.word(i);
-        if state(word) == image::ABSENT && !self.stopped() {
-            if !self.admit() {
-                return ForRead::Exact;
-            }
-            if img.swap(i, word, with_state(word, image::QUEUED)) {
-                // Until this lands, a read told `Shared` reads exactly (it finds nothing).
-                self.handed_bytes().insert((image, i), None);
-                return ForRead::Fetch;
-            }
-            // Another read or the stager took it first: whatever it is now, it is not ours.
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-        }
-        match state(img.word(i)) {
-            image::QUEUED => ForRead::Shared,
-            _ => ForRead::Exact,
-        }
-    }
-
-    /// The bytes of chunk `i` of `image`, fetched whole after `claim_for_read` said `Fetch`.
-    pub fn hand_over(&self, image: u32, i: usize, bytes: Decoded) {
-        self.handed_bytes().insert((image, i), Some(bytes.clone()));
-        self.send(image, i, Some(bytes));
-    }
-
-    /// Where the bytes of chunk `i` of `image` are, for a read told `ForRead::Shared`. (A chunk
-    /// queued by an exact read is not here: the stager reads it, and so is `Gone` for reads.)
-    pub fn shared(&self, image: u32, i: usize) -> Shared {
-        match self.handed_bytes().get(&(image, i)) {
-            Some(Some(bytes)) => Shared::Bytes(bytes.clone()),
-            Some(None) => Shared::Fetching,
-            None => Shared::Gone,
-        }
-    }
-
-    fn handed_bytes(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, usize), Option<Decoded>>> {
-        self.handed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Gives back a chunk `claim_for_read` gave to a read whose fetch failed.
-    pub fn release(&self, image: u32, i: usize) {
-        self.handed_bytes().remove(&(image, i));
-        if let Some(Some(img)) = self.images.get(image as usize) {
-            let word = img.word(i);
-            if state(word) == image::QUEUED {
-                img.swap(i, word, with_state(word, image::ABSENT));
-            }
-        }
-        self.pending.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Takes a place in the stager's queue, if it has one.
@@ -553,6 +504,7 @@ impl Stage {
             present_bytes: self.present_bytes.load(Ordering::Relaxed),
             copied_bytes: self.copied_bytes.load(Ordering::Relaxed),
             copied_from_reads: self.copied_from_reads.load(Ordering::Relaxed),
+            lagged_reads: self.lagged_reads.load(Ordering::Relaxed),
             verified_chunks: self.verified_chunks.load(Ordering::Relaxed),
             failed_checks: self.failed_checks.load(Ordering::Relaxed),
             evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
