@@ -215,6 +215,23 @@ def workload(kind, root, listing, readers, deadline, split="interleave"):
     return r
 
 
+def cpu_times(pid):
+    """(seconds the whole machine was busy, seconds it idled, seconds `pid` ran) so far."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    daemon = 0
+    if pid:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            daemon = int(stat[11]) + int(stat[12])
+        except OSError:
+            pass
+    return (sum(fields) - idle) / tick, idle / tick, daemon / tick
+
+
 def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"):
     """Fresh mount, cold client: time to first sample, then the job's passes."""
     peers.drop_caches()
@@ -236,7 +253,13 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
             if waited is not None:
                 out["waited_for_stage_s"] = round(waited, 2)
                 mark = pfs.counters()
+        cpu0 = cpu_times(cfg.pid)
         r = workload(kind, root, listing, n, deadline, split)
+        cpu1 = cpu_times(cfg.pid)
+        busy, idle, daemon = (b - a for a, b in zip(cpu0, cpu1))
+        # Whether the pass was CPU-bound on this machine, and what packfs itself took.
+        r["cpu"] = {"idle_pct": round(100 * idle / max(busy + idle, 1e-9), 1),
+                    "daemon_cpu_s": round(daemon, 2)}
         after = pfs.counters()
         r["pfs"] = ops_between(mark, after)
         mark = after
@@ -246,7 +269,8 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
         out[label] = r
         print(f"  {cfg.name:16} {job}-{readers:<3} {label:7} {r['files_per_s']:9.0f} files/s  "
               f"PFS: {r['pfs']['meta']:7} metadata ops, {r['pfs']['reads']:7} reads, "
-              f"{r['pfs']['bytes'] / 1e6:8.1f} MB", flush=True)
+              f"{r['pfs']['bytes'] / 1e6:8.1f} MB  CPU idle {r['cpu']['idle_pct']:4.1f}%, "
+              f"daemon {r['cpu']['daemon_cpu_s']:.2f} s", flush=True)
     # Everything the PFS served from mount to here: setup, epochs and the staging copy.
     out["total_pfs"] = ops_between(before, pfs.counters())
     out["latency_us"] = cfg.latencies()
