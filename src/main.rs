@@ -35,6 +35,8 @@ fn main() -> ExitCode {
     }
     match cli::run(args, &argv) {
         Ok(()) => ExitCode::SUCCESS,
+        // The mount's daemon printed why it failed (relayed above): one error line, not two.
+        Err(e) if cli::already_reported(&e) => ExitCode::FAILURE,
         Err(e) => {
             // Whatever a message quotes (a URL with a password, say), no secret reaches the terminal.
             let message = format!("{e:#}");

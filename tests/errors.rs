@@ -34,7 +34,30 @@ fn mount_fails(images: &[&Path], mnt: &Path) -> String {
         "mount succeeded unexpectedly:\n{stderr}"
     );
     assert!(!is_mounted(mnt), "left a mount behind");
+    // The reason once: no second line about the daemon's exit after it.
+    assert!(
+        !stderr.contains("exited before"),
+        "a second error line after the reason:\n{stderr}"
+    );
     stderr
+}
+
+/// A mount that cannot start says why in one line, naming the image or the mountpoint as given
+/// on the command line's terms (absolute).
+#[test]
+fn a_failed_mount_says_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = make_tar(dir.path(), "s.tar", &[("a.txt", b"a".to_vec())]);
+    let missing = dir.path().join("missing.tar");
+    fs::create_dir(dir.path().join("mnt")).unwrap();
+    let stderr = mount_fails(&[&missing], &dir.path().join("mnt"));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("missing.tar"), "{stderr}");
+    let stderr = mount_fails(&[&shard], &dir.path().join("no/such/mnt"));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("does not exist"), "{stderr}");
 }
 
 #[test]
@@ -532,4 +555,35 @@ fn a_flood_of_failures_is_logged_a_few_times_and_counted() {
     assert!(!summaries.is_empty() && summaries.len() <= 2, "{logged}");
     assert!(summaries[0].contains("s.tar"), "{}", summaries[0]);
     assert!(logged.lines().count() < 60, "{head}");
+}
+
+/// A 0-byte image is refused as GNU tar refuses it (a failed download, not an empty dataset); a
+/// valid archive that holds nothing mounts, with a warning that names it.
+#[test]
+fn an_empty_image_is_refused_and_an_archive_of_nothing_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = dir.path().join("zero.tar");
+    fs::write(&zero, b"").unwrap();
+    let tar = Command::new("tar").arg("-tf").arg(&zero).output().unwrap();
+    assert!(!tar.status.success(), "GNU tar refuses it too");
+    fs::create_dir(dir.path().join("mnt")).unwrap();
+    let stderr = mount_fails(&[&zero], &dir.path().join("mnt"));
+    assert!(
+        stderr.contains("zero.tar: at byte offset 0: the image is empty (0 bytes)"),
+        "{stderr}"
+    );
+    // An archive of nothing: GNU tar's end-of-archive blocks alone (`tar -cf x -T /dev/null`).
+    let nothing = dir.path().join("nothing.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&nothing)
+        .args(["-T", "/dev/null"]));
+    let out = mount_cmd(&[&nothing], &dir.path().join("mnt"), &[], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let _unmount = UnmountOnDrop(dir.path().join("mnt"));
+    assert!(
+        stderr.contains("nothing.tar: the archive holds no files"),
+        "{stderr}"
+    );
 }

@@ -154,6 +154,12 @@ fn umount_refuses_what_packfs_did_not_mount() {
     let out = packfs().arg("umount").arg(dir.path()).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a mount point"));
+    // A path that does not exist says so (it said "is not a mount point").
+    let missing = dir.path().join("nosuchdir");
+    let out = packfs().arg("umount").arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("nosuchdir does not exist"), "{msg}");
     let out = packfs().arg("umount").arg("/proc").output().unwrap();
     assert!(!out.status.success());
     let msg = String::from_utf8_lossy(&out.stderr);

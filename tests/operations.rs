@@ -103,6 +103,16 @@ fn status_shows_counters_that_grow_as_files_are_read() {
     for want in ["live", "30 files", "requests", "read", "p99", "counters"] {
         assert!(text.contains(want), "{want:?} missing from:\n{text}");
     }
+    // How old the counters are (the daemon rewrites them every second), in text and JSON.
+    let age_line = text.lines().next().unwrap();
+    assert!(
+        age_line.contains("; counters as of ") && age_line.ends_with(" s ago"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run(packfs().args(["status", "--json"]).arg(&mnt))).unwrap();
+    let age = json[0]["counters_age_s"].as_f64().unwrap();
+    assert!((0.0..5.0).contains(&age), "{json}");
     // Without arguments: every mount of this user, this one among them. Other mounts on the node
     // (another test's, or a stale one a failed run left) may make it exit 1; this one is live.
     let all = packfs().arg("status").output().unwrap();

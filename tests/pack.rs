@@ -21,6 +21,18 @@ fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
 }
 
 /// The shard files of `dir`, in name order.
+/// Waits until a running pack has completed its first shard in `out`.
+fn wait_for_a_shard(out: &Path) {
+    let started = Instant::now();
+    while shards(out).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no shard after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn shards(dir: &Path) -> Vec<PathBuf> {
     let Ok(listing) = fs::read_dir(dir) else {
         return Vec::new();
@@ -317,14 +329,7 @@ fn an_interrupted_pack_resumes_to_the_same_bytes() {
     };
     let mut child = packfs().arg("pack").args(args(&out)).spawn().unwrap();
     // Kill it once the first shard is complete.
-    let started = Instant::now();
-    while shards(&out).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no shard after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_a_shard(&out);
     child.kill().unwrap();
     child.wait().unwrap();
     let kept = shards(&out);
@@ -657,4 +662,39 @@ fn shard_size_sets_the_number_of_shards() {
 fn flat_samples_dir(dir: &Path, n: usize) -> PathBuf {
     flat_samples(dir, n, 9);
     dir.to_path_buf()
+}
+
+/// Ctrl-C during a pack says, then and there, what is kept and how to go on (it exited 130 without
+/// a word, and the next run was the first to mention --resume).
+#[test]
+fn ctrl_c_during_a_pack_says_how_to_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 1500, 4);
+    let out = tmp.path().join("out");
+    let child = packfs()
+        .arg("pack")
+        .args(["--shards", "12", "--jobs", "1", "--readers", "1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_a_shard(&out);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let done = child.wait_with_output().unwrap();
+    let msg = String::from_utf8_lossy(&done.stderr);
+    if shards(&out).len() == 12 && done.status.success() {
+        panic!("the pack finished before the signal: {msg}");
+    }
+    assert_eq!(done.status.code(), Some(130), "{msg}");
+    assert!(
+        msg.contains("pack interrupted") && msg.contains("--resume"),
+        "{msg}"
+    );
 }

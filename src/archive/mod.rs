@@ -248,6 +248,16 @@ pub fn scan(
     fingerprint: Fingerprint,
 ) -> Result<ScannedImage, ArchiveError> {
     let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
+    if image.size == 0 {
+        // As GNU tar ("This does not look like a tar archive"): a 0-byte file is most often a
+        // download or copy that failed, not an empty dataset.
+        return Err(ArchiveError::malformed(
+            path,
+            0,
+            "the image is empty (0 bytes), not an archive; a download or copy that failed? Fetch \
+             or copy it again",
+        ));
+    }
     match Format::detect(file, image.size).map_err(|e| ArchiveError::io(path, e))? {
         Format::Zip => zip::scan(file, &mut image)?,
         Format::Squashfs => squashfs::scan(file, &mut image)?,
@@ -272,6 +282,14 @@ pub fn scan(
         }
     }
     image.summarize_skips();
+    if image.members.is_empty() {
+        tracing::warn!(
+            "{}: the archive holds no files ({} bytes, nothing served from it); a truncated or \
+             wrong image?",
+            path.display(),
+            image.size
+        );
+    }
     if let Some(what) = image.unaccounted() {
         // Never silently less: a member lost here is a packfs bug, said out loud (the tests
         // and fuzz targets fail on it).

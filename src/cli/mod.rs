@@ -151,3 +151,11 @@ pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
         Command::Completions(args) => generate::completions(args),
     }
 }
+
+/// Whether `e` is a failure the daemon already explained on the terminal (`MountError::Reported`).
+pub fn already_reported(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<packfs::daemon::MountError>(),
+        Some(packfs::daemon::MountError::Reported(_))
+    )
+}

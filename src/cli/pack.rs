@@ -132,6 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.set_position(bytes);
         }
     };
+    say_how_to_resume_if_interrupted(&opts.out_dir, bar.clone());
     let report = packfs::pack::pack(&opts, &on_progress)?;
     bar.finish_and_clear();
     let sizes: Vec<u64> = report.shards.iter().map(|s| s.bytes).collect();
@@ -182,4 +183,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// On Ctrl-C (or SIGTERM from a job's time limit), says what is kept and how to go on before
+/// exiting as the signal would (130, 143): the next run would otherwise be the first to mention
+/// `--resume`.
+fn say_how_to_resume_if_interrupted(out_dir: &std::path::Path, bar: ProgressBar) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    let dir = out_dir.display().to_string();
+    let spawned = std::thread::Builder::new()
+        .name("packfs-pack-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                bar.finish_and_clear();
+                eprintln!(
+                    "packfs: pack interrupted; the shards completed in {dir} are kept: run the \
+                     same command with --resume to keep them and write the rest (or --force to \
+                     start over)"
+                );
+                std::process::exit(128 + signal);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot watch for Ctrl-C ({e}); an interrupted pack resumes with --resume");
+    }
 }

@@ -93,14 +93,18 @@ fn render(m: &MountStatus) -> String {
     let int = |v: &Value, key: &str| num(v, key) as u64;
     let _ = writeln!(
         out,
-        "{}  live, pid {}, up {}{owner}{}",
+        "{}  live, pid {}, up {}{owner}{}{}",
         m.mountpoint.display(),
         int(c, "pid"),
         duration(num(c, "uptime_s")),
         match c.get("transport").and_then(Value::as_str) {
             Some("uring") => ", FUSE over io_uring",
             _ => "",
-        }
+        },
+        // The daemon rewrites its counters every second: say how old these are.
+        m.counters_age_s
+            .map(|age| format!("; counters as of {age:.1} s ago"))
+            .unwrap_or_default()
     );
     let _ = writeln!(
         out,

@@ -26,7 +26,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for mountpoint in &args.mountpoints {
         match daemon::unmount(mountpoint, args.lazy, args.force) {
             Ok(Unmounted::Now) => {}
-            Err(UnmountError::NotMounted(_)) if args.if_mounted => {}
+            Err(UnmountError::NotMounted(_) | UnmountError::Missing(_)) if args.if_mounted => {}
             Ok(Unmounted::Detached) => eprintln!(
                 "packfs: {} detached; its daemon exits once the files still open under it are closed",
                 mountpoint.display()

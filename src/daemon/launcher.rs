@@ -35,8 +35,10 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
     let stderr = child.stderr.take().expect("piped");
     let mut out = std::io::stderr().lock();
     let mut ready = None;
+    let mut said_why = false;
     for line in BufReader::new(stderr).split(b'\n') {
         let Ok(line) = line else { break };
+        said_why |= line.starts_with(b"packfs: error: ");
         if let Some(said) = line.strip_prefix(READY_MARKER) {
             ready = Some(
                 String::from_utf8_lossy(said.strip_prefix(b"\t").unwrap_or(said)).into_owned(),
@@ -49,8 +51,14 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
     drop(out);
     let Some(ready) = ready else {
         let status = child.wait().map_err(MountError::Spawn)?;
+        // The daemon's own error line says what failed: a second one about its exit would only
+        // bury it. Without one (killed, crashed), say that it exited and how.
+        if said_why && !status.success() {
+            return Err(MountError::Reported(status));
+        }
         return Err(MountError::DaemonExited {
-            mountpoint: mountpoint.to_path_buf(),
+            mountpoint: super::mounts::absolute(mountpoint)
+                .unwrap_or_else(|_| mountpoint.to_path_buf()),
             status,
         });
     };

@@ -94,6 +94,9 @@ pub enum MountError {
     NoExecutable(io::Error),
     #[error("cannot start the packfs daemon: {0}")]
     Spawn(io::Error),
+    /// The daemon failed and printed why (relayed to the terminal already): nothing to add.
+    #[error("the packfs daemon failed ({0}); its message is above")]
+    Reported(ExitStatus),
     #[error("the packfs daemon exited before {} was mounted ({status})", mountpoint.display())]
     DaemonExited {
         mountpoint: PathBuf,

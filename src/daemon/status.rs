@@ -24,6 +24,8 @@ pub struct MountStatus {
     pub stats_file: Option<PathBuf>,
     /// The stats file's contents (docs/metrics.md), when live.
     pub counters: Option<serde_json::Value>,
+    /// How long ago the daemon wrote them (it rewrites them every second).
+    pub counters_age_s: Option<f64>,
 }
 
 /// The mounts to show: those at `wanted` (all packfs mounts the caller may see if empty: root
@@ -68,6 +70,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
         problem: None,
         stats_file: None,
         counters: None,
+        counters_age_s: None,
     };
     let stale = format!(
         "its daemon is gone, so every access fails (\"Transport endpoint is not connected\"); \
@@ -85,6 +88,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
         let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
         status.stats_file = Some(path);
         if pid > 0 && stats::alive(pid) {
+            status.counters_age_s = status.stats_file.as_deref().and_then(age_of);
             status.counters = Some(counters);
             return status;
         }
@@ -105,6 +109,13 @@ fn status_of(m: &MountEntry) -> MountStatus {
             .join(", ")
     ));
     status
+}
+
+/// Seconds since `path` was last written, to a tenth.
+fn age_of(path: &Path) -> Option<f64> {
+    let written = std::fs::metadata(path).ok()?.modified().ok()?;
+    let age = written.elapsed().unwrap_or_default().as_secs_f64();
+    Some((age * 10.0).round() / 10.0)
 }
 
 fn read_counters(path: &Path) -> Option<serde_json::Value> {

@@ -27,6 +27,8 @@ pub enum UnmountError {
     Mountinfo(io::Error),
     #[error("{} is not a mount point", .0.display())]
     NotMounted(PathBuf),
+    #[error("{} does not exist (nothing is mounted there)", .0.display())]
+    Missing(PathBuf),
     #[error(
         "{} is a {fstype} mount of {from}, not a packfs mount; leaving it alone (--force \
          unmounts any FUSE mount)",
@@ -103,6 +105,10 @@ fn checked_mount(path: &Path, any_fuse: bool) -> Result<PathBuf, UnmountError> {
         error,
     })?;
     let Some(entry) = mounts::find(&abs).map_err(UnmountError::Mountinfo)? else {
+        // A typo in the path reads better as what it is than as "not a mount point".
+        if std::fs::symlink_metadata(&abs).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+            return Err(UnmountError::Missing(abs));
+        }
         return Err(UnmountError::NotMounted(abs));
     };
     let ours = entry.fstype == format!("fuse.{}", crate::fs::SUBTYPE)
