@@ -1,7 +1,7 @@
 //! The Python package (`python/packfs`) tested with pytest against the binary built here:
 //! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build and the
 //! package taken from the source tree. pytest, torch, torchvision and hypothesis come from the venv
-//! `.ci/run` makes; its PACKFS_REQUIRE names python:torch, so a skipped test fails there.
+//! `.ci/run` makes; a skipped test fails unless PACKFS_ALLOW_SKIP names python:torch.
 
 mod common;
 
@@ -40,11 +40,12 @@ fn the_python_package_passes_its_pytest_suite() {
     );
     // The suite ran (pytest exits 5, not 0, when it collects nothing; this is belt and braces).
     assert!(stdout.contains(" passed"), "{stdout}");
-    // The torch tests skip where torch is not installed; CI installs it and says so.
+    // The torch tests skip where torch is not installed: allowed only if PACKFS_ALLOW_SKIP says so.
     if required("python:torch") {
         assert!(
             !stdout.contains("skipped"),
-            "CI must run every test:\n{stdout}"
+            "pytest skipped tests (torch or hypothesis missing?); install them into \
+             target/test-venv, or set PACKFS_ALLOW_SKIP=python:torch:\n{stdout}"
         );
     }
 }

@@ -6,13 +6,31 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
 
 const NOBODY: u32 = 65534;
+
+/// A copy of the binary, a shard holding `train/c/1.jpg` (`len` bytes of seed `seed`) and an
+/// empty mountpoint of `nobody`'s, all where `nobody` can reach them.
+fn nobodys_dataset(seed: u64, len: usize) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("packfs");
+    fs::copy(env!("CARGO_BIN_EXE_packfs"), &bin).unwrap();
+    let src = dir.path().join("src");
+    write_file(&src.join("train/c/1.jpg"), &bytes(seed, len), 0o644);
+    let shard = dir.path().join("s.tar");
+    tar_members(&src, &shard, &["train"]);
+    fs::set_permissions(&shard, fs::Permissions::from_mode(0o644)).unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    chown(&mnt, Some(NOBODY), Some(NOBODY)).unwrap();
+    (dir, bin, shard, mnt)
+}
 
 fn as_nobody(packfs: &Path, args: &[&str]) -> Output {
     as_user(NOBODY, packfs, args)
@@ -64,19 +82,7 @@ fn ordinary_user_mounts_reads_and_unmounts() {
     if !user_mounts_possible() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    // The binary and the data must be reachable by `nobody`.
-    let bin = dir.path().join("packfs");
-    fs::copy(env!("CARGO_BIN_EXE_packfs"), &bin).unwrap();
-    let src = dir.path().join("src");
-    write_file(&src.join("train/c/1.jpg"), &bytes(1, 50_000), 0o644);
-    let shard = dir.path().join("s.tar");
-    tar_members(&src, &shard, &["train"]);
-    fs::set_permissions(&shard, fs::Permissions::from_mode(0o644)).unwrap();
-    let mnt = dir.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
-    chown(&mnt, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (dir, bin, shard, mnt) = nobodys_dataset(1, 50_000);
     let _cleanup = UnmountOnDrop(mnt.clone());
     let (shard_s, mnt_s) = (shard.to_str().unwrap(), mnt.to_str().unwrap());
     let pid_file = dir.path().join("run");
@@ -241,4 +247,48 @@ fn default_runtime_dir_made_by_another_user_is_refused() {
     let meta = fs::metadata(&squatted).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o777), (uid, 0o700));
     fs::remove_dir_all(&squatted).unwrap();
+}
+
+/// A rootless container's view (`unshare -Urm` as an ordinary user, as Apptainer's `--userns`
+/// and rootless Podman do): uid 0 inside is `nobody` outside, the kernel allows the FUSE mount
+/// itself (no fusermount3, whose setuid bit means nothing there). It failed: packfs took itself
+/// for root and wanted /run/packfs, which belongs to the real root.
+#[test]
+fn a_user_namespace_mounts_reads_and_unmounts() {
+    if !user_mounts_possible() {
+        return;
+    }
+    let probe = as_user(NOBODY, "unshare", &["-Urm", "true"]);
+    if !probe.status.success() {
+        skip(
+            "userns",
+            &format!(
+                "this kernel does not let an ordinary user make a user namespace ({}): \
+                 kernel.unprivileged_userns_clone or an AppArmor rule forbids it",
+                String::from_utf8_lossy(&probe.stderr).trim()
+            ),
+        );
+        return;
+    }
+    let (_dir, bin, shard, mnt) = nobodys_dataset(3, 70_000);
+    let script = format!(
+        "set -e; {bin} mount {shard} {mnt}; wc -c < {mnt}/train/c/1.jpg; {bin} status {mnt}; \
+         {bin} umount {mnt}; echo unmounted",
+        bin = bin.display(),
+        shard = shard.display(),
+        mnt = mnt.display()
+    );
+    let out = as_user(NOBODY, "unshare", &["-Urm", "sh", "-c", &script]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.lines().any(|l| l.trim() == "70000"), "{stdout}");
+    assert!(
+        stdout.contains("live") && stdout.ends_with("unmounted\n"),
+        "{stdout}"
+    );
+    // The mount lived in the namespace only.
+    assert!(!is_mounted(&mnt));
 }

@@ -10,5 +10,5 @@ except ImportError:  # the sampler tests skip without hypothesis (and torch)
 
 if settings is not None:
     settings.register_profile("ci", derandomize=True, database=None)
-    if os.environ.get("CI") or os.environ.get("PACKFS_REQUIRE"):
+    if os.environ.get("CI"):
         settings.load_profile("ci")

@@ -64,12 +64,19 @@ pub fn candidate_paths(mountpoint: &Path, uid: u32) -> Vec<PathBuf> {
 /// root's (`/run/packfs`), private for a user's.
 pub fn default_dir() -> (PathBuf, u32) {
     let uid = nix::unistd::getuid();
-    if uid.is_root() {
+    // Root of a user namespace (a rootless container) is a user outside: /run/packfs is the real
+    // root's, so it takes a user's directory, named by its uid outside (which owns it, and
+    // which it sees as its own).
+    let outer = crate::util::userns::outer_uid();
+    if uid.is_root() && outer.is_none() {
         (PathBuf::from("/run/packfs"), 0o755)
     } else if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
         (PathBuf::from(run).join("packfs"), 0o700)
     } else {
-        (PathBuf::from(format!("/tmp/packfs-{uid}")), 0o700)
+        (
+            PathBuf::from(format!("/tmp/packfs-{}", outer.unwrap_or(uid.as_raw()))),
+            0o700,
+        )
     }
 }
 

@@ -8,3 +8,4 @@ pub mod le;
 pub mod logging;
 pub mod safe_file;
 pub mod size;
+pub mod userns;

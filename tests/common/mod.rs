@@ -420,21 +420,25 @@ pub fn python_with(module: &str, package: &str) -> Option<PathBuf> {
     None
 }
 
-/// Whether `PACKFS_REQUIRE` (comma-separated requirements, or `all`) names `requirement`.
-/// `.ci/run` names everything it installs or sets up, so CI never passes by skipping.
+/// Whether a missing `requirement` must fail the test: unless `PACKFS_ALLOW_SKIP`
+/// (comma-separated requirements, or `all`) names it, it must. A skipped test reads `ok` in
+/// `cargo test`'s summary (its output is captured), so skipping silently would pass unseen.
 pub fn required(requirement: &str) -> bool {
-    std::env::var("PACKFS_REQUIRE")
+    !std::env::var("PACKFS_ALLOW_SKIP")
         .unwrap_or_default()
         .split(',')
         .any(|r| r.trim() == requirement || r.trim() == "all")
 }
 
-/// A test (or a part of one) that cannot run here: says SKIPPED with the reason and lets the
-/// caller return, unless `PACKFS_REQUIRE` names `requirement`; then the test fails.
+/// A test (or a part of one) that cannot run here: fails, saying what is missing and how to
+/// get it, unless `PACKFS_ALLOW_SKIP` names `requirement`; then it says SKIPPED and lets the
+/// caller return.
 pub fn skip(requirement: &str, why: &str) {
     assert!(
         !required(requirement),
-        "PACKFS_REQUIRE names {requirement:?}, but {why}"
+        "{why}. Install what is missing (`bash .ci/run` installs everything the tests need), or \
+         let this test pass without it: PACKFS_ALLOW_SKIP={requirement} cargo test (a \
+         comma-separated list, or all)"
     );
     eprintln!("SKIPPED ({requirement}): {why}");
 }
