@@ -54,6 +54,14 @@ fn a_failed_mount_says_why_once() {
     let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("missing.tar"), "{stderr}");
+    // Found before the fork: no daemon started, so none left its log behind.
+    let abs = std::path::absolute(dir.path().join("mnt")).unwrap();
+    let log = packfs::daemon::stats::default_path(&abs).with_extension("log");
+    assert!(
+        !log.exists(),
+        "a daemon ran and logged to {}",
+        log.display()
+    );
     let stderr = mount_fails(&[&shard], &dir.path().join("no/such/mnt"));
     let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");

@@ -186,6 +186,8 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
         };
         return Ok(daemon::serve(&request, &|p| bar.update(p), ready)?);
     }
+    // What can fail before mounting fails here, before the fork: at once, and in this process.
+    daemon::preflight(&request)?;
     // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
     let mut child_args: Vec<OsString> = argv.iter().skip(1).cloned().collect();
     child_args.push("--daemon-child".into());

@@ -79,6 +79,20 @@ fn log_panics() {
     }));
 }
 
+/// The checks of `serve` that can fail before anything is mounted, for `packfs mount` to run
+/// before it forks the daemon: the mountpoint, FUSE, the stats directory, the local images.
+/// Returns the mountpoint, absolute.
+pub fn preflight(req: &MountRequest) -> Result<PathBuf, MountError> {
+    let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
+    if let Some(dest) = &req.save_index {
+        crate::catalog::index::check_replaceable(dest, false)?;
+    }
+    check_fuse_available()?;
+    stats::check_default_dir().map_err(MountError::StatsDir)?;
+    crate::dataset::check_local_images(&req.images)?;
+    Ok(mountpoint)
+}
+
 /// Serves a mount in this process until it is unmounted or a signal arrives. `on_scan` hears of
 /// a scan's progress; `on_ready` runs once the mount answers a stat of its root, with the line
 /// that says what is mounted where.
@@ -87,12 +101,7 @@ pub fn serve(
     on_scan: OnScan,
     on_ready: impl FnOnce(String),
 ) -> Result<(), MountError> {
-    let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
-    if let Some(dest) = &req.save_index {
-        crate::catalog::index::check_replaceable(dest, false)?;
-    }
-    check_fuse_available()?;
-    stats::check_default_dir().map_err(MountError::StatsDir)?;
+    let mountpoint = preflight(req)?;
     raise_open_file_limit();
     return_large_buffers();
     log_panics();

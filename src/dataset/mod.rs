@@ -95,6 +95,18 @@ pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
         .collect()
 }
 
+/// Checks that every local image of `sources` opens as a regular file (objects by URL are the
+/// daemon's to reach): `packfs mount` runs it before it forks, so a wrong path fails at once, in
+/// the launching process, with the path as given.
+pub fn check_local_images(sources: &[String]) -> Result<(), DatasetError> {
+    for path in image_paths(sources)? {
+        if let ImageLocation::File(file) = ImageLocation::new(&path) {
+            crate::source::read_at::open_regular(&file).map_err(|e| ArchiveError::io(&file, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Opens the image named `path` (a file, or an object by URL) and scans it.
 pub fn scan_image(path: &Path) -> Result<ScannedImage, ArchiveError> {
     let (data, fingerprint) = ImageLocation::new(path)
