@@ -25,10 +25,12 @@ impl Stage {
         };
         let word = img.word(i);
         if state(word) == image::ABSENT && !self.stopped() {
-            // Through the stager's queue if it has room, else stored by this read.
+            // Through the stager's queue if it has room, else stored by this read; but not by a
+            // read that must not wait (a ring's queue thread): a write to local storage may.
+            let may_store = !crate::source::read_at::waiting_refused();
             let (how, next) = match self.admit() {
                 true => (ForRead::Fetch, image::QUEUED),
-                false if self.has_room_for(img.chunk_len(i)) => (ForRead::Store, BUSY),
+                false if may_store && self.has_room_for(img.chunk_len(i)) => (ForRead::Store, BUSY),
                 false => {
                     self.lagged_reads.fetch_add(1, Ordering::Relaxed);
                     return ForRead::Exact;
