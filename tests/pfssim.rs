@@ -277,3 +277,27 @@ fn a_read_cut_at_the_kernels_page_limit_is_one_rpc() {
     file.read_exact_at(&mut small, 4000).unwrap();
     assert_eq!(reads(&sim.counters()) - reads(&after), 2);
 }
+
+/// Mounting shards that sit on the parallel file system opens each one three times: the
+/// launcher's check before it forks, the daemon's scan, and the daemon's source. Each open is a
+/// metadata RPC; the daemon checked the images too before it scanned them (4 per shard).
+#[test]
+fn a_mount_opens_each_shard_three_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src, 20);
+    let backing = dir.path().join("backing");
+    fs::create_dir_all(&backing).unwrap();
+    tar_members(&src, &backing.join("a.tar"), &["train/c0", "train/c1"]);
+    tar_members(&src, &backing.join("b.tar"), &["train/c2", "train/c3"]);
+    let sim = Sim::start(&backing, &dir.path().join("pfs"), &["--profile", "none"]);
+    let before = sim.counters();
+    let mnt = Mount::new(
+        &[&sim.mnt.join("a.tar"), &sim.mnt.join("b.tar")],
+        &dir.path().join("mnt"),
+        &[],
+    );
+    let after = sim.counters();
+    assert_eq!(op(&after, "open") - op(&before, "open"), 3 * 2, "{after:#}");
+    drop(mnt);
+}

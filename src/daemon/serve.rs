@@ -79,17 +79,23 @@ fn log_panics() {
     }));
 }
 
-/// The checks of `serve` that can fail before anything is mounted, for `packfs mount` to run
-/// before it forks the daemon: the mountpoint, FUSE, the stats directory, the local images.
-/// Returns the mountpoint, absolute.
-pub fn preflight(req: &MountRequest) -> Result<PathBuf, MountError> {
+/// What can fail before anything is mounted, for `packfs mount` to check before it forks the
+/// daemon: the mountpoint, FUSE, the stats directory (`mount_checks`), and the local images.
+pub fn preflight(req: &MountRequest) -> Result<(), MountError> {
+    mount_checks(req)?;
+    crate::dataset::check_local_images(&req.images)?;
+    Ok(())
+}
+
+/// The mountpoint (returned absolute), FUSE and the stats directory. `serve` checks only these:
+/// it opens the images next anyway (on a parallel file system, each open is a metadata RPC).
+fn mount_checks(req: &MountRequest) -> Result<PathBuf, MountError> {
     let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
     if let Some(dest) = &req.save_index {
         crate::catalog::index::check_replaceable(dest, false)?;
     }
     check_fuse_available()?;
     stats::check_default_dir().map_err(MountError::StatsDir)?;
-    crate::dataset::check_local_images(&req.images)?;
     Ok(mountpoint)
 }
 
@@ -101,7 +107,7 @@ pub fn serve(
     on_scan: OnScan,
     on_ready: impl FnOnce(String),
 ) -> Result<(), MountError> {
-    let mountpoint = preflight(req)?;
+    let mountpoint = mount_checks(req)?;
     raise_open_file_limit();
     return_large_buffers();
     log_panics();

@@ -196,10 +196,11 @@ impl Images {
                 }
                 continue;
             };
-            let mine = matches!(how, ForRead::Fetch | ForRead::Store) && staging;
+            // The claim, if this read holds one (`claim_for_read` said Fetch or Store).
+            let claim = stage.filter(|_| staging);
             let Ok((chunk, loaded)) = fetched else {
-                if let Some(stage) = stage.filter(|_| mine) {
-                    stage.release(image, i as usize);
+                if let Some(stage) = claim {
+                    stage.settle(image, i as usize, how, None);
                 }
                 // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
                 // these bytes, so an error is this read's own.
@@ -214,12 +215,8 @@ impl Images {
                 &self.ram_bytes
             };
             tier.fetch_add(n as u64, Ordering::Relaxed);
-            match stage.filter(|_| mine) {
-                Some(stage) if how == ForRead::Store => {
-                    stage.store_fetched(image, i as usize, &chunk)
-                }
-                Some(stage) => stage.hand_over(image, i as usize, chunk),
-                None => {}
+            if let Some(stage) = claim {
+                stage.settle(image, i as usize, how, Some(&chunk));
             }
         }
         Ok(())
@@ -239,11 +236,7 @@ impl Images {
         {
             return Ok((chunk, false));
         }
-        let fetched = self.ram.fetch(image, CHUNK_TAG | start, || {
-            let mut bytes = vec![0u8; len as usize];
-            self.source.read_exact_at(image, start, &mut bytes)?;
-            Ok(bytes)
-        })?;
+        let fetched = self.ram.fetch_chunk(&self.source, image, start, len)?;
         if let (Some(ahead), (chunk, true)) = (&self.read_ahead, &fetched) {
             ahead.pin(image, start, chunk.clone());
             let chunks = self.image_size(image).div_ceil(self.chunk_size);

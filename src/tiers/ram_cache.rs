@@ -158,6 +158,22 @@ impl RamCache {
         }
     }
 
+    /// Source chunk `len` bytes at `start` of `image` (the `CHUNK_TAG` entry), loaded from
+    /// `source` unless held; and whether this call loaded it.
+    pub fn fetch_chunk(
+        &self,
+        source: &super::Source,
+        image: u32,
+        start: u64,
+        len: u64,
+    ) -> io::Result<(Decoded, bool)> {
+        self.fetch(image, CHUNK_TAG | start, || {
+            let mut bytes = vec![0u8; len as usize];
+            source.read_exact_at(image, start, &mut bytes)?;
+            Ok(bytes)
+        })
+    }
+
     /// The value for `(image, offset)` if it is held now; never loads.
     pub fn get(&self, image: u32, offset: u64) -> Option<Decoded> {
         let value = self.cache.get(&(image, offset))?;

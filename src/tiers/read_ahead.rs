@@ -94,28 +94,19 @@ impl ReadAhead {
                             continue;
                         }
                         let len = chunk_len(source.image_size(image), chunk_size, i as usize);
-                        let loaded = ram.fetch(image, CHUNK_TAG | start, || {
-                            let mut bytes = vec![0u8; len as usize];
-                            source.read_exact_at(image, start, &mut bytes)?;
-                            Ok(bytes)
-                        });
+                        let loaded = ram.fetch_chunk(&source, image, start, len);
                         // A failed fetch is the reader's to meet and report, with its own read.
-                        match (loaded, staging) {
-                            (Ok((chunk, loaded)), staging) => {
-                                if loaded {
-                                    fetched.fetch_add(1, Ordering::Relaxed);
-                                    pin_in(&window, image, start, chunk.clone());
-                                }
-                                match (staging, how) {
-                                    (Some(stage), Some(ForRead::Store)) => {
-                                        stage.store_fetched(image, i as usize, &chunk)
-                                    }
-                                    (Some(stage), _) => stage.hand_over(image, i as usize, chunk),
-                                    _ => {}
-                                }
+                        let chunk = match loaded {
+                            Ok((chunk, true)) => {
+                                fetched.fetch_add(1, Ordering::Relaxed);
+                                pin_in(&window, image, start, chunk.clone());
+                                Some(chunk)
                             }
-                            (Err(_), Some(stage)) => stage.release(image, i as usize),
-                            (Err(_), None) => {}
+                            Ok((chunk, false)) => Some(chunk),
+                            Err(_) => None,
+                        };
+                        if let (Some(stage), Some(how)) = (staging, how) {
+                            stage.settle(image, i as usize, how, chunk.as_ref());
                         }
                     }
                 });

@@ -122,8 +122,9 @@ pub struct StageStats {
     pub copied_bytes: u64,
     /// Of those, bytes that reads had already fetched (no second source read).
     pub copied_from_reads: u64,
-    /// Reads that wanted a chunk whole and found the stager's queue full: they read exactly, and
-    /// the chunk is read again when it is staged (the stager lags).
+    /// Reads that wanted a chunk whole, found the stager's queue full and the stage without room
+    /// for them to store it (or could not wait to): they read exactly, and the chunk is read
+    /// again when it is staged.
     pub lagged_reads: u64,
     pub verified_chunks: u64,
     pub failed_checks: u64,
@@ -145,10 +146,10 @@ fn still_local(before: u64, now: u64) -> bool {
 }
 
 /// Bytes of offers waiting at most (each may hold a chunk's bytes, mostly shared with the RAM
-/// tier), and at least this many offers. Beyond, the stager lags: reads of chunks it does not
-/// have take exactly their bytes instead of whole chunks, which it would have to fetch again. A
-/// burst of 16 readers from mount time offered 40 chunks faster than a stager on a busy CPU took
-/// them: with room for 32, a third of a lazy epoch's chunks were not kept.
+/// tier), and at least this many offers. Beyond, the stager lags: a read that fetched a chunk
+/// whole stores it itself (`ForRead::Store`). A burst of 16 readers from mount time offered 40
+/// chunks faster than a stager on a busy CPU took them: with room for 32, a third of a lazy
+/// epoch's chunks were not kept.
 const QUEUE_BYTES: u64 = 64 << 20;
 const QUEUE_MIN: u64 = 32;
 
@@ -166,12 +167,12 @@ pub enum Shared {
 /// (`Stage::claim_for_read`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForRead {
-    /// The chunk is this read's to fetch whole: then `hand_over` its bytes, or `release` it.
+    /// The chunk is this read's to fetch whole, for the stager: then `settle` the claim.
     Fetch,
     /// Another read is fetching it, or fetched it and it waits for the stager (`Stage::shared`).
     Shared,
-    /// The stager's queue is full: the chunk is this read's to fetch whole and store itself
-    /// (`store_fetched`), or `release` if the fetch fails.
+    /// The stager's queue is full: the chunk is this read's to fetch whole and store itself;
+    /// then `settle` the claim.
     Store,
     /// Not to be fetched whole: the stager is copying it (its bytes in memory only if a read
     /// fetched them), or the stage has no room, or the chunk became local meanwhile.

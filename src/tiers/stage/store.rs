@@ -55,8 +55,20 @@ impl Stage {
         }
     }
 
+    /// Ends the claim `claim_for_read` gave a read (`how`: `Fetch` or `Store`; the others hold
+    /// none) once its fetch is done: the bytes handed to the stager or stored, or, with `None`
+    /// (the fetch failed), the chunk given back for another to fetch.
+    pub fn settle(&self, image: u32, i: usize, how: ForRead, fetched: Option<&Decoded>) {
+        match (how, fetched) {
+            (ForRead::Fetch, Some(bytes)) => self.hand_over(image, i, bytes.clone()),
+            (ForRead::Store, Some(bytes)) => self.store_fetched(image, i, bytes),
+            (ForRead::Fetch | ForRead::Store, None) => self.release(image, i),
+            _ => {}
+        }
+    }
+
     /// The bytes of chunk `i` of `image`, fetched whole after `claim_for_read` said `Fetch`.
-    pub fn hand_over(&self, image: u32, i: usize, bytes: Decoded) {
+    fn hand_over(&self, image: u32, i: usize, bytes: Decoded) {
         self.handed_bytes().insert((image, i), Some(bytes.clone()));
         self.send(image, i, Some(bytes));
     }
@@ -78,7 +90,7 @@ impl Stage {
     }
 
     /// Gives back a chunk `claim_for_read` gave to a read whose fetch failed.
-    pub fn release(&self, image: u32, i: usize) {
+    fn release(&self, image: u32, i: usize) {
         self.handed_bytes().remove(&(image, i));
         let Some(Some(img)) = self.images.get(image as usize) else {
             return;
@@ -134,7 +146,7 @@ impl Stage {
     }
 
     /// Stores chunk `i` of `image`, fetched whole by a read told `ForRead::Store`.
-    pub fn store_fetched(&self, image: u32, i: usize, bytes: &Decoded) {
+    fn store_fetched(&self, image: u32, i: usize, bytes: &Decoded) {
         let Some(Some(img)) = self.images.get(image as usize) else {
             return;
         };
