@@ -2,6 +2,8 @@
 //! and read them with ordinary tools.
 #![allow(dead_code)]
 
+pub mod servers;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};

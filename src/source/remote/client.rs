@@ -12,6 +12,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use super::config::{Limits, S3Config};
+use super::credentials::{Creds, Provider};
 use super::location::Location;
 
 /// What a store said of an object.
@@ -49,6 +50,7 @@ const MAX_LIST_PAGES: usize = 100_000;
 pub struct Client {
     agent: ureq::Agent,
     s3: S3Config,
+    credentials: Provider,
     limits: Limits,
     in_flight: Mutex<usize>,
     freed: Condvar,
@@ -84,6 +86,7 @@ impl Client {
             .into();
         Client {
             agent,
+            credentials: Provider::new(s3.credentials.clone()),
             s3,
             limits,
             in_flight: Mutex::new(0),
@@ -115,23 +118,25 @@ impl Client {
         out
     }
 
-    /// The URL a request for `loc` goes to (presigned for S3, valid for an hour).
-    fn url(&self, loc: &Location, head: bool) -> io::Result<String> {
+    /// The URL a request for `loc` goes to (presigned for S3, valid for an hour), and the
+    /// credentials that signed it.
+    fn url(&self, loc: &Location, head: bool) -> io::Result<(String, Option<Arc<Creds>>)> {
         match loc {
-            Location::Http(url) => Ok(url.to_string()),
+            Location::Http(url) => Ok((url.to_string(), None)),
             Location::S3 { bucket, key } => {
                 use rusty_s3::S3Action;
                 let bucket = self.bucket(bucket)?;
-                let creds = self.credentials();
+                let (creds, used) = self.credentials()?;
                 let ttl = Duration::from_secs(3600);
-                Ok(if head {
+                let url = if head {
                     bucket
                         .head_object(creds.as_ref(), key)
                         .sign(ttl)
                         .to_string()
                 } else {
                     bucket.get_object(creds.as_ref(), key).sign(ttl).to_string()
-                })
+                };
+                Ok((url, used))
             }
         }
     }
@@ -162,25 +167,33 @@ impl Client {
         )
     }
 
-    fn credentials(&self) -> Option<rusty_s3::Credentials> {
-        let (key, secret) = (self.s3.key.clone()?, self.s3.secret.clone()?);
-        Some(match &self.s3.token {
-            Some(token) => rusty_s3::Credentials::new_with_token(key, secret, token.clone()),
-            None => rusty_s3::Credentials::new(key, secret),
-        })
+    /// The credentials to sign with now (renewed when due), as rusty-s3 takes them.
+    fn credentials(&self) -> io::Result<(Option<rusty_s3::Credentials>, Option<Arc<Creds>>)> {
+        let Some(c) = self.credentials.get()? else {
+            return Ok((None, None));
+        };
+        let signing = match &c.token {
+            Some(token) => rusty_s3::Credentials::new_with_token(
+                c.key.clone(),
+                c.secret.clone(),
+                token.clone(),
+            ),
+            None => rusty_s3::Credentials::new(c.key.clone(), c.secret.clone()),
+        };
+        Ok((Some(signing), Some(c)))
     }
 
     /// HEAD of an object: its size, ETag and modification time.
     pub fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
         let counters = self.counters(loc);
         self.attempts(loc, "HEAD", &counters, || {
-            let url = self.url(loc, true).map_err(Failure::Final)?;
+            let (url, used) = self.url(loc, true).map_err(Failure::Final)?;
             let resp = self
                 .agent
                 .head(&url)
                 .call()
                 .map_err(|e| Failure::Transient(e.to_string()))?;
-            self.check_status(loc, &resp, None)?;
+            self.check_status(loc, &resp, None, used.as_ref())?;
             meta_of(loc, resp.headers())
         })
     }
@@ -201,7 +214,7 @@ impl Client {
         let last = offset + buf.len() as u64 - 1;
         let what = format!("GET bytes {offset}-{last}");
         self.attempts(loc, &what, &counters, || {
-            let url = self.url(loc, false).map_err(Failure::Final)?;
+            let (url, used) = self.url(loc, false).map_err(Failure::Final)?;
             let mut req = self
                 .agent
                 .get(&url)
@@ -210,7 +223,7 @@ impl Client {
                 req = req.header("If-Match", etag);
             }
             let resp = req.call().map_err(|e| Failure::Transient(e.to_string()))?;
-            self.check_status(loc, &resp, Some(offset))?;
+            self.check_status(loc, &resp, Some(offset), used.as_ref())?;
             if resp.status().as_u16() != 206
                 && !(offset == 0 && content_length(resp.headers()) == Some(buf.len() as u64))
             {
@@ -283,7 +296,6 @@ impl Client {
         };
         let counters = self.counters(&loc);
         let b = self.bucket(bucket)?;
-        let creds = self.credentials();
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         // Every token seen (hashed: a store may send long ones): a store that repeats one would
@@ -291,6 +303,7 @@ impl Client {
         let mut tokens = std::collections::HashSet::new();
         loop {
             let page = self.attempts(&loc, "LIST", &counters, || {
+                let (creds, used) = self.credentials().map_err(Failure::Final)?;
                 let mut action = b.list_objects_v2(creds.as_ref());
                 action.with_prefix(prefix);
                 if let Some(t) = &token {
@@ -302,7 +315,7 @@ impl Client {
                     .get(&url)
                     .call()
                     .map_err(|e| Failure::Transient(e.to_string()))?;
-                self.check_status(&loc, &resp, None)?;
+                self.check_status(&loc, &resp, None, used.as_ref())?;
                 let text = resp
                     .into_body()
                     .with_config()
@@ -402,6 +415,7 @@ impl Client {
         loc: &Location,
         resp: &ureq::http::Response<ureq::Body>,
         offset: Option<u64>,
+        used: Option<&Arc<Creds>>,
     ) -> Result<(), Failure> {
         let status = resp.status().as_u16();
         let header = |name: &str| {
@@ -420,26 +434,33 @@ impl Client {
                 io::ErrorKind::NotFound,
                 format!("{loc}: no such object (404)"),
             ),
+            400 | 401 | 403 if self.refused_credentials(&header("x-amz-error-code"), used) => {
+                Err(Failure::Transient(format!(
+                    "status {status}: the store refused the credentials from {} ({}); fetched \
+                     new ones",
+                    self.credentials.from(),
+                    header("x-amz-error-code")
+                )))
+            }
             401 | 403 => {
                 // S3 names the reason in an x-amz header or the body; HEAD has no body.
                 let code = header("x-amz-error-code");
                 let expired = code.contains("Expired") || code.contains("TokenRefresh");
+                let from = self.credentials.from();
                 let msg = if expired {
                     format!(
-                        "{loc}: the credentials have expired ({code}); renew them (from {}) and \
-                         mount again",
-                        self.s3.credentials_from
+                        "{loc}: the credentials have expired ({code}); renew them (from {from}) \
+                         and mount again"
                     )
                 } else {
                     format!(
-                        "{loc}: access denied ({status}{}); check the credentials (from {}) and \
-                         the bucket's policy",
+                        "{loc}: access denied ({status}{}); check the credentials (from {from}) \
+                         and the bucket's policy",
                         if code.is_empty() {
                             String::new()
                         } else {
                             format!(" {code}")
                         },
-                        self.s3.credentials_from
                     )
                 };
                 final_error(io::ErrorKind::PermissionDenied, msg)
@@ -459,6 +480,23 @@ impl Client {
                 ),
             ),
             _ => final_error(io::ErrorKind::Other, format!("{loc}: status {status}")),
+        }
+    }
+
+    /// Whether a refusal with S3 error `code` was of credentials that may be renewed: then they
+    /// are forgotten, and the request is tried again with new ones (a source can rotate them
+    /// before the expiry it announced).
+    fn refused_credentials(&self, code: &str, used: Option<&Arc<Creds>>) -> bool {
+        const STALE: [&str; 5] = [
+            "ExpiredToken",
+            "InvalidToken",
+            "InvalidAccessKeyId",
+            "TokenRefreshRequired",
+            "RequestExpired",
+        ];
+        match used {
+            Some(c) if STALE.contains(&code) => self.credentials.refused(c),
+            _ => false,
         }
     }
 

@@ -1,10 +1,13 @@
-//! How to reach the stores: S3 endpoint, region, addressing style and credentials, read the way
-//! the AWS CLI reads them (environment first, then the profile in ~/.aws/credentials and
-//! ~/.aws/config), plus packfs's own request limits. Secrets are never logged or recorded.
+//! How to reach the stores: S3 endpoint, region, addressing style and where the credentials come
+//! from, read the way the AWS CLI reads them (the environment, then the profile in
+//! ~/.aws/credentials and ~/.aws/config), plus packfs's own request limits. Secrets are never
+//! logged or recorded.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use super::credentials::{Lookup, Source};
 
 /// S3 settings for every `s3://` location of this process.
 #[derive(Clone, Default)]
@@ -15,11 +18,8 @@ pub struct S3Config {
     /// Path-style URLs (`endpoint/bucket/key`), as MinIO, Ceph RGW and AIStore expect: the default
     /// with a custom endpoint; virtual-hosted style (`bucket.endpoint/key`) for AWS itself.
     pub path_style: bool,
-    pub key: Option<String>,
-    pub secret: Option<String>,
-    pub token: Option<String>,
-    /// Where the credentials came from, for messages ("environment", "profile default").
-    pub credentials_from: String,
+    /// Where the credentials come from (found once; fetched and renewed by the client).
+    pub credentials: Source,
 }
 
 impl std::fmt::Debug for S3Config {
@@ -29,8 +29,7 @@ impl std::fmt::Debug for S3Config {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("path_style", &self.path_style)
-            .field("key", &self.key.as_ref().map(|_| "…"))
-            .field("credentials_from", &self.credentials_from)
+            .field("credentials", &self.credentials.describe())
             .finish()
     }
 }
@@ -116,30 +115,27 @@ impl S3Config {
             Some("path") => true,
             _ => endpoint.is_some(),
         };
-        let mut cfg = S3Config {
+        let sso_session = match config.get("sso_session") {
+            Some(name) => file("AWS_CONFIG_FILE", ".aws/config")
+                .map(|p| section_of(&p, &format!("sso-session {name}")))
+                .unwrap_or_default(),
+            None => HashMap::new(),
+        };
+        let lookup = Lookup {
+            env: &|name: &str| std::env::var(name).ok(),
+            profile_name,
+            credentials,
+            config,
+            sso_session,
+            home,
+            region: region.clone(),
+        };
+        S3Config {
             endpoint,
             region,
             path_style,
-            ..S3Config::default()
-        };
-        if let (Some(key), Some(secret)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"))
-        {
-            cfg.key = Some(key);
-            cfg.secret = Some(secret);
-            cfg.token = env("AWS_SESSION_TOKEN");
-            cfg.credentials_from = "environment (AWS_ACCESS_KEY_ID)".into();
-        } else if let (Some(key), Some(secret)) = (
-            from_profile("aws_access_key_id"),
-            from_profile("aws_secret_access_key"),
-        ) {
-            cfg.key = Some(key);
-            cfg.secret = Some(secret);
-            cfg.token = from_profile("aws_session_token");
-            cfg.credentials_from = format!("profile {profile_name}");
-        } else {
-            cfg.credentials_from = "none (anonymous requests)".into();
+            credentials: Source::find(&lookup),
         }
-        cfg
     }
 }
 
@@ -158,6 +154,17 @@ fn parse_profile(text: &str, name: &str, config_file: bool) -> HashMap<String, S
     } else {
         name.to_string()
     };
+    parse_section(text, &wanted)
+}
+
+/// The pairs of any `[section]` of the config file (`[sso-session NAME]`).
+fn section_of(path: &std::path::Path, section: &str) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .map(|text| parse_section(&text, section))
+        .unwrap_or_default()
+}
+
+fn parse_section(text: &str, wanted: &str) -> HashMap<String, String> {
     let mut values = HashMap::new();
     let mut inside = false;
     for line in text.lines() {
@@ -206,8 +213,15 @@ mod tests {
         let shown = format!(
             "{:?}",
             S3Config {
-                secret: Some("TOPSECRET".into()),
-                key: Some("AKID".into()),
+                credentials: Source::Static {
+                    creds: super::super::credentials::Creds {
+                        key: "AKID".into(),
+                        secret: "TOPSECRET".into(),
+                        token: None,
+                        expires: None,
+                    },
+                    from: "environment".into(),
+                },
                 ..S3Config::default()
             }
         );

@@ -5,6 +5,7 @@
 
 mod client;
 pub mod config;
+mod credentials;
 mod location;
 pub mod redact;
 

@@ -1,0 +1,235 @@
+//! S3 credentials, found where the AWS CLI finds them and in its order, and renewed before they
+//! expire: a mount lives for a whole training job, longer than the hour that temporary
+//! credentials from EC2 instance metadata, web identity (EKS IRSA), SSO or a container endpoint
+//! last. Nothing here logs or shows a secret; `Debug` of every type leaves them out.
+
+mod fetch;
+mod source;
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use tracing::{info, warn};
+
+pub use source::{Lookup, Source};
+
+/// One set of credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Creds {
+    pub key: String,
+    pub secret: String,
+    pub token: Option<String>,
+    /// When they stop working; `None` for long-term keys.
+    pub expires: Option<Timestamp>,
+}
+
+impl std::fmt::Debug for Creds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Creds")
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Renewed at most this long before expiry, and at least half their lifetime before it: an hour's
+/// credentials are renewed 10 minutes early, as the AWS SDKs do, and short-lived ones (a test's
+/// few seconds) half-way through.
+const RENEW_EARLY: Duration = Duration::from_secs(600);
+/// After a failed renewal, credentials still valid are kept and the next try waits this long.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// Credentials this close to expiry are not used: a request signed now may arrive after it.
+const MARGIN: Duration = Duration::from_secs(2);
+
+/// The credentials of one source, cached, renewed before expiry by the request that finds them
+/// due, while the others go on with the current ones.
+pub struct Provider {
+    source: Source,
+    held: RwLock<Held>,
+    renewing: Mutex<Renewal>,
+}
+
+#[derive(Clone, Default)]
+struct Held {
+    /// `None` before the first fetch, or for anonymous requests once `fetched`.
+    creds: Option<Arc<Creds>>,
+    fetched: bool,
+    renew_at: Option<Timestamp>,
+}
+
+#[derive(Default)]
+struct Renewal {
+    /// No renewal before this (set after a failure).
+    not_before: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl Provider {
+    pub fn new(source: Source) -> Provider {
+        Provider {
+            source,
+            held: RwLock::new(Held::default()),
+            renewing: Mutex::new(Renewal::default()),
+        }
+    }
+
+    /// Where the credentials come from, for messages.
+    pub fn from(&self) -> String {
+        self.source.describe()
+    }
+
+    /// Whether credentials refused by a store may be fetched again (not static keys).
+    pub fn renews(&self) -> bool {
+        self.source.renews()
+    }
+
+    /// The credentials to sign a request with; `None` for anonymous requests.
+    pub fn get(&self) -> std::io::Result<Option<Arc<Creds>>> {
+        let now = Timestamp::now();
+        let held = self.held.read().expect("not poisoned").clone();
+        if held.fetched {
+            if held.renew_at.is_none_or(|at| now < at) {
+                return Ok(held.creds);
+            }
+            if usable(held.creds.as_deref(), now) {
+                // Due but still valid: one request renews, the others go on meanwhile.
+                if let Ok(mut renewal) = self.renewing.try_lock()
+                    && renewal.not_before.is_none_or(|t| Instant::now() >= t)
+                {
+                    let _ = self.renew(&mut renewal, &held);
+                }
+                return Ok(self.held.read().expect("not poisoned").creds.clone());
+            }
+        }
+        // None yet, or expired: every request waits for the one renewal.
+        let mut renewal = self.renewing.lock().expect("not poisoned");
+        let again = self.held.read().expect("not poisoned").clone();
+        if again.fetched && usable(again.creds.as_deref(), Timestamp::now()) {
+            return Ok(again.creds);
+        }
+        if renewal.not_before.is_some_and(|t| Instant::now() < t) {
+            return Err(self.failed(renewal.last_error.as_deref().unwrap_or("")));
+        }
+        match self.renew(&mut renewal, &again) {
+            Ok(()) => Ok(self.held.read().expect("not poisoned").creds.clone()),
+            Err(why) => Err(self.failed(&why)),
+        }
+    }
+
+    /// Forgets `used` after a store refused them as expired or unknown, so the next request
+    /// fetches new ones; returns whether it did (never for static keys).
+    pub fn refused(&self, used: &Arc<Creds>) -> bool {
+        if !self.renews() {
+            return false;
+        }
+        let mut held = self.held.write().expect("not poisoned");
+        if held.creds.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
+            held.creds = None;
+            held.fetched = false;
+        }
+        true
+    }
+
+    /// Fetches new credentials into `held`; a failure keeps the current ones, is logged, and holds
+    /// off the next try.
+    fn renew(&self, renewal: &mut Renewal, before: &Held) -> Result<(), String> {
+        match self.source.fetch() {
+            Ok(creds) => {
+                let first = !before.fetched;
+                let renew_at = creds.as_ref().and_then(|c| renew_at(c, Timestamp::now()));
+                match (&creds, first) {
+                    (None, _) => info!("no S3 credentials found; requests are anonymous"),
+                    (Some(c), true) => info!(
+                        "S3 credentials from {}{}",
+                        self.from(),
+                        until(c.expires.as_ref())
+                    ),
+                    (Some(c), false) => info!(
+                        "S3 credentials from {} renewed{}",
+                        self.from(),
+                        until(c.expires.as_ref())
+                    ),
+                }
+                *self.held.write().expect("not poisoned") = Held {
+                    creds: creds.map(Arc::new),
+                    fetched: true,
+                    renew_at,
+                };
+                *renewal = Renewal::default();
+                Ok(())
+            }
+            Err(why) => {
+                warn!(
+                    "S3 credentials from {} could not be fetched: {why}",
+                    self.from()
+                );
+                renewal.not_before = Some(Instant::now() + RETRY_AFTER);
+                renewal.last_error = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    fn failed(&self, why: &str) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("no valid S3 credentials from {}: {why}", self.from()),
+        )
+    }
+}
+
+fn usable(creds: Option<&Creds>, now: Timestamp) -> bool {
+    creds
+        .and_then(|c| c.expires)
+        .is_none_or(|exp| now + MARGIN < exp)
+}
+
+/// When credentials fetched at `now` are due for renewal.
+fn renew_at(creds: &Creds, now: Timestamp) -> Option<Timestamp> {
+    let expires = creds.expires?;
+    let lifetime = expires.duration_since(now).unsigned_abs();
+    let early = RENEW_EARLY.min(lifetime / 2).max(MARGIN);
+    Some(expires - early)
+}
+
+fn until(expires: Option<&Timestamp>) -> String {
+    expires.map_or(String::new(), |t| format!(", valid until {t}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(expires_in: i64) -> Creds {
+        Creds {
+            key: "AK".into(),
+            secret: "SECRET".into(),
+            token: None,
+            expires: Some(Timestamp::now() + Duration::from_secs(expires_in as u64)),
+        }
+    }
+
+    #[test]
+    fn credentials_are_renewed_early_but_not_too_early() {
+        let now = Timestamp::now();
+        // An hour's credentials: 10 minutes before expiry.
+        let hour = creds(3600);
+        let at = renew_at(&hour, now).unwrap();
+        let before = hour.expires.unwrap().duration_since(at).as_secs();
+        assert_eq!(before, 600);
+        // Ten seconds' credentials: half-way.
+        let short = creds(10);
+        let at = renew_at(&short, now).unwrap();
+        let before = short.expires.unwrap().duration_since(at).as_secs();
+        assert!((4..=5).contains(&before), "{before}");
+        // Long-term keys never.
+        let long = Creds {
+            expires: None,
+            ..creds(0)
+        };
+        assert_eq!(renew_at(&long, now), None);
+        assert!(usable(Some(&long), now));
+        assert!(!usable(Some(&creds(1)), now));
+        assert!(!format!("{:?}", creds(5)).contains("SECRET"));
+    }
+}
