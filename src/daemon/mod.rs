@@ -84,6 +84,17 @@ pub enum MountError {
     Signals(io::Error),
     #[error("cannot mount at {}: {error}", path.display())]
     Mount { path: PathBuf, error: io::Error },
+    #[error(
+        "cannot mount{at}: {why}, and there is no fusermount3 to mount instead. In a \
+         container, run it with `--device /dev/fuse --cap-add SYS_ADMIN` (where AppArmor \
+         confines containers, also `--security-opt apparmor=unconfined`), or mount on the host \
+         and bind the mount in; or install fuse3 in the image"
+    )]
+    MountRefused {
+        /// " at MOUNTPOINT", where known.
+        at: String,
+        why: &'static str,
+    },
     #[error("the mount at {} does not answer: {error}", path.display())]
     NotAnswering { path: PathBuf, error: io::Error },
     #[error("the FUSE session of {} ended with an error: {error}", path.display())]

@@ -72,6 +72,15 @@ pub fn check_fuse_available() -> Result<(), MountError> {
             .write(true)
             .open(DEV)
             .map_err(MountError::FuseDevice)?;
+        // Root in a container without CAP_SYS_ADMIN cannot mount(2); fuser then tries
+        // fusermount3, which container images seldom have, and its absence read as "No such
+        // file or directory".
+        if !has_cap_sys_admin() && !has_fusermount() {
+            return Err(MountError::MountRefused {
+                at: String::new(),
+                why: "this process lacks CAP_SYS_ADMIN, which mounting needs",
+            });
+        }
     } else if !unmount::which("fusermount3") && !unmount::which("fusermount") {
         return Err(MountError::NoFusermount);
     } else if nix::unistd::access(
@@ -84,6 +93,40 @@ pub fn check_fuse_available() -> Result<(), MountError> {
         return Err(MountError::FuseDeviceMode);
     }
     Ok(())
+}
+
+fn has_fusermount() -> bool {
+    unmount::which("fusermount3") || unmount::which("fusermount")
+}
+
+/// Whether this process holds CAP_SYS_ADMIN (in its user namespace): the `CapEff` mask of
+/// /proc/self/status. Unreadable counts as held, so the mount itself decides.
+fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return true;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
+/// A failed mount, explained where fuser's fallback to fusermount3 hid the kernel's refusal
+/// behind "not found".
+pub fn mount_failed(path: &Path, error: std::io::Error) -> MountError {
+    if error.kind() == std::io::ErrorKind::NotFound && !has_fusermount() {
+        return MountError::MountRefused {
+            at: format!(" at {}", path.display()),
+            why: "the kernel refused the mount (no CAP_SYS_ADMIN, or a security profile such \
+                  as Docker's default AppArmor profile forbids mount)",
+        };
+    }
+    MountError::Mount {
+        path: path.to_path_buf(),
+        error,
+    }
 }
 
 /// Every image stays open for the life of the mount, and datasets come in thousands of shards:

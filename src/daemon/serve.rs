@@ -352,11 +352,8 @@ fn mount_and_check(
     opts: &FsOptions,
     observer: Arc<fs::Observer>,
 ) -> Result<Mounted, MountError> {
-    let mounted =
-        fs::mount(core, mountpoint, opts, observer).map_err(|error| MountError::Mount {
-            path: mountpoint.to_path_buf(),
-            error,
-        })?;
+    let mounted = fs::mount(core, mountpoint, opts, observer)
+        .map_err(|error| super::preflight::mount_failed(mountpoint, error))?;
     if let Err(error) = std::fs::metadata(mountpoint) {
         let _ = unmount(mountpoint, true, false);
         return Err(MountError::NotAnswering {
@@ -379,6 +376,12 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
              size take one request per {0} KiB",
             fs::readahead::get(mountpoint).map_or(128, |b| b / 1024),
             bytes / 1024
+        ),
+        // /sys is read-only in a container: nothing to fix there, so no warning.
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => info!(
+            "kernel readahead stays at {} KiB (/sys is read-only here, as in a container): \
+             samples over that size take one request per {0} KiB",
+            fs::readahead::get(mountpoint).map_or(128, |b| b / 1024)
         ),
         Err(e) => warn!(
             "cannot set the kernel readahead for {}: {e}",
