@@ -17,7 +17,8 @@ Control (on the same port, never forwarded):
   GET /_creds?ttl=4&require=1&bearer=T&revoke=1   credentials it issues last 4 s; with require=1 every
                                 store request must be signed with issued, unexpired keys and their
                                 session token (else 403 ExpiredToken, InvalidAccessKeyId or
-                                InvalidToken, counted as "refused"); bearer=T is the token the
+                                InvalidToken in an XML body, as AWS answers, counted as
+                                "refused"); bearer=T is the token the
                                 container and SSO stand-ins want; revoke=1 forgets every key
                                 issued so far
 
@@ -268,7 +269,9 @@ class Handler(BaseHTTPRequestHandler):
         if refused:
             with LOCK:
                 STATS["refused"] += 1
-            return self.send_json(403, {"error": refused}, {"x-amz-error-code": refused})
+            # As AWS answers: the code in the XML body only (so HEAD says nothing).
+            body = ("<Error><Code>%s</Code><Message>refused</Message></Error>" % refused).encode()
+            return self.send_json(403, None, {"Content-Type": "application/xml"}, raw=body)
         with LOCK:
             IN_FLIGHT[0] += 1
             STATS["max_in_flight"] = max(STATS["max_in_flight"], IN_FLIGHT[0])

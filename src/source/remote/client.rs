@@ -15,6 +15,23 @@ use super::config::{Limits, S3Config};
 use super::credentials::{Creds, Provider};
 use super::location::Location;
 
+/// The S3 error code of a refusal: in the XML body (AWS), or, for HEAD, which has no body, in a
+/// header where the store sends one (`x-minio-error-code`); "" when neither says.
+fn error_code(resp: &mut ureq::http::Response<ureq::Body>) -> String {
+    for name in ["x-amz-error-code", "x-minio-error-code"] {
+        if let Some(code) = resp.headers().get(name).and_then(|v| v.to_str().ok()) {
+            return code.to_string();
+        }
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(64 << 10)
+        .read_to_string()
+        .unwrap_or_default();
+    super::xml_text(&body, "Code").unwrap_or("").to_string()
+}
+
 /// What a store said of an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -188,12 +205,12 @@ impl Client {
         let counters = self.counters(loc);
         self.attempts(loc, "HEAD", &counters, || {
             let (url, used) = self.url(loc, true).map_err(Failure::Final)?;
-            let resp = self
+            let mut resp = self
                 .agent
                 .head(&url)
                 .call()
                 .map_err(|e| Failure::Transient(e.to_string()))?;
-            self.check_status(loc, &resp, None, used.as_ref())?;
+            self.check_status(loc, &mut resp, None, used.as_ref())?;
             meta_of(loc, resp.headers())
         })
     }
@@ -222,8 +239,8 @@ impl Client {
             if let Some(etag) = if_match {
                 req = req.header("If-Match", etag);
             }
-            let resp = req.call().map_err(|e| Failure::Transient(e.to_string()))?;
-            self.check_status(loc, &resp, Some(offset), used.as_ref())?;
+            let mut resp = req.call().map_err(|e| Failure::Transient(e.to_string()))?;
+            self.check_status(loc, &mut resp, Some(offset), used.as_ref())?;
             if resp.status().as_u16() != 206
                 && !(offset == 0 && content_length(resp.headers()) == Some(buf.len() as u64))
             {
@@ -310,12 +327,12 @@ impl Client {
                     action.with_continuation_token(t.as_str());
                 }
                 let url = action.sign(Duration::from_secs(3600)).to_string();
-                let resp = self
+                let mut resp = self
                     .agent
                     .get(&url)
                     .call()
                     .map_err(|e| Failure::Transient(e.to_string()))?;
-                self.check_status(&loc, &resp, None, used.as_ref())?;
+                self.check_status(&loc, &mut resp, None, used.as_ref())?;
                 let text = resp
                     .into_body()
                     .with_config()
@@ -413,18 +430,11 @@ impl Client {
     fn check_status(
         &self,
         loc: &Location,
-        resp: &ureq::http::Response<ureq::Body>,
+        resp: &mut ureq::http::Response<ureq::Body>,
         offset: Option<u64>,
         used: Option<&Arc<Creds>>,
     ) -> Result<(), Failure> {
         let status = resp.status().as_u16();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string()
-        };
         let final_error =
             |kind: io::ErrorKind, msg: String| Err(Failure::Final(io::Error::new(kind, msg)));
         match status {
@@ -434,18 +444,22 @@ impl Client {
                 io::ErrorKind::NotFound,
                 format!("{loc}: no such object (404)"),
             ),
-            400 | 401 | 403 if self.refused_credentials(&header("x-amz-error-code"), used) => {
-                Err(Failure::Transient(format!(
-                    "status {status}: the store refused the credentials from {} ({}); fetched \
-                     new ones",
-                    self.credentials.from(),
-                    header("x-amz-error-code")
-                )))
-            }
-            401 | 403 => {
-                // S3 names the reason in an x-amz header or the body; HEAD has no body.
-                let code = header("x-amz-error-code");
+            400 | 401 | 403 => {
+                let code = error_code(resp);
+                if self.refused_credentials(&code, used) {
+                    return Err(Failure::Transient(format!(
+                        "status {status}: the store refused the credentials from {} ({code}); \
+                         fetching new ones",
+                        self.credentials.from(),
+                    )));
+                }
                 let expired = code.contains("Expired") || code.contains("TokenRefresh");
+                if status == 400 && !expired {
+                    return final_error(
+                        io::ErrorKind::Other,
+                        format!("{loc}: status 400 ({code})"),
+                    );
+                }
                 let from = self.credentials.from();
                 let msg = if expired {
                     format!(

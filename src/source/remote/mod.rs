@@ -110,6 +110,16 @@ pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// The text of the first `<tag>` element of an XML answer: S3's and STS's error codes, STS's
+/// credentials. They are flat and unescaped where it matters (codes, keys, tokens and times hold
+/// no `<` or `&`), so no XML parser is needed.
+pub(crate) fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let end = xml[start..].find(&format!("</{tag}>"))? + start;
+    Some(xml[start..end].trim())
+}
+
 /// Every store's request counters so far in this process.
 pub fn stats() -> Vec<StoreStats> {
     client::client().stats()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::Value;
 
+use super::super::xml_text;
 use super::Creds;
 
 /// The most read of any answer: credentials are a few kilobytes.
@@ -307,15 +308,6 @@ fn timestamp(text: &str) -> Result<Timestamp, String> {
         .map_or(t.to_string(), |s| format!("{s}Z"));
     t.parse::<Timestamp>()
         .map_err(|e| format!("cannot read the time {t:?}: {e}"))
-}
-
-/// The text of the first `<tag>` element of an XML answer (STS's are flat and unescaped where
-/// it matters: keys, tokens and times hold no `<` or `&`).
-fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
-    let open = format!("<{tag}>");
-    let start = xml.find(&open)? + open.len();
-    let end = xml[start..].find(&format!("</{tag}>"))? + start;
-    Some(xml[start..end].trim())
 }
 
 #[cfg(test)]

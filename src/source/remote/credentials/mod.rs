@@ -55,6 +55,8 @@ struct Held {
     creds: Option<Arc<Creds>>,
     fetched: bool,
     renew_at: Option<Timestamp>,
+    /// A store refused `creds`: nobody uses them again, every request waits for new ones.
+    refused: bool,
 }
 
 #[derive(Default)]
@@ -87,7 +89,7 @@ impl Provider {
     pub fn get(&self) -> std::io::Result<Option<Arc<Creds>>> {
         let now = Timestamp::now();
         let held = self.held.read().expect("not poisoned").clone();
-        if held.fetched {
+        if held.fetched && !held.refused {
             if held.renew_at.is_none_or(|at| now < at) {
                 return Ok(held.creds);
             }
@@ -104,7 +106,7 @@ impl Provider {
         // None yet, or expired: every request waits for the one renewal.
         let mut renewal = self.renewing.lock().expect("not poisoned");
         let again = self.held.read().expect("not poisoned").clone();
-        if again.fetched && usable(again.creds.as_deref(), Timestamp::now()) {
+        if again.fetched && !again.refused && usable(again.creds.as_deref(), Timestamp::now()) {
             return Ok(again.creds);
         }
         if renewal.not_before.is_some_and(|t| Instant::now() < t) {
@@ -124,8 +126,7 @@ impl Provider {
         }
         let mut held = self.held.write().expect("not poisoned");
         if held.creds.as_ref().is_some_and(|c| Arc::ptr_eq(c, used)) {
-            held.creds = None;
-            held.fetched = false;
+            held.refused = true;
         }
         true
     }
@@ -133,7 +134,15 @@ impl Provider {
     /// Fetches new credentials into `held`; a failure keeps the current ones, is logged, and holds
     /// off the next try.
     fn renew(&self, renewal: &mut Renewal, before: &Held) -> Result<(), String> {
-        match self.source.fetch() {
+        let fetched = match self.source.fetch() {
+            // A source that gave credentials once (instance metadata) and answers nothing now is
+            // failing, not gone: requests must not turn anonymous.
+            Ok(None) if before.creds.is_some() => {
+                Err("it gave credentials before and now gives none".to_string())
+            }
+            other => other,
+        };
+        match fetched {
             Ok(creds) => {
                 let first = !before.fetched;
                 let renew_at = creds.as_ref().and_then(|c| renew_at(c, Timestamp::now()));
@@ -154,6 +163,7 @@ impl Provider {
                     creds: creds.map(Arc::new),
                     fetched: true,
                     renew_at,
+                    refused: false,
                 };
                 *renewal = Renewal::default();
                 Ok(())
@@ -207,6 +217,60 @@ mod tests {
             token: None,
             expires: Some(Timestamp::now() + Duration::from_secs(expires_in as u64)),
         }
+    }
+
+    /// A process source that hands out a new key at each call, counted in `dir/n`.
+    fn counting(dir: &std::path::Path, lifetime: &str) -> Source {
+        let script = format!(
+            "n=$(cat {d}/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > {d}/n; \
+             printf '{{\"Version\": 1, \"AccessKeyId\": \"AK%s\", \"SecretAccessKey\": \"S\", \
+             \"Expiration\": \"%s\"}}' $n $(date -u -d '{lifetime}' +%Y-%m-%dT%H:%M:%SZ)",
+            d = dir.display()
+        );
+        Source::Process {
+            command: format!("sh -c {}", shlex::try_quote(&script).unwrap()),
+            profile: "test".into(),
+        }
+    }
+
+    #[test]
+    fn refused_keys_are_replaced_and_due_ones_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Provider::new(counting(dir.path(), "+1 hour"));
+        let first = p.get().unwrap().unwrap();
+        assert_eq!(first.key, "AK1");
+        // Cached while valid and not due.
+        assert!(Arc::ptr_eq(&first, &p.get().unwrap().unwrap()));
+        assert!(p.refused(&first));
+        assert_eq!(p.get().unwrap().unwrap().key, "AK2");
+        // Keys with 3 s to live are due at once (renewed half-way, at most 2 s before expiry).
+        let short = Provider::new(counting(dir.path(), "+3 seconds"));
+        let a = short.get().unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(1600));
+        let b = short.get().unwrap().unwrap();
+        assert_ne!(a.key, b.key);
+    }
+
+    #[test]
+    fn instance_metadata_that_stops_answering_does_not_make_requests_anonymous() {
+        // Nothing listens on port 1: "not an EC2 instance" for a first fetch.
+        let imds = || Source::Imds {
+            endpoint: "http://127.0.0.1:1".into(),
+            timeout_s: 1.0,
+        };
+        assert!(Provider::new(imds()).get().unwrap().is_none());
+        // After credentials came from it, the same silence is a failure.
+        let p = Provider::new(imds());
+        let had = Arc::new(creds(3600));
+        *p.held.write().unwrap() = Held {
+            creds: Some(had.clone()),
+            fetched: true,
+            renew_at: None,
+            refused: false,
+        };
+        assert!(p.refused(&had));
+        let err = p.get().unwrap_err();
+        assert!(err.to_string().contains("now gives none"), "{err}");
     }
 
     #[test]
