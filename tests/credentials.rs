@@ -105,6 +105,22 @@ fn instance_metadata_keys_are_renewed_before_they_expire_under_a_living_mount() 
         keys.len() >= 3,
         "12 s of reads with 4 s keys are signed by at least 3 of them: {keys:?}"
     );
+    // `status` says where the keys come from and how often they were renewed.
+    let status = run(packfs().args(["status", "--json"]).arg(&mnt));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    let creds = &status[0]["counters"]["credentials"];
+    assert!(
+        creds["from"]
+            .as_str()
+            .unwrap()
+            .starts_with("EC2 instance metadata")
+            && creds["renewals"].as_u64().unwrap() >= 2
+            && creds["failures"] == 0
+            && creds["expires"].as_str().unwrap().ends_with('Z'),
+        "{creds}"
+    );
+    let text = run(packfs().arg("status").arg(&mnt));
+    assert!(text.contains("creds     EC2 instance metadata"), "{text}");
     let text = fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("S3 credentials from EC2 instance metadata") && text.contains("renewed"),

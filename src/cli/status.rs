@@ -176,6 +176,18 @@ fn render(m: &MountStatus) -> String {
             int(store, "errors")
         );
     }
+    if let Some(cred) = c["credentials"].as_object() {
+        let _ = writeln!(
+            out,
+            "  creds     {}{}: renewed {} times, {} failed fetches",
+            cred["from"].as_str().unwrap_or("?"),
+            cred["expires"]
+                .as_str()
+                .map_or(String::new(), |t| format!(", valid until {t}")),
+            cred["renewals"].as_u64().unwrap_or(0),
+            cred["failures"].as_u64().unwrap_or(0)
+        );
+    }
     let errors = int(c, "errors");
     let _ = writeln!(
         out,

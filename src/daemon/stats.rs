@@ -155,6 +155,9 @@ pub struct Counters {
     pub stage: Option<StageStats>,
     /// Requests to object stores and HTTP servers, per store (empty for files).
     pub remote: Vec<crate::source::remote::StoreStats>,
+    /// The S3 credentials: where from, until when, renewals (absent without S3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<crate::source::remote::CredentialStats>,
     /// FUSE requests by operation: count, errors, bytes and latency percentiles.
     pub requests: serde_json::Map<String, serde_json::Value>,
     /// Requests answered with an error (not counting "no such file" and refused ioctls).
@@ -190,6 +193,7 @@ impl Counters {
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
             remote: crate::source::remote::stats(),
+            credentials: crate::source::remote::credential_stats(),
             requests,
             errors,
             ring_requests: src.requests.through_rings(),
@@ -286,6 +290,20 @@ impl Counters {
                     })
                     .collect()
             };
+        if let Some(c) = &self.credentials {
+            family(
+                "remote_credential_renewals_total",
+                "counter",
+                "S3 credentials fetched again (before expiry, or after a store refused them).",
+                &one(c.renewals),
+            );
+            family(
+                "remote_credential_failures_total",
+                "counter",
+                "Fetches of S3 credentials that failed.",
+                &one(c.failures),
+            );
+        }
         if !self.remote.is_empty() {
             family(
                 "remote_requests_total",

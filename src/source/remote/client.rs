@@ -12,7 +12,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use super::config::{Limits, S3Config};
-use super::credentials::{Creds, Provider};
+use super::credentials::{CredentialStats, Creds, Provider};
 use super::location::Location;
 
 /// The S3 error code of a refusal: in the XML body (AWS), or, for HEAD, which has no body, in a
@@ -74,10 +74,16 @@ pub struct Client {
     stores: Mutex<HashMap<String, Arc<StoreCounters>>>,
 }
 
+static CLIENT: OnceLock<Client> = OnceLock::new();
+
 /// The process's client, made on first use from the environment.
 pub fn client() -> &'static Client {
-    static CLIENT: OnceLock<Client> = OnceLock::new();
     CLIENT.get_or_init(|| Client::new(S3Config::from_env(), Limits::from_env()))
+}
+
+/// The client, if a store was used at all.
+pub fn existing() -> Option<&'static Client> {
+    CLIENT.get()
 }
 
 /// How one attempt ended, when it did not succeed.
@@ -116,6 +122,11 @@ impl Client {
     pub fn counters(&self, loc: &Location) -> Arc<StoreCounters> {
         let mut stores = self.stores.lock().expect("not poisoned");
         stores.entry(loc.store()).or_default().clone()
+    }
+
+    /// Where the S3 credentials come from, when they expire, how often they were renewed.
+    pub fn credential_stats(&self) -> Option<CredentialStats> {
+        self.credentials.stats()
     }
 
     /// Every store's counters so far, by name.

@@ -13,6 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use client::{ObjectMeta, StoreStats};
+pub use credentials::CredentialStats;
 pub(super) use location::is_url;
 pub use location::{BadUrl, Location};
 
@@ -118,6 +119,11 @@ pub(crate) fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
     let start = xml.find(&open)? + open.len();
     let end = xml[start..].find(&format!("</{tag}>"))? + start;
     Some(xml[start..end].trim())
+}
+
+/// The S3 credentials of this process, once a request needed them.
+pub fn credential_stats() -> Option<CredentialStats> {
+    client::existing()?.credential_stats()
 }
 
 /// Every store's request counters so far in this process.

@@ -6,6 +6,7 @@
 mod fetch;
 mod source;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,19 @@ impl std::fmt::Debug for Creds {
     }
 }
 
+/// What `packfs status` and the stats file show of the credentials: never what they are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CredentialStats {
+    /// Where they come from ("EC2 instance metadata (http://169.254.169.254)").
+    pub from: String,
+    /// When the credentials in use expire (RFC 3339); `None` for long-term keys or anonymous.
+    pub expires: Option<String>,
+    /// Fetches after the first: renewals before expiry, and after a store refused them.
+    pub renewals: u64,
+    /// Fetches that failed (each logged with the reason).
+    pub failures: u64,
+}
+
 /// Renewed at most this long before expiry, and at least half their lifetime before it: an hour's
 /// credentials are renewed 10 minutes early, as the AWS SDKs do, and short-lived ones (a test's
 /// few seconds) half-way through.
@@ -47,6 +61,8 @@ pub struct Provider {
     source: Source,
     held: RwLock<Held>,
     renewing: Mutex<Renewal>,
+    renewals: AtomicU64,
+    failures: AtomicU64,
 }
 
 #[derive(Clone, Default)]
@@ -72,7 +88,27 @@ impl Provider {
             source,
             held: RwLock::new(Held::default()),
             renewing: Mutex::new(Renewal::default()),
+            renewals: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
         }
+    }
+
+    /// For `status`: `None` until a request needed credentials.
+    pub fn stats(&self) -> Option<CredentialStats> {
+        let held = self.held.read().expect("not poisoned").clone();
+        let failures = self.failures.load(Ordering::Relaxed);
+        if !held.fetched && failures == 0 {
+            return None;
+        }
+        Some(CredentialStats {
+            from: self.from(),
+            expires: held
+                .creds
+                .and_then(|c| c.expires)
+                .map(|t| t.round(jiff::Unit::Second).unwrap_or(t).to_string()),
+            renewals: self.renewals.load(Ordering::Relaxed),
+            failures,
+        })
     }
 
     /// Where the credentials come from, for messages.
@@ -144,7 +180,10 @@ impl Provider {
         };
         match fetched {
             Ok(creds) => {
-                let first = !before.fetched;
+                let first = !before.fetched && before.creds.is_none();
+                if !first {
+                    self.renewals.fetch_add(1, Ordering::Relaxed);
+                }
                 let renew_at = creds.as_ref().and_then(|c| renew_at(c, Timestamp::now()));
                 match (&creds, first) {
                     (None, _) => info!("no S3 credentials found; requests are anonymous"),
@@ -169,6 +208,7 @@ impl Provider {
                 Ok(())
             }
             Err(why) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
                 warn!(
                     "S3 credentials from {} could not be fetched: {why}",
                     self.from()
