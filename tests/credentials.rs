@@ -161,16 +161,16 @@ fn keys_a_store_refuses_before_their_expiry_are_fetched_again() {
     assert_eq!(s["issued"], 2, "{s}");
 }
 
-/// Web identity (EKS IRSA): the token file and role are exchanged at STS (moto's) for keys that
-/// sign every request; the token never reaches a log.
-#[test]
-fn web_identity_keys_come_from_sts() {
-    let Some((s3, python)) = moto() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    fs::create_dir_all(&home).unwrap();
-    let root = dir.path().join("root");
-    let src = shard_in(&root, dir.path(), 6, 40_000);
+/// moto with the shard of `count` files in `bucket/shard.tar`, behind the object server that
+/// checks keys: (moto, the object server, the files' tree), or `None` (after `skip`).
+fn moto_behind_objserver(
+    dir: &Path,
+    count: usize,
+    size: usize,
+) -> Option<(Server, Server, PathBuf)> {
+    let (s3, python) = moto()?;
+    let root = dir.join("root");
+    let src = shard_in(&root, dir, count, size);
     upload(
         &python,
         &s3.url,
@@ -179,6 +179,19 @@ fn web_identity_keys_come_from_sts() {
     );
     let store = objserver(None, Some(&s3.url));
     control(&store, "_creds?require=1");
+    Some((s3, store, src))
+}
+
+/// Web identity (EKS IRSA): the token file and role are exchanged at STS (moto's) for keys that
+/// sign every request; the token never reaches a log.
+#[test]
+fn web_identity_keys_come_from_sts() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_s3, store, src)) = moto_behind_objserver(dir.path(), 6, 40_000) else {
+        return;
+    };
+    let home = dir.path().join("home");
+    fs::create_dir_all(&home).unwrap();
     let token_file = dir.path().join("token");
     const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.packfs-web-identity-token.c2lnbmF0dXJl";
     fs::write(&token_file, TOKEN).unwrap();
@@ -207,6 +220,50 @@ fn web_identity_keys_come_from_sts() {
     assert!(
         !text.contains(TOKEN) && !text.contains(&keys[0].0),
         "{text}"
+    );
+}
+
+/// A profile that assumes a role with another profile's keys (`role_arn` + `source_profile`):
+/// STS AssumeRole (moto's), signed with the source profile's keys, gives the keys that sign the
+/// store's requests.
+#[test]
+fn a_profile_assumes_its_role_with_the_keys_of_its_source_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_s3, store, _)) = moto_behind_objserver(dir.path(), 3, 1000) else {
+        return;
+    };
+    let home = dir.path().join("home");
+    fs::create_dir_all(home.join(".aws")).unwrap();
+    fs::write(
+        home.join(".aws/credentials"),
+        "[base]\naws_access_key_id = AKIAPACKFSBASE000001\naws_secret_access_key = base-secret\n",
+    )
+    .unwrap();
+    fs::write(
+        home.join(".aws/config"),
+        "[profile ml]\nrole_arn = arn:aws:iam::123456789012:role/ml-reader\n\
+         source_profile = base\nrole_session_name = job-42\n",
+    )
+    .unwrap();
+    let out = bare(&store.url, &home)
+        .env("AWS_PROFILE", "ml")
+        .args(["ls", "s3://bucket/shard.tar"])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("f/02.bin"));
+    let s = stats(&store);
+    assert_eq!(s["sts"], serde_json::json!(["AssumeRole"]), "{s}");
+    assert_eq!(
+        s["sts_signers"],
+        serde_json::json!(["AKIAPACKFSBASE000001"]),
+        "{s}"
+    );
+    assert_eq!(s["refused"], 0, "{s}");
+    let keys = keys_used(&store);
+    assert!(
+        keys.len() == 1 && keys[0].0.starts_with("ASIA"),
+        "the store saw only the assumed role's key: {keys:?}"
     );
 }
 

@@ -27,8 +27,9 @@ Credential stand-ins (also never forwarded), each issuing new keys on every call
                                 (a GET without a session token from the PUT answers 401)
   GET /_container               the ECS/EKS container endpoint (Authorization: T)
   GET /federation/credentials   the SSO portal (x-amz-sso_bearer_token: T)
-  POST / Action=AssumeRoleWithWebIdentity   forwarded to --upstream (moto's STS); the keys in
-                                its answer count as issued
+  POST / (STS: AssumeRole, AssumeRoleWithWebIdentity)   forwarded to --upstream (moto's STS);
+                                the keys in its answer count as issued; /_stats lists the actions
+                                ("sts") and the key that signed each ("sts_signers")
 
 Prints "PORT <n>" on stdout once listening (port 0 picks a free one).
 """
@@ -214,9 +215,13 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 STATS["issued"] += 1
                 ISSUED[key.group(1)] = (token.group(1), time.time() + 3600)
+        signer = re.search(r"Credential=([^/,\s]+)/", self.headers.get("Authorization", ""))
         with LOCK:
             STATS.setdefault("sts", [])
             STATS["sts"].append(dict(urllib.parse.parse_qsl(body.decode())).get("Action", ""))
+            # The keys that signed STS calls (AssumeRole), apart from the store's.
+            STATS.setdefault("sts_signers", [])
+            STATS["sts_signers"].append(signer.group(1) if signer else None)
         return self.send_json(resp.status, None, {"Content-Type": "text/xml"}, raw=data)
 
     def fault(self, path):

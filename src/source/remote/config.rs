@@ -3,11 +3,10 @@
 //! ~/.aws/credentials and ~/.aws/config), plus packfs's own request limits. Secrets are never
 //! logged or recorded.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::credentials::{Lookup, Source};
+use super::credentials::{AwsFiles, Lookup, Source, find};
 
 /// S3 settings for every `s3://` location of this process.
 #[derive(Clone, Default)]
@@ -95,14 +94,12 @@ impl S3Config {
                 .map(PathBuf::from)
                 .or(home.as_ref().map(|h| h.join(rel)))
         };
-        let credentials = file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials")
-            .map(|p| profile_of(&p, &profile_name, false))
-            .unwrap_or_default();
-        let config = file("AWS_CONFIG_FILE", ".aws/config")
-            .map(|p| profile_of(&p, &profile_name, true))
-            .unwrap_or_default();
+        let files = AwsFiles::read(
+            file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"),
+            file("AWS_CONFIG_FILE", ".aws/config"),
+        );
+        let (credentials, config) = files.profile(&profile_name);
         let from_profile = |k: &str| credentials.get(k).or(config.get(k)).cloned();
-
         let endpoint = env("AWS_ENDPOINT_URL_S3")
             .or(env("AWS_ENDPOINT_URL"))
             .or(from_profile("endpoint_url"));
@@ -115,72 +112,20 @@ impl S3Config {
             Some("path") => true,
             _ => endpoint.is_some(),
         };
-        let sso_session = match config.get("sso_session") {
-            Some(name) => file("AWS_CONFIG_FILE", ".aws/config")
-                .map(|p| section_of(&p, &format!("sso-session {name}")))
-                .unwrap_or_default(),
-            None => HashMap::new(),
-        };
-        let lookup = Lookup {
-            env: &|name: &str| std::env::var(name).ok(),
-            profile_name,
-            credentials,
-            config,
-            sso_session,
+        let lookup = Lookup::new(
+            &|name: &str| std::env::var(name).ok(),
+            &files,
+            &profile_name,
             home,
-            region: region.clone(),
-        };
+            &region,
+        );
         S3Config {
             endpoint,
             region,
             path_style,
-            credentials: Source::find(&lookup),
+            credentials: find(&lookup),
         }
     }
-}
-
-/// The `key = value` pairs of one profile of an AWS ini file (`[name]` in credentials,
-/// `[profile name]` or `[default]` in config). Missing or unreadable files give nothing.
-fn profile_of(path: &std::path::Path, name: &str, config_file: bool) -> HashMap<String, String> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return HashMap::new();
-    };
-    parse_profile(&text, name, config_file)
-}
-
-fn parse_profile(text: &str, name: &str, config_file: bool) -> HashMap<String, String> {
-    let wanted = if config_file && name != "default" {
-        format!("profile {name}")
-    } else {
-        name.to_string()
-    };
-    parse_section(text, &wanted)
-}
-
-/// The pairs of any `[section]` of the config file (`[sso-session NAME]`).
-fn section_of(path: &std::path::Path, section: &str) -> HashMap<String, String> {
-    std::fs::read_to_string(path)
-        .map(|text| parse_section(&text, section))
-        .unwrap_or_default()
-}
-
-fn parse_section(text: &str, wanted: &str) -> HashMap<String, String> {
-    let mut values = HashMap::new();
-    let mut inside = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with(['#', ';']) {
-            continue;
-        }
-        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            inside = section.trim() == wanted;
-            continue;
-        }
-        if inside && let Some((k, v)) = line.split_once('=') {
-            values.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    values
 }
 
 #[cfg(test)]
@@ -188,28 +133,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn profiles_are_read_as_the_aws_cli_reads_them() {
-        let credentials = "[default]\naws_access_key_id = AK1\naws_secret_access_key=S1\n\n\
-                           [lab]\n# comment\naws_access_key_id = AK2\naws_secret_access_key = S2\n";
-        assert_eq!(
-            parse_profile(credentials, "lab", false)["aws_access_key_id"],
-            "AK2"
-        );
-        assert_eq!(
-            parse_profile(credentials, "default", false)["aws_secret_access_key"],
-            "S1"
-        );
-        let config =
-            "[default]\nregion = eu-west-1\n[profile lab]\nendpoint_url = http://minio:9000\n";
-        assert_eq!(
-            parse_profile(config, "lab", true)["endpoint_url"],
-            "http://minio:9000"
-        );
-        assert!(!parse_profile(config, "lab", true).contains_key("region"));
-        assert_eq!(
-            parse_profile(config, "default", true)["region"],
-            "eu-west-1"
-        );
+    fn the_config_never_shows_a_secret() {
         let shown = format!(
             "{:?}",
             S3Config {

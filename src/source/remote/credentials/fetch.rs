@@ -67,13 +67,62 @@ pub fn web_identity(
         .finish();
     let url = format!("{}/", sts.trim_end_matches('/'));
     let what = format!("STS AssumeRoleWithWebIdentity at {url}");
-    let (status, text) = answer(
+    let answer = answer(
         agent(Duration::from_secs(10))
             .post(&url)
             .content_type("application/x-www-form-urlencoded")
             .send(&body),
         &what,
-    )?;
+    );
+    sts_credentials(answer, &what)
+}
+
+/// The role a profile assumes, as STS AssumeRole takes it.
+pub struct Role<'a> {
+    pub arn: &'a str,
+    pub session: &'a str,
+    pub external_id: Option<&'a str>,
+    pub duration_s: Option<u32>,
+}
+
+/// STS AssumeRole, signed (SigV4) with `with`.
+pub fn assume_role(with: &Creds, role: &Role, sts: &str, region: &str) -> Result<Creds, String> {
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    form.append_pair("Action", "AssumeRole")
+        .append_pair("Version", "2011-06-15")
+        .append_pair("RoleArn", role.arn)
+        .append_pair("RoleSessionName", role.session);
+    if let Some(id) = role.external_id {
+        form.append_pair("ExternalId", id);
+    }
+    if let Some(d) = role.duration_s {
+        form.append_pair("DurationSeconds", &d.to_string());
+    }
+    let body = form.finish();
+    let url = format!("{}/", sts.trim_end_matches('/'));
+    let what = format!("STS AssumeRole of {} at {url}", role.arn);
+    let parsed = url::Url::parse(&url).map_err(|e| format!("{what}: {e}"))?;
+    let host = match (parsed.host_str(), parsed.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        (None, _) => return Err(format!("{what}: the URL has no host")),
+    };
+    let mut req = agent(Duration::from_secs(10)).post(&url);
+    for (name, value) in
+        super::sigv4::sign_post(with, "sts", region, &host, &body, Timestamp::now())
+    {
+        // ureq sets Host itself, from the URL: the same value.
+        if name != "host" {
+            req = req.header(&name, &value);
+        }
+    }
+    sts_credentials(answer(req.send(&body), &what), &what)
+}
+
+/// The credentials in an STS answer (`<Credentials>` of AssumeRole and
+/// AssumeRoleWithWebIdentity), or its error code.
+fn sts_credentials(answer: Result<(u16, String), String>, what: &str) -> Result<Creds, String> {
+    let (status, text) = answer?;
     if status != 200 {
         let code = xml_text(&text, "Code").unwrap_or("no error code");
         return Err(format!("{what}: status {status} ({code})"));

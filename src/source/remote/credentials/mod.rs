@@ -3,7 +3,11 @@
 //! credentials from EC2 instance metadata, web identity (EKS IRSA), SSO or a container endpoint
 //! last. Nothing here logs or shows a secret; `Debug` of every type leaves them out.
 
+mod chain;
 mod fetch;
+mod files;
+mod lookup;
+mod sigv4;
 mod source;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +17,10 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use tracing::{info, warn};
 
-pub use source::{Lookup, Source};
+pub use chain::find;
+pub use files::AwsFiles;
+pub use lookup::Lookup;
+pub use source::Source;
 
 /// One set of credentials.
 #[derive(Clone, PartialEq, Eq)]
