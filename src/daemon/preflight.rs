@@ -81,7 +81,7 @@ pub fn check_fuse_available() -> Result<(), MountError> {
                 why: "this process lacks CAP_SYS_ADMIN, which mounting needs",
             });
         }
-    } else if !unmount::which("fusermount3") && !unmount::which("fusermount") {
+    } else if !has_fusermount() {
         return Err(MountError::NoFusermount);
     } else if nix::unistd::access(
         DEV,

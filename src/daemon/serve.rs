@@ -371,22 +371,26 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
     }
     match fs::readahead::set(mountpoint, bytes) {
         Ok(now) => debug!(bytes = now, "kernel readahead set"),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => info!(
-            "kernel readahead stays at {} KiB (raising it to {} KiB needs root): samples over that \
-             size take one request per {0} KiB",
-            fs::readahead::get(mountpoint).map_or(128, |b| b / 1024),
-            bytes / 1024
-        ),
-        // /sys is read-only in a container: nothing to fix there, so no warning.
-        Err(e) if e.raw_os_error() == Some(libc::EROFS) => info!(
-            "kernel readahead stays at {} KiB (/sys is read-only here, as in a container): \
-             samples over that size take one request per {0} KiB",
-            fs::readahead::get(mountpoint).map_or(128, |b| b / 1024)
-        ),
-        Err(e) => warn!(
-            "cannot set the kernel readahead for {}: {e}",
-            mountpoint.display()
-        ),
+        Err(e) => {
+            // Nothing to fix where the mount runs without root or with /sys read-only (a
+            // container): said, not warned.
+            let why = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                format!("raising it to {} KiB needs root", bytes / 1024)
+            } else if e.raw_os_error() == Some(libc::EROFS) {
+                "/sys is read-only here, as in a container".to_string()
+            } else {
+                warn!(
+                    "cannot set the kernel readahead for {}: {e}",
+                    mountpoint.display()
+                );
+                return;
+            };
+            info!(
+                "kernel readahead stays at {} KiB ({why}): samples over that size take one \
+                 request per {0} KiB",
+                fs::readahead::get(mountpoint).map_or(128, |b| b / 1024)
+            );
+        }
     }
 }
 

@@ -95,7 +95,7 @@ enum Failure {
 }
 
 impl Client {
-    fn new(s3: S3Config, limits: Limits) -> Client {
+    fn new(mut s3: S3Config, limits: Limits) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(limits.timeout))
@@ -109,7 +109,8 @@ impl Client {
             .into();
         Client {
             agent,
-            credentials: Provider::new(s3.credentials.clone()),
+            // The provider holds the source from now on.
+            credentials: Provider::new(std::mem::take(&mut s3.credentials)),
             s3,
             limits,
             in_flight: Mutex::new(0),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::credentials::{AwsFiles, Lookup, Source, find};
 
 /// S3 settings for every `s3://` location of this process.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct S3Config {
     /// `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL` or the profile's `endpoint_url`; AWS when unset.
     pub endpoint: Option<String>,
@@ -87,7 +87,6 @@ impl S3Config {
     /// From the environment and the AWS configuration files, as the AWS CLI resolves them.
     pub fn from_env() -> S3Config {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let profile_name = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
         let home = env("HOME").map(PathBuf::from);
         let file = |var: &str, rel: &str| {
             env(var)
@@ -98,30 +97,22 @@ impl S3Config {
             file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"),
             file("AWS_CONFIG_FILE", ".aws/config"),
         );
-        let (credentials, config) = files.profile(&profile_name);
-        let from_profile = |k: &str| credentials.get(k).or(config.get(k)).cloned();
-        let endpoint = env("AWS_ENDPOINT_URL_S3")
-            .or(env("AWS_ENDPOINT_URL"))
-            .or(from_profile("endpoint_url"));
-        let region = env("AWS_REGION")
-            .or(env("AWS_DEFAULT_REGION"))
-            .or(from_profile("region"))
-            .unwrap_or_else(|| "us-east-1".into());
-        let path_style = match env("PACKFS_S3_ADDRESSING").as_deref() {
-            Some("virtual") => false,
-            Some("path") => true,
-            _ => endpoint.is_some(),
-        };
+        let profile_name = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
         let lookup = Lookup::new(
             &|name: &str| std::env::var(name).ok(),
             &files,
             &profile_name,
             home,
-            &region,
         );
+        let endpoint = lookup.endpoint("S3");
+        let path_style = match env("PACKFS_S3_ADDRESSING").as_deref() {
+            Some("virtual") => false,
+            Some("path") => true,
+            _ => endpoint.is_some(),
+        };
         S3Config {
             endpoint,
-            region,
+            region: lookup.region.clone(),
             path_style,
             credentials: find(&lookup),
         }

@@ -4,6 +4,7 @@
 //! that is configured but fails is an error, never a silent step to the next one: other
 //! credentials would read other data.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::Creds;
@@ -36,11 +37,8 @@ pub fn find(l: &Lookup) -> Source {
     if let Some(sso) = sso(l) {
         return sso;
     }
-    if let (Some(key), Some(secret)) = (
-        l.credentials.get("aws_access_key_id"),
-        l.credentials.get("aws_secret_access_key"),
-    ) {
-        return static_profile(key, secret, l.credentials.get("aws_session_token"), profile);
+    if let Some(keys) = keys_in(&l.credentials, profile) {
+        return keys;
     }
     if let Some(command) = l.profile("credential_process") {
         return Source::Process {
@@ -48,11 +46,8 @@ pub fn find(l: &Lookup) -> Source {
             profile: profile.clone(),
         };
     }
-    if let (Some(key), Some(secret)) = (
-        l.config.get("aws_access_key_id"),
-        l.config.get("aws_secret_access_key"),
-    ) {
-        return static_profile(key, secret, l.config.get("aws_session_token"), profile);
+    if let Some(keys) = keys_in(&l.config, profile) {
+        return keys;
     }
     if let Some(container) = container(l) {
         return container;
@@ -92,89 +87,70 @@ fn sts_endpoint(l: &Lookup) -> String {
 /// A profile that assumes `role_arn` with the credentials of `source_profile` (followed up to 4
 /// profiles deep, as chains of roles go) or of `credential_source`.
 fn assume_role(l: &Lookup, role_arn: String) -> Source {
+    match role_source(l) {
+        Ok(source) => Source::AssumeRole {
+            role_arn,
+            session: session_name(l),
+            external_id: l.profile("external_id"),
+            duration_s: l
+                .profile("duration_seconds")
+                .and_then(|d| d.trim().parse().ok()),
+            sts: sts_endpoint(l),
+            region: l.region.clone(),
+            source: Box::new(source),
+        },
+        Err(why) => Source::Unsupported(format!("profile {}: {why}", l.profile_name)),
+    }
+}
+
+/// Whose credentials sign the AssumeRole call.
+fn role_source(l: &Lookup) -> Result<Source, String> {
     let profile = &l.profile_name;
     if l.profile("mfa_serial").is_some() {
-        return Source::Unsupported(format!(
-            "profile {profile} assumes its role with an MFA code, which a mount cannot ask for; \
-             run `aws configure export-credentials --profile {profile} --format env` in the job \
-             and mount with the keys it exports"
+        return Err(format!(
+            "the role is assumed with an MFA code, which a mount cannot ask for; run `aws \
+             configure export-credentials --profile {profile} --format env` in the job and mount \
+             with the keys it exports"
         ));
     }
-    let source = match (l.profile("source_profile"), l.profile("credential_source")) {
+    match (l.profile("source_profile"), l.profile("credential_source")) {
         (Some(name), None) if name == *profile => {
-            match (
-                l.credentials.get("aws_access_key_id"),
-                l.credentials.get("aws_secret_access_key"),
-            ) {
-                (Some(k), Some(s)) => {
-                    static_profile(k, s, l.credentials.get("aws_session_token"), profile)
-                }
-                _ => {
-                    return Source::Unsupported(format!(
-                        "profile {profile} is its own source_profile but has no keys in the \
-                     credentials file"
-                    ));
-                }
-            }
+            keys_in(&l.credentials, profile).ok_or_else(|| {
+                "it is its own source_profile but has no keys in the credentials file".into()
+            })
         }
-        (Some(name), None) if l.depth < 4 => match find(&l.profile_named(&name)) {
+        (Some(_), None) if l.depth >= 4 => {
+            Err("more than 4 profiles chained through source_profile".into())
+        }
+        (Some(name), None) => match find(&l.profile_named(&name)) {
             Source::Imds { .. } | Source::Anonymous => {
-                return Source::Unsupported(format!(
-                    "profile {profile}: its source_profile {name} has no credentials"
-                ));
+                Err(format!("its source_profile {name} has no credentials"))
             }
-            Source::Unsupported(why) => return Source::Unsupported(why),
-            found => found,
+            Source::Unsupported(why) => Err(why),
+            found => Ok(found),
         },
-        (Some(_), None) => {
-            return Source::Unsupported(format!(
-                "profile {profile}: more than 4 profiles chained through source_profile"
-            ));
-        }
         (None, Some(cs)) => match cs.as_str() {
-            "Environment" => match environment_keys(l) {
-                Some(keys) => keys,
-                None => {
-                    return Source::Unsupported(format!(
-                        "profile {profile}: credential_source Environment, but \
-                         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not both set"
-                    ));
-                }
-            },
-            "Ec2InstanceMetadata" => imds(l),
-            "EcsContainer" => match container(l) {
-                Some(c) => c,
-                None => {
-                    return Source::Unsupported(format!(
-                        "profile {profile}: credential_source EcsContainer, but \
-                         AWS_CONTAINER_CREDENTIALS_RELATIVE_URI and _FULL_URI are unset"
-                    ));
-                }
-            },
-            other => {
-                return Source::Unsupported(format!(
-                    "profile {profile}: credential_source {other} is not one of Environment, \
-                     Ec2InstanceMetadata, EcsContainer"
-                ));
-            }
+            "Environment" => environment_keys(l).ok_or_else(|| {
+                "credential_source Environment, but AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY are not both set"
+                    .into()
+            }),
+            "Ec2InstanceMetadata" => Ok(imds(l)),
+            "EcsContainer" => container(l).ok_or_else(|| {
+                "credential_source EcsContainer, but AWS_CONTAINER_CREDENTIALS_RELATIVE_URI and \
+                 _FULL_URI are unset"
+                    .into()
+            }),
+            other => Err(format!(
+                "credential_source {other} is not one of Environment, Ec2InstanceMetadata, \
+                 EcsContainer"
+            )),
         },
-        _ => {
-            return Source::Unsupported(format!(
-                "profile {profile} has role_arn but needs exactly one of source_profile and \
-                 credential_source"
-            ));
-        }
-    };
-    Source::AssumeRole {
-        role_arn,
-        session: session_name(l),
-        external_id: l.profile("external_id"),
-        duration_s: l
-            .profile("duration_seconds")
-            .and_then(|d| d.trim().parse().ok()),
-        sts: sts_endpoint(l),
-        region: l.region.clone(),
-        source: Box::new(source),
+        _ => Err(
+            "it has role_arn but needs exactly one of source_profile and \
+                  credential_source"
+                .into(),
+        ),
     }
 }
 
@@ -195,16 +171,17 @@ fn imds(l: &Lookup) -> Source {
     }
 }
 
-fn static_profile(key: &str, secret: &str, token: Option<&String>, profile: &str) -> Source {
-    Source::Static {
+/// The keys a profile's section of one file holds.
+fn keys_in(section: &HashMap<String, String>, profile: &str) -> Option<Source> {
+    Some(Source::Static {
         creds: Creds {
-            key: key.to_string(),
-            secret: secret.to_string(),
-            token: token.cloned(),
+            key: section.get("aws_access_key_id")?.clone(),
+            secret: section.get("aws_secret_access_key")?.clone(),
+            token: section.get("aws_session_token").cloned(),
             expires: None,
         },
         from: format!("profile {profile}"),
-    }
+    })
 }
 
 /// An SSO profile: `sso_session` naming an `[sso-session]` section, or the older `sso_start_url`
@@ -230,10 +207,7 @@ fn sso(l: &Lookup) -> Option<Source> {
         )));
     };
     use sha1::Digest;
-    let hash: String = sha1::Sha1::digest(cache_key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = super::hex(&sha1::Sha1::digest(cache_key.as_bytes()));
     let home = l.home.clone().unwrap_or_default();
     let portal = l
         .endpoint("SSO")
@@ -316,13 +290,9 @@ mod tests {
         );
         // The files outlive the test's lookups.
         let files: &'static AwsFiles = Box::leak(Box::new(files));
-        Lookup::new(
-            env,
-            files,
-            "lab",
-            Some(PathBuf::from("/home/u")),
-            "eu-west-1",
-        )
+        let mut l = Lookup::new(env, files, "lab", Some(PathBuf::from("/home/u")));
+        l.region = "eu-west-1".into();
+        l
     }
 
     fn lookup<'a>(

@@ -181,8 +181,7 @@ pub fn sso(
     if status != 200 {
         return Err(format!("{what}: status {status}"));
     }
-    let doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{what}: the answer is not JSON: {e}"))?;
+    let doc = json(&text, &what)?;
     let c = &doc["roleCredentials"];
     let field = |name: &str| {
         c[name]
@@ -208,9 +207,12 @@ pub fn sso(
 /// `{"Version": 1, "AccessKeyId": ..., "SecretAccessKey": ..., "SessionToken": ...,
 /// "Expiration": ...}`. Its stderr goes to ours, as with the AWS CLI.
 pub fn process(command: &str) -> Result<Creds, String> {
+    // Never the command itself in a message: its arguments may hold a secret.
     let words = shlex::split(command)
         .filter(|w| !w.is_empty())
-        .ok_or_else(|| format!("credential_process {command:?} cannot be split into words"))?;
+        .ok_or_else(|| {
+            "credential_process cannot be split into words (an unclosed quote?)".to_string()
+        })?;
     let program = &words[0];
     let out = std::process::Command::new(program)
         .args(&words[1..])
@@ -257,8 +259,7 @@ pub fn container(
     if status != 200 {
         return Err(format!("{what}: status {status}"));
     }
-    let doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{what}: the answer is not JSON: {e}"))?;
+    let doc = json(&text, &what)?;
     json_creds(&doc, "Token", &what)
 }
 
@@ -315,12 +316,15 @@ pub fn imds(endpoint: &str, timeout_s: f64) -> Result<Option<Creds>, String> {
     if status != 200 {
         return Err(format!("{what}: role {role} answered status {status}"));
     }
-    let doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{what}: the answer is not JSON: {e}"))?;
+    let doc = json(&text, &what)?;
     if let Some(code) = doc["Code"].as_str().filter(|c| *c != "Success") {
         return Err(format!("{what}: role {role}: {code}"));
     }
     json_creds(&doc, "Token", &what).map(Some)
+}
+
+fn json(text: &str, what: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("{what}: the answer is not JSON: {e}"))
 }
 
 /// Credentials in the JSON shape IMDS, the container endpoint and `credential_process` share.
@@ -392,7 +396,11 @@ mod tests {
         assert!(v2.unwrap_err().contains("Version"));
         let failed = process("false").unwrap_err();
         assert!(failed.contains("failed"), "{failed}");
-        let unbalanced = process("echo 'oops").unwrap_err();
-        assert!(unbalanced.contains("cannot be split"), "{unbalanced}");
+        // The command's arguments may hold a secret: no message shows them.
+        let unbalanced = process("get-keys --password hunter2 'oops").unwrap_err();
+        assert!(
+            unbalanced.contains("cannot be split") && !unbalanced.contains("hunter2"),
+            "{unbalanced}"
+        );
     }
 }

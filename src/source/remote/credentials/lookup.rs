@@ -29,19 +29,20 @@ fn no_env(_: &str) -> Option<String> {
 }
 
 impl<'a> Lookup<'a> {
+    /// Profile `profile_name` of `files`; the region as the AWS CLI finds it (`AWS_REGION`,
+    /// `AWS_DEFAULT_REGION`, the profile's, else us-east-1).
     pub fn new(
         env: &'a dyn Fn(&str) -> Option<String>,
         files: &'a AwsFiles,
         profile_name: &str,
         home: Option<PathBuf>,
-        region: &str,
     ) -> Lookup<'a> {
         let (credentials, config) = files.profile(profile_name);
         let sso_session = config
             .get("sso_session")
             .map(|name| files.section(&format!("sso-session {name}")))
             .unwrap_or_default();
-        Lookup {
+        let mut lookup = Lookup {
             env,
             files,
             profile_name: profile_name.to_string(),
@@ -49,14 +50,21 @@ impl<'a> Lookup<'a> {
             config,
             sso_session,
             home,
-            region: region.to_string(),
+            region: String::new(),
             depth: 0,
-        }
+        };
+        lookup.region = lookup
+            .env("AWS_REGION")
+            .or(lookup.env("AWS_DEFAULT_REGION"))
+            .or(lookup.profile("region"))
+            .unwrap_or_else(|| "us-east-1".into());
+        lookup
     }
 
-    /// Another profile of the same files, for `source_profile`.
+    /// Another profile of the same files, for `source_profile`: in the region of this one.
     pub(super) fn profile_named(&self, name: &str) -> Lookup<'a> {
-        let mut other = Lookup::new(&no_env, self.files, name, self.home.clone(), &self.region);
+        let mut other = Lookup::new(&no_env, self.files, name, self.home.clone());
+        other.region = self.region.clone();
         other.depth = self.depth + 1;
         other
     }
@@ -76,8 +84,9 @@ impl Lookup<'_> {
             .cloned()
     }
 
-    /// The endpoint of another AWS service (`STS`, `SSO`): its own variable, then the global one.
-    pub(super) fn endpoint(&self, service: &str) -> Option<String> {
+    /// The endpoint of an AWS service (`S3`, `STS`, `SSO`): its own variable, then the global
+    /// one, then the profile's `endpoint_url`.
+    pub fn endpoint(&self, service: &str) -> Option<String> {
         self.env(&format!("AWS_ENDPOINT_URL_{service}"))
             .or(self.env("AWS_ENDPOINT_URL"))
             .or(self.profile("endpoint_url"))

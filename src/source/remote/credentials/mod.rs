@@ -187,7 +187,7 @@ impl Provider {
         };
         match fetched {
             Ok(creds) => {
-                let first = !before.fetched && before.creds.is_none();
+                let first = !before.fetched;
                 if !first {
                     self.renewals.fetch_add(1, Ordering::Relaxed);
                 }
@@ -233,6 +233,11 @@ impl Provider {
             format!("no valid S3 credentials from {}: {why}", self.from()),
         )
     }
+}
+
+/// Lowercase hex, as AWS writes hashes and signatures.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn usable(creds: Option<&Creds>, now: Timestamp) -> bool {

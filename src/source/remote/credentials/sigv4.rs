@@ -6,16 +6,12 @@ use hmac::{KeyInit, Mac};
 use jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
-use super::Creds;
+use super::{Creds, hex};
 
 fn hmac(key: &[u8], data: &str) -> Vec<u8> {
     let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(data.as_bytes());
     mac.finalize().into_bytes().to_vec()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The headers to send with a POST of `body` to `host` (`sts.eu-west-1.amazonaws.com`, with

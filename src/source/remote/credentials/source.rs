@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use super::{Creds, fetch};
 
 /// A place credentials come from.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub enum Source {
     /// Keys that do not change: the environment's, or a profile's.
     Static { creds: Creds, from: String },
@@ -54,6 +54,7 @@ pub enum Source {
     /// A configuration packfs does not follow, with what to do instead.
     Unsupported(String),
 }
+
 impl Source {
     /// For messages: where the credentials come from, never what they are.
     pub fn describe(&self) -> String {
