@@ -36,11 +36,16 @@ impl Stage {
                     return ForRead::Exact;
                 }
             };
+            // Other reads of it share this fetch (`shared`) until it is handed over or stored.
+            // The entry goes in under the same lock as the claim: a read that sees the chunk
+            // claimed and asks `shared` must find it (found missing, the read fetched its sample
+            // from the source too: tests/staging.rs's 32 lazy readers, 3 runs in 9).
+            let mut handed = self.handed_bytes();
             if img.swap(i, word, with_state(word, next)) {
-                // Other reads of it share this fetch (`shared`) until it is handed over/stored.
-                self.handed_bytes().insert((image, i), None);
+                handed.insert((image, i), None);
                 return how;
             }
+            drop(handed);
             // Another read or the stager took it first: whatever it is now, it is not ours.
             if how == ForRead::Fetch {
                 self.pending.fetch_sub(1, Ordering::Relaxed);
