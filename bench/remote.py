@@ -4,7 +4,9 @@ injected latency (tests/support/objserver.py serves both layouts from /dev/shm o
 counts every request).
 
 For each latency (ms per request) and each reader count, one cold epoch of random reads (or, with
-`--order archive`, of the files in the order the shards hold them, shard after shard):
+`--order archive`, of the files in the order the shards hold them, shard after shard, the readers
+taking the next file in turn; with `--order shards`, each reader walking its own shards in that
+order, as WebDataset's DataLoader workers do):
   - per-object: every sample is its own object, fetched with one GET each by N threads
     (keep-alive connections), the access pattern of mountpoint-s3 over one object per file;
   - packfs: the samples in tar shards, mounted from a local index (`packfs mount INDEX`), N
@@ -13,7 +15,7 @@ For each latency (ms per request) and each reader count, one cold epoch of rando
     from a cold page cache once staging is complete.
 Requests and bytes are the server's counts. Usage:
   bench/remote.sh [--files 4000] [--size 110000] [--shards 8] [--latency 5,20] [--readers 8,32]
-      [--order random|archive] [--runs object,packfs,stage]
+      [--order random|archive|shards] [--runs object,packfs,stage] [--mount-args "..."]
 """
 
 import argparse
@@ -37,7 +39,10 @@ OBJSERVER = os.path.join(ROOT, "tests/support/objserver.py")
 
 def make_dataset(work, files, size, shards):
     objects = os.path.join(work, "objects")
-    if os.path.exists(os.path.join(work, "done")):
+    # Reused only if made with the same parameters (a run with others read a stale layout).
+    made_with = f"{files} {size} {shards}\n"
+    done = os.path.join(work, "done")
+    if os.path.exists(done) and open(done).read() == made_with:
         return objects
     shutil.rmtree(work, ignore_errors=True)
     rnd = random.Random(1)
@@ -58,7 +63,8 @@ def make_dataset(work, files, size, shards):
         with tarfile.open(os.path.join(objects, f"shard-{s:06d}.tar"), "w", format=tarfile.GNU_FORMAT) as t:
             for name in sorted(names[s * per:(s + 1) * per]):
                 t.add(os.path.join(objects, "flat", name), arcname=name)
-    open(os.path.join(work, "done"), "w").close()
+    with open(done, "w") as f:
+        f.write(made_with)
     return objects
 
 
@@ -80,21 +86,31 @@ def run_threads(n, items, work):
     """Runs work(item) over items with n threads; returns seconds."""
     lock = threading.Lock()
     queue = list(items)
-    errors = []
 
-    def worker():
-        state = {}
+    def take():
         while True:
             with lock:
                 if not queue:
                     return
                 item = queue.pop()
+            yield item
+
+    return run_walks([take() for _ in range(n)], work)
+
+
+def run_walks(walks, work):
+    """Runs work(item) over each walk's items in order, a thread per walk; returns seconds."""
+    errors = []
+
+    def worker(walk):
+        state = {}
+        for item in walk:
             try:
                 work(item, state)
             except Exception as e:  # noqa: BLE001 - counted and reported
                 errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker) for _ in range(n)]
+    threads = [threading.Thread(target=worker, args=(w,)) for w in walks]
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -103,6 +119,17 @@ def run_threads(n, items, work):
     if errors:
         raise RuntimeError(f"{len(errors)} reads failed, e.g. {errors[0]}")
     return time.perf_counter() - started
+
+
+def run_order(n, order, work):
+    """`order` is the files for n threads to share, or (`--order shards`) a walk per thread."""
+    if order and isinstance(order[0], list):
+        return run_walks(order, work)
+    return run_threads(n, order, work)
+
+
+def files_in(order):
+    return sum(len(w) for w in order) if order and isinstance(order[0], list) else len(order)
 
 
 def per_object_epoch(url, names, readers):
@@ -117,7 +144,7 @@ def per_object_epoch(url, names, readers):
         if resp.status != 200 or not body:
             raise RuntimeError(f"{name}: {resp.status}")
 
-    return run_threads(readers, names, get)
+    return run_order(readers, names, get)
 
 
 def mount_epoch(mnt, names, readers):
@@ -126,7 +153,7 @@ def mount_epoch(mnt, names, readers):
             while f.read(1 << 20):
                 pass
 
-    return run_threads(readers, names, read)
+    return run_order(readers, names, read)
 
 
 def packfs(*args, env=None):
@@ -164,7 +191,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "out/remote.json"))
     ap.add_argument("--mount-args", default="", help="extra options for every packfs mount")
     ap.add_argument("--runs", default="object,packfs,stage", help="which runs, of object,packfs,stage")
-    ap.add_argument("--order", default="random", choices=["random", "archive"])
+    ap.add_argument("--order", default="random", choices=["random", "archive", "shards"])
     args = ap.parse_args()
 
     objects = make_dataset(args.work, args.files, args.size, args.shards)
@@ -187,27 +214,30 @@ def main():
             for readers in [int(x) for x in args.readers.split(",")]:
                 order = names[:]
                 random.Random(readers).shuffle(order)
-                if args.order == "archive":
-                    order = []
+                if args.order in ("archive", "shards"):
+                    in_shard = []
                     for k in range(args.shards):
                         with tarfile.open(os.path.join(objects, f"shard-{k:06d}.tar")) as t:
-                            order += [m.name for m in t.getmembers() if m.isfile()]
+                            in_shard.append([m.name for m in t.getmembers() if m.isfile()])
                     # The reader threads take files from the end of the list.
-                    order.reverse()
+                    order = [name for files in in_shard for name in files][::-1]
+                if args.order == "shards":
+                    order = [[name for files in in_shard[r::readers] for name in files]
+                             for r in range(readers)]
 
                 runs = args.runs.split(",")
                 extra = args.mount_args.split()
                 if "object" in runs:
                     control(url, "_reset")
                     secs = per_object_epoch(url, order, readers)
-                    rows.append(row("one object per file", latency, readers, secs, control(url, "_stats"), len(order)))
+                    rows.append(row("one object per file", latency, readers, secs, control(url, "_stats"), files_in(order)))
 
                 if "packfs" in runs:
                     drop_caches()
                     packfs("mount", *extra, index, mnt, env=env)
                     control(url, "_reset")
                     secs = mount_epoch(mnt, order, readers)
-                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"), len(order)))
+                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"), files_in(order)))
                     packfs("umount", mnt)
 
                 if "stage" not in runs:
@@ -217,13 +247,13 @@ def main():
                 packfs("mount", *extra, "--stage", stage, index, mnt, env=env)
                 control(url, "_reset")
                 secs = mount_epoch(mnt, order, readers)
-                rows.append(row("packfs --stage, epoch 1", latency, readers, secs, control(url, "_stats"), len(order)))
+                rows.append(row("packfs --stage, epoch 1", latency, readers, secs, control(url, "_stats"), files_in(order)))
                 while stage_status(mnt) != "complete":
                     time.sleep(0.2)
                 drop_caches()
                 control(url, "_reset")
                 secs = mount_epoch(mnt, order, readers)
-                rows.append(row("packfs --stage, epoch 2", latency, readers, secs, control(url, "_stats"), len(order)))
+                rows.append(row("packfs --stage, epoch 2", latency, readers, secs, control(url, "_stats"), files_in(order)))
                 packfs("umount", mnt)
                 for r in rows[-2:]:
                     print(json.dumps(r), flush=True)

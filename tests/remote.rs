@@ -794,7 +794,10 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
 /// Six readers each walking their own shard at once, with 20 ms per request: read-ahead (two
 /// threads) falls behind, and a reader reaches a chunk before the read-ahead queued for it does.
 /// Read-ahead then finds the chunk the reader fetched in its window and leaves it (it fetched it
-/// again: the RAM cache's cold part had let it go). About one GET per chunk.
+/// again: the RAM cache's cold part had let it go). The window keeps 8 chunks, fewer than six
+/// readers' current chunks and the two fetched ahead of each: read-ahead pauses once chunks leave
+/// it too early (before, their readers fetched them again: up to 71 GETs, and CI failed on 52;
+/// `tiers::read_ahead`'s unit tests check the pause itself). About one GET per chunk.
 #[test]
 fn read_ahead_behind_its_readers_fetches_no_chunk_twice() {
     let dir = tempfile::tempdir().unwrap();

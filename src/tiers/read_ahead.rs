@@ -8,6 +8,14 @@
 //! until they are read (`pin`, `pinned`): the RAM cache admits new entries into a cold part of 3% of its
 //! budget, where a chunk fetched ahead could be evicted by the next one before its reader comes
 //! (measured: 19 chunk loads for a 12-chunk walk under an 8 MiB cache).
+//!
+//! Where the window is too small for the readers (each needs its current chunk and the ones
+//! fetched ahead of it), a chunk fetched ahead leaves it unread, its reader fetches it again, and
+//! least-recently-used eviction pushes out the readers' current chunks too. As the kernel's
+//! read-ahead does when its pages are evicted unused, read-ahead then pauses: the readers' own
+//! fetches fill the window, each reader's chunk once. And a chunk that readers have been through
+//! and that left the window is never fetched ahead again (a request queued before a reader got
+//! there first).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,10 +41,34 @@ const QUEUE: usize = 16;
 const PINNED: usize = 8;
 const PINNED_MAX: usize = 256;
 
-/// Recently fetched chunks, oldest first: (image, chunk start); and how many are kept.
+/// A chunk: (image, chunk start).
+type Key = (u32, u64);
+
+/// The chunks fetched lately, and how many are kept.
 struct Window {
-    chunks: Mutex<VecDeque<((u32, u64), Decoded)>>,
+    state: Mutex<WindowState>,
     keep: usize,
+}
+
+#[derive(Default)]
+struct WindowState {
+    /// Least recently used first.
+    kept: VecDeque<Kept>,
+    /// Chunks that left the window after a reader used them, the latest `2 * keep`.
+    passed: VecDeque<Key>,
+    /// Chunks readers fetch before read-ahead resumes (0: reading ahead).
+    paused: usize,
+    /// The next pause: doubled each time the window is found too small again, halved when a
+    /// chunk fetched ahead is read (0: not paused yet).
+    backoff: usize,
+}
+
+struct Kept {
+    key: Key,
+    chunk: Decoded,
+    /// A reader used it (fetched it, or read it here); false for a chunk fetched ahead that no
+    /// reader has reached yet.
+    read: bool,
 }
 
 pub struct ReadAhead {
@@ -60,7 +92,7 @@ impl ReadAhead {
         let keep =
             ((ram.stats().budget / 2) / chunk_size.max(1)).clamp(PINNED as u64, PINNED_MAX as u64);
         let window = Arc::new(Window {
-            chunks: Mutex::default(),
+            state: Mutex::default(),
             keep: keep as usize,
         });
         for n in 0..THREADS {
@@ -82,7 +114,10 @@ impl ReadAhead {
                         // have let it go (its cold part holds a few chunks), this window has not.
                         // Without this check 8 readers walking shards fetched 1.23x their bytes.
                         // (Checked before claiming: a claim must end in a hand-over or a release.)
-                        if window.has(image, start) {
+                        if window.paused()
+                            || window.has(image, start)
+                            || window.passed(image, start)
+                        {
                             continue;
                         }
                         // A chunk of an image being staged is read once: fetched ahead only if
@@ -99,7 +134,7 @@ impl ReadAhead {
                         let chunk = match loaded {
                             Ok((chunk, true)) => {
                                 fetched.fetch_add(1, Ordering::Relaxed);
-                                pin_in(&window, image, start, chunk.clone());
+                                window.keep(image, start, chunk.clone(), false);
                                 Some(chunk)
                             }
                             Ok((chunk, false)) => Some(chunk),
@@ -132,7 +167,7 @@ impl ReadAhead {
             return;
         };
         let before = last.swap(i + 1, Ordering::Relaxed);
-        if i == 0 || before != i {
+        if i == 0 || before != i || self.window.paused() {
             return;
         }
         for ahead in i + 1..(i + 1 + DEPTH).min(chunks) {
@@ -153,7 +188,7 @@ impl ReadAhead {
 
     /// Keeps the chunk at `start` of `image`, just fetched by a reader.
     pub fn pin(&self, image: u32, start: u64, chunk: Decoded) {
-        pin_in(&self.window, image, start, chunk);
+        self.window.keep(image, start, chunk, true);
     }
 
     /// The chunk at `start` of `image` if it is kept.
@@ -161,30 +196,180 @@ impl ReadAhead {
         // Least recently used goes first: a reader's current chunk, read file after file, stays
         // while the chunks readers have moved past leave (first in, first out evicted the chunks
         // of 8 readers walking shards before their next file, 1.5x the bytes).
-        let mut window = self.window.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        let at = window.iter().position(|(key, _)| *key == (image, start))?;
-        let entry = window.remove(at)?;
-        let chunk = entry.1.clone();
-        window.push_back(entry);
-        Some(chunk)
+        self.window.read(image, start)
     }
 }
 
 impl Window {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WindowState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether the chunk at `start` of `image` is kept (without making it the latest used).
     fn has(&self, image: u32, start: u64) -> bool {
-        let chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
-        chunks.iter().any(|(key, _)| *key == (image, start))
+        self.lock().kept.iter().any(|k| k.key == (image, start))
+    }
+
+    /// Whether readers went through the chunk at `start` of `image` and it left the window.
+    fn passed(&self, image: u32, start: u64) -> bool {
+        self.lock().passed.contains(&(image, start))
+    }
+
+    fn paused(&self) -> bool {
+        self.lock().paused > 0
+    }
+
+    /// The chunk at `start` of `image` if it is kept, now the latest used.
+    fn read(&self, image: u32, start: u64) -> Option<Decoded> {
+        let mut state = self.lock();
+        let at = state.kept.iter().position(|k| k.key == (image, start))?;
+        let mut entry = state.kept.remove(at)?;
+        if !entry.read {
+            // Read-ahead worked for this reader: pause less the next time.
+            state.backoff /= 2;
+        }
+        entry.read = true;
+        let chunk = entry.chunk.clone();
+        state.kept.push_back(entry);
+        Some(chunk)
+    }
+
+    /// Stops reading ahead while the readers' own fetches turn the window over twice, longer
+    /// each time it happens again (up to 32 times over).
+    fn pause(&self, state: &mut WindowState) {
+        if state.paused > 0 {
+            // The chunks fetched ahead before the pause leaving: the same shortage.
+            return;
+        }
+        state.backoff = (state.backoff * 2).clamp(2 * self.keep, 32 * self.keep);
+        state.paused = state.backoff;
+    }
+
+    /// Keeps a chunk just fetched, by a reader (`read`) or ahead, in place of the least recently
+    /// used one.
+    fn keep(&self, image: u32, start: u64, chunk: Decoded, read: bool) {
+        let mut state = self.lock();
+        if read {
+            state.paused = state.paused.saturating_sub(1);
+        }
+        if let Some(kept) = state.kept.iter_mut().find(|k| k.key == (image, start)) {
+            kept.read |= read;
+            return;
+        }
+        if state.kept.len() >= self.keep
+            && let Some(gone) = state.kept.pop_front()
+        {
+            if gone.read {
+                if state.passed.len() >= 2 * self.keep {
+                    state.passed.pop_front();
+                }
+                state.passed.push_back(gone.key);
+            } else {
+                // Fetched ahead and never read: the window is too small for the readers and
+                // what is fetched ahead of them.
+                self.pause(&mut state);
+            }
+        }
+        // A chunk fetched again is no longer behind its readers. Fetched again by a reader, it
+        // left the window too early: the readers' current chunks do not all fit beside what is
+        // fetched ahead.
+        let before = state.passed.len();
+        state.passed.retain(|&key| key != (image, start));
+        if read && state.passed.len() < before {
+            self.pause(&mut state);
+        }
+        state.kept.push_back(Kept {
+            key: (image, start),
+            chunk,
+            read,
+        });
     }
 }
 
-fn pin_in(window: &Window, image: u32, start: u64, chunk: Decoded) {
-    let mut chunks = window.chunks.lock().unwrap_or_else(|p| p.into_inner());
-    if chunks.iter().any(|(key, _)| *key == (image, start)) {
-        return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(keep: usize) -> Window {
+        Window {
+            state: Mutex::default(),
+            keep,
+        }
     }
-    if chunks.len() >= window.keep {
-        chunks.pop_front();
+
+    fn chunk() -> Decoded {
+        Arc::new(vec![0u8; 16])
     }
-    chunks.push_back(((image, start), chunk));
+
+    #[test]
+    fn a_chunk_fetched_ahead_that_leaves_unread_pauses_read_ahead() {
+        let w = window(2);
+        w.keep(0, 0, chunk(), false);
+        w.keep(0, 1, chunk(), false);
+        assert!(!w.paused());
+        // A reader's fetch pushes out a chunk fetched ahead that nobody read.
+        w.keep(1, 0, chunk(), true);
+        assert!(w.paused());
+        // Until the readers fetched twice the window.
+        for i in 1..4 {
+            w.keep(1, i, chunk(), true);
+            assert!(w.paused(), "after {i} fetches");
+        }
+        w.keep(1, 4, chunk(), true);
+        assert!(!w.paused());
+        // Again: twice as long.
+        w.keep(2, 0, chunk(), false);
+        w.keep(2, 1, chunk(), false);
+        w.keep(1, 5, chunk(), true);
+        for i in 6..14 {
+            assert!(w.paused(), "chunk {i}");
+            w.keep(1, i, chunk(), true);
+        }
+        assert!(!w.paused());
+    }
+
+    #[test]
+    fn a_chunk_readers_went_through_is_not_fetched_ahead_and_fetching_it_again_pauses() {
+        let w = window(2);
+        for i in 0..3 {
+            w.keep(0, i, chunk(), true);
+        }
+        assert!(w.passed(0, 0) && !w.passed(0, 1) && !w.has(0, 0));
+        assert!(!w.paused(), "a chunk left behind is no reason to pause");
+        // A reader needs it again: the window let it go too early.
+        w.keep(0, 0, chunk(), true);
+        assert!(w.paused());
+        assert!(!w.passed(0, 0) && w.has(0, 0));
+    }
+
+    /// Fetches three chunks ahead that nobody reads (the first leaves unread); the pause.
+    fn ahead_unread(w: &Window, next: &mut u64) -> usize {
+        for _ in 0..3 {
+            w.keep(0, *next, chunk(), false);
+            *next += 1;
+        }
+        w.lock().paused
+    }
+
+    /// Readers' fetches until read-ahead resumes.
+    fn resume(w: &Window, next: &mut u64) {
+        while w.paused() {
+            w.keep(1, *next, chunk(), true);
+            *next += 1;
+        }
+    }
+
+    #[test]
+    fn read_ahead_that_is_read_pauses_less_the_next_time() {
+        let (w, mut next) = (window(2), 0);
+        assert_eq!(ahead_unread(&w, &mut next), 4);
+        resume(&w, &mut next);
+        assert_eq!(ahead_unread(&w, &mut next), 8, "found too small again");
+        // A reader reaches a chunk fetched ahead in time.
+        assert!(w.read(0, next - 1).is_some());
+        resume(&w, &mut next);
+        assert_eq!(ahead_unread(&w, &mut next), 8, "halved, then doubled");
+        resume(&w, &mut next);
+        assert_eq!(ahead_unread(&w, &mut next), 16);
+    }
 }
