@@ -114,10 +114,7 @@ impl ReadAhead {
                         // have let it go (its cold part holds a few chunks), this window has not.
                         // Without this check 8 readers walking shards fetched 1.23x their bytes.
                         // (Checked before claiming: a claim must end in a hand-over or a release.)
-                        if window.paused()
-                            || window.has(image, start)
-                            || window.passed(image, start)
-                        {
+                        if !window.wants_ahead(image, start) {
                             continue;
                         }
                         // A chunk of an image being staged is read once: fetched ahead only if
@@ -167,12 +164,12 @@ impl ReadAhead {
             return;
         };
         let before = last.swap(i + 1, Ordering::Relaxed);
-        if i == 0 || before != i || self.window.paused() {
+        if i == 0 || before != i {
             return;
         }
         for ahead in i + 1..(i + 1 + DEPTH).min(chunks) {
             let start = ahead * chunk_size;
-            if self.window.has(image, start) || ram.contains(image, CHUNK_TAG | start) {
+            if !self.window.wants_ahead(image, start) || ram.contains(image, CHUNK_TAG | start) {
                 continue;
             }
             match self.queue.try_send((image, ahead)) {
@@ -205,18 +202,13 @@ impl Window {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the chunk at `start` of `image` is kept (without making it the latest used).
-    fn has(&self, image: u32, start: u64) -> bool {
-        self.lock().kept.iter().any(|k| k.key == (image, start))
-    }
-
-    /// Whether readers went through the chunk at `start` of `image` and it left the window.
-    fn passed(&self, image: u32, start: u64) -> bool {
-        self.lock().passed.contains(&(image, start))
-    }
-
-    fn paused(&self) -> bool {
-        self.lock().paused > 0
+    /// Whether the chunk at `start` of `image` is one to fetch ahead: read-ahead is not paused,
+    /// the window does not hold it, and readers did not go through it already.
+    fn wants_ahead(&self, image: u32, start: u64) -> bool {
+        let state = self.lock();
+        state.paused == 0
+            && !state.kept.iter().any(|k| k.key == (image, start))
+            && !state.passed.contains(&(image, start))
     }
 
     /// The chunk at `start` of `image` if it is kept, now the latest used.
@@ -290,6 +282,20 @@ impl Window {
 mod tests {
     use super::*;
 
+    impl Window {
+        fn has(&self, image: u32, start: u64) -> bool {
+            self.lock().kept.iter().any(|k| k.key == (image, start))
+        }
+
+        fn passed(&self, image: u32, start: u64) -> bool {
+            self.lock().passed.contains(&(image, start))
+        }
+
+        fn paused(&self) -> bool {
+            self.lock().paused > 0
+        }
+    }
+
     fn window(keep: usize) -> Window {
         Window {
             state: Mutex::default(),
@@ -340,6 +346,19 @@ mod tests {
         w.keep(0, 0, chunk(), true);
         assert!(w.paused());
         assert!(!w.passed(0, 0) && w.has(0, 0));
+    }
+
+    #[test]
+    fn read_ahead_wants_a_chunk_not_kept_not_passed_and_not_while_paused() {
+        let w = window(2);
+        for i in 0..3 {
+            w.keep(0, i, chunk(), true);
+        }
+        assert!(w.wants_ahead(0, 3));
+        assert!(!w.wants_ahead(0, 2), "kept");
+        assert!(!w.wants_ahead(0, 0), "readers went through it");
+        w.keep(0, 0, chunk(), true);
+        assert!(!w.wants_ahead(0, 3), "paused");
     }
 
     /// Fetches three chunks ahead that nobody reads (the first leaves unread); the pause.
