@@ -796,7 +796,7 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
 /// Read-ahead then finds the chunk the reader fetched in its window and leaves it (it fetched it
 /// again: the RAM cache's cold part had let it go). The window keeps 8 chunks, fewer than six
 /// readers' current chunks and the two fetched ahead of each: read-ahead pauses once chunks leave
-/// it too early (before, their readers fetched them again: up to 71 GETs, and CI failed on 52;
+/// it too early (before, their readers fetched them again: up to 55 GETs, and CI failed on 52;
 /// `tiers::read_ahead`'s unit tests check the pause itself). About one GET per chunk.
 #[test]
 fn read_ahead_behind_its_readers_fetches_no_chunk_twice() {
