@@ -184,6 +184,53 @@ fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
     }
 }
 
+/// Another user made STAGE_ROOT before the first job (/dev/shm is world-writable): the prolog
+/// mounts without staging and says why; nothing of root's is staged in that user's directory.
+#[test]
+fn slurm_prolog_stages_nothing_in_a_stage_root_another_user_made() {
+    let dir = open_tempdir();
+    let (src, index) = dataset(dir.path());
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (mounts, stages) = (dir.path().join("mnt"), shm.join("packfs"));
+    let made = as_user(65534, "mkdir", &["-m", "0777", stages.to_str().unwrap()]);
+    assert_ok(&made);
+    let conf = dir.path().join("slurm.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "PACKFS={BIN}\nMOUNT_ROOT={}\nSTAGE_ROOT={}\ndataset always always {} eager\n",
+            mounts.display(),
+            stages.display(),
+            index.display()
+        ),
+    )
+    .unwrap();
+    let vars = [
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_JOB_UID", "65534"),
+        ("SLURM_JOB_GID", "65534"),
+    ];
+    let out = slurm_script("prolog.sh", &conf, &vars);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "prolog failed: {said}");
+    assert!(
+        said.contains("belongs to uid 65534") && said.contains("without staging"),
+        "{said}"
+    );
+    let mnt = mounts.join("77/always");
+    assert!(is_mounted(&mnt), "not mounted: {said}");
+    assert_eq!(
+        std::fs::read(mnt.join("d/a.bin")).unwrap(),
+        std::fs::read(src.join("d/a.bin")).unwrap()
+    );
+    assert!(std::fs::read_dir(&stages).unwrap().next().is_none());
+    let out = slurm_script("epilog.sh", &conf, &vars);
+    assert_ok(&out);
+    assert!(!is_mounted(&mnt));
+}
+
 #[test]
 fn fstab_lines_mount_through_mount_8_and_the_helper() {
     let dir = open_tempdir();

@@ -68,6 +68,25 @@ wanted() {
     return 1
 }
 
+# Makes DIR (and its parents) root's, mode 0755, or checks the one there: a real directory of
+# root's that nobody else can write in. Another user of the node could have made /dev/shm/packfs
+# first (it is world-writable /dev/shm), to own where root stages or mounts; packfs refuses such a
+# stage itself, this says so once and plainly.
+root_dir() {
+    local dir=$1 mode
+    if [ -L "$dir" ]; then
+        say "$dir is a symbolic link: remove it (root's directories here are never links)"
+        return 1
+    fi
+    [ -d "$dir" ] || mkdir -p -m 0755 "$dir" || { say "cannot create $dir"; return 1; }
+    mode=$(stat -c %a "$dir")
+    if [ "$(stat -c %u "$dir")" != 0 ] || [ $((8#$mode & 8#022)) -ne 0 ]; then
+        say "$dir belongs to uid $(stat -c %u "$dir") with mode $mode: another user could" \
+            "redirect what root puts there; remove it (rm -rf $dir) and let the next job make it"
+        return 1
+    fi
+}
+
 job_dir() {
     printf '%s/%s' "$MOUNT_ROOT" "$SLURM_JOB_ID"
 }

@@ -13,7 +13,7 @@ gid=${SLURM_JOB_GID:-$(id -g "$uid" 2>/dev/null || echo "$uid")}
 jobdir=$(job_dir)
 status=0
 
-mkdir -p "$MOUNT_ROOT" && chmod 0755 "$MOUNT_ROOT"
+root_dir "$MOUNT_ROOT" || exit 0
 # Made by root inside a root-owned MOUNT_ROOT, given to the user last: nobody can plant a link.
 mkdir -p -m 0700 "$jobdir" || { say "cannot create $jobdir"; exit 0; }
 
@@ -23,14 +23,17 @@ while read -r name when index stage options; do
     mnt=$jobdir/$name
     mkdir -p "$mnt"
     args=(mount --allow-other --uid "$uid" --gid "$gid")
-    if [ -n "$LOG_ROOT" ]; then
-        mkdir -p "$LOG_ROOT"
+    if [ -n "$LOG_ROOT" ] && root_dir "$LOG_ROOT"; then
         args+=(--log-file "$LOG_ROOT/$SLURM_JOB_ID.$name.log")
     fi
     case "$stage" in
         eager|lazy)
-            mkdir -p -m 0700 "$STAGE_ROOT/$SLURM_JOB_ID"
-            args+=(--stage "$STAGE_ROOT/$SLURM_JOB_ID/$name" --stage-mode "$stage")
+            # Root's stage, in root's own STAGE_ROOT: the job's user reads it through the mount.
+            if root_dir "$STAGE_ROOT" && mkdir -p -m 0700 "$STAGE_ROOT/$SLURM_JOB_ID"; then
+                args+=(--stage "$STAGE_ROOT/$SLURM_JOB_ID/$name" --stage-mode "$stage")
+            else
+                say "mounting $name without staging"
+            fi
             ;;
     esac
     # shellcheck disable=SC2206 # the options are words, as in the config file

@@ -57,6 +57,11 @@ pub enum MountError {
     #[error("cannot use mountpoint {}: {error}", path.display())]
     Mountpoint { path: PathBuf, error: io::Error },
     #[error(
+        "--stage: {0} (make a directory of your own, e.g. `mktemp -d /dev/shm/packfs.XXXXXX`, \
+         or one root made for you; see docs/semantics.md)"
+    )]
+    StageDir(crate::util::safe_file::DirError),
+    #[error(
         "/dev/fuse does not exist: load the fuse kernel module (modprobe fuse) or give the \
          container the device"
     )]

@@ -96,6 +96,9 @@ fn mount_checks(req: &MountRequest) -> Result<PathBuf, MountError> {
     }
     check_fuse_available()?;
     stats::check_default_dir().map_err(MountError::StatsDir)?;
+    if let Some(stage) = &req.stage {
+        crate::util::safe_file::private_dir_all(&stage.dir, 0o700).map_err(MountError::StageDir)?;
+    }
     Ok(mountpoint)
 }
 
@@ -514,8 +517,21 @@ impl PidFile {
 }
 
 impl Drop for PidFile {
+    /// Removes the file if it still names this process: `packfs umount` returns before the old
+    /// daemon exits, and a new mount may have written its own pid there meanwhile.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let ours = format!("{}\n", std::process::id());
+        let still_ours = crate::util::safe_file::no_follow()
+            .read(true)
+            .open(&self.0)
+            .and_then(|mut f| {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
+            })
+            .is_ok_and(|text| text == ours);
+        if still_ours {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 

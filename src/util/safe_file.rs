@@ -97,8 +97,9 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         return Err(unsafe_because(format!(
-            "it belongs to uid {}, not to this user (uid {me})",
-            meta.uid()
+            "it belongs to {}, not to this user ({})",
+            owner_name(meta.uid()),
+            owner_name(me)
         )));
     }
     if meta.mode() & 0o022 != 0 {
@@ -110,24 +111,173 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
     Ok(())
 }
 
-/// Opens `path` for appending, creating it (owner only) if needed, never through a symlink.
+/// Makes `dir` and its missing parents (each with `mode`), or checks the ones there, for a
+/// directory whose files packfs reads back (a stage): every directory on the way to it, as
+/// written and after symlinks, belongs to root or this user and nobody else can move what is in
+/// it (not writable by others, or sticky like /tmp and /dev/shm); a symlink on the way belongs
+/// to root or this user; `dir` itself passes `private_dir`. Another user who owns a directory
+/// on the way could swap `dir` for a directory of their own between two runs.
+pub fn private_dir_all(dir: &Path, mode: u32) -> Result<(), DirError> {
+    let abs = std::path::absolute(dir).map_err(|error| DirError::Create {
+        dir: dir.to_path_buf(),
+        error,
+    })?;
+    let unsafe_because = |why: String| DirError::Unsafe {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    let parent = abs.parent().unwrap_or(Path::new("/"));
+    // As written: each existing prefix (symlinks not followed).
+    for prefix in parent.ancestors().collect::<Vec<_>>().into_iter().rev() {
+        match std::fs::symlink_metadata(prefix) {
+            Ok(meta) => {
+                if let Some(why) = unsafe_ancestor(&meta) {
+                    return Err(unsafe_because(format!("{} {why}", prefix.display())));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(error) => {
+                return Err(DirError::Create {
+                    dir: prefix.to_path_buf(),
+                    error,
+                });
+            }
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(parent)
+        .map_err(|error| DirError::Create {
+            dir: parent.to_path_buf(),
+            error,
+        })?;
+    // Where the symlinks lead.
+    let real = std::fs::canonicalize(parent).map_err(|error| DirError::Create {
+        dir: parent.to_path_buf(),
+        error,
+    })?;
+    for ancestor in real.ancestors() {
+        let meta = std::fs::symlink_metadata(ancestor).map_err(|error| DirError::Create {
+            dir: ancestor.to_path_buf(),
+            error,
+        })?;
+        if let Some(why) = unsafe_ancestor(&meta) {
+            return Err(unsafe_because(format!("{} {why}", ancestor.display())));
+        }
+    }
+    private_dir(dir, mode)
+}
+
+/// Why a directory (or symlink) on the way to a private directory lets another user redirect
+/// it, if it does.
+fn unsafe_ancestor(meta: &std::fs::Metadata) -> Option<String> {
+    if !trusted_owner(meta.uid()) {
+        return Some(format!(
+            "belongs to {}, who could replace what is in it",
+            owner_name(meta.uid())
+        ));
+    }
+    let others_write = meta.mode() & 0o022 != 0;
+    let sticky = meta.mode() & 0o1000 != 0;
+    (meta.file_type().is_dir() && others_write && !sticky).then(|| {
+        format!(
+            "can be written by others (mode {:04o}) and is not sticky, so they could \
+             replace what is in it",
+            meta.mode() & 0o7777
+        )
+    })
+}
+
+/// Root or this user. In a user namespace, the real root's files show as the overflow uid
+/// (65534), which is taken for root's there.
+fn trusted_owner(uid: u32) -> bool {
+    uid == 0
+        || uid == nix::unistd::geteuid().as_raw()
+        || (crate::util::userns::in_user_namespace() && uid == overflow_uid())
+}
+
+fn overflow_uid() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65534)
+}
+
+/// "uid 1000 (alice)", or just the uid where it has no name.
+pub fn owner_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => format!("uid {uid} ({})", user.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// Refuses an opened file that another user owns or can write: packfs reads back what it wrote
+/// there (staged bytes, their checksums, a log it appends to), and another user's file could
+/// hold anything, or let them read what packfs puts in it.
+pub fn check_owned(file: &File, path: &Path) -> io::Result<()> {
+    let meta = file.metadata()?;
+    let me = nix::unistd::geteuid().as_raw();
+    let why = if meta.uid() != me {
+        format!(
+            "{} belongs to {}, not to this user ({}): packfs does not use a file another \
+             user owns; remove it, or give a path of your own",
+            path.display(),
+            owner_name(meta.uid()),
+            owner_name(me)
+        )
+    } else if meta.mode() & 0o022 != 0 {
+        format!(
+            "others can write to {} (mode {:04o}): packfs does not use a file another user \
+             can change; remove it (or `chmod go-w` it if its content is yours) and retry",
+            path.display(),
+            meta.mode() & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(io::Error::new(io::ErrorKind::PermissionDenied, why))
+}
+
+/// Opens (creating if needed, owner only) a file packfs keeps reading and writing, never through
+/// a symlink, and only if it is this user's own and nobody else can write it.
+pub fn open_owned(path: &Path) -> io::Result<File> {
+    let file = no_follow()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(explain_symlink)?;
+    check_owned(&file, path)?;
+    Ok(file)
+}
+
+/// Opens `path` for appending, creating it (owner only) if needed, never through a symlink, and
+/// only if it is this user's own and nobody else can write it.
 pub fn append(path: &Path) -> io::Result<File> {
-    no_follow()
+    let file = no_follow()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(explain_symlink)
+        .map_err(explain_symlink)?;
+    check_owned(&file, path)?;
+    Ok(file)
 }
 
-/// Creates `path` (or empties the file there) for writing, never through a symlink.
+/// Creates `path` (or empties the file there, if it is this user's own and nobody else can
+/// write it) for writing, never through a symlink.
 pub fn create_truncate(path: &Path, mode: u32) -> io::Result<File> {
-    no_follow()
+    let file = no_follow()
         .create(true)
         .write(true)
-        .truncate(true)
+        .truncate(false)
         .mode(mode)
         .open(path)
-        .map_err(explain_symlink)
+        .map_err(explain_symlink)?;
+    check_owned(&file, path)?;
+    file.set_len(0)?;
+    Ok(file)
 }
 
 fn explain_symlink(e: io::Error) -> io::Error {

@@ -40,16 +40,18 @@ pub fn urls(text: &str) -> Cow<'_, str> {
 
 /// One URL after its scheme's `://`: `user:pass@host/path?k=v#f` -> `REDACTED@host/path?k=REDACTED#f`.
 fn clean(url: &str) -> String {
-    let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
-    let (authority, tail) = url.split_at(authority_end);
     let mut out = String::with_capacity(url.len());
-    match authority.rfind('@') {
+    let url = match userinfo_end(url) {
         Some(at) => {
             out.push_str(REDACTED);
-            out.push_str(&authority[at..]);
+            out.push('@');
+            &url[at + 1..]
         }
-        None => out.push_str(authority),
-    }
+        None => url,
+    };
+    let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+    let (authority, tail) = url.split_at(authority_end);
+    out.push_str(authority);
     let (before_fragment, fragment) = match tail.find('#') {
         Some(at) => tail.split_at(at),
         None => (tail, ""),
@@ -78,6 +80,21 @@ fn clean(url: &str) -> String {
     out
 }
 
+/// Where the userinfo of a URL (after its `://`) ends: its `@`, if it has one. A password may
+/// hold a `/` or a `#` that a URL parser takes for the end of the host (AWS secret keys often
+/// hold `/`; the parser's "invalid port number" then quotes the whole URL): so a `user:` before
+/// the first `@` ahead of any query makes that `@` the end too. Hiding a little too much in a
+/// path that holds both `:` and `@` is the price.
+fn userinfo_end(url: &str) -> Option<usize> {
+    let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+    if let Some(at) = url[..authority_end].rfind('@') {
+        return Some(at);
+    }
+    let query = url.find('?').unwrap_or(url.len());
+    let at = url[..query].find('@')?;
+    url[..at].contains(':').then_some(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +117,14 @@ mod tests {
             "bad object URL \"https://REDACTED@h:8/x.tar#f\": no"
         );
         assert_eq!(urls("ftp://u@h"), "ftp://REDACTED@h");
+        // A '/' or '#' in the password (AWS secret keys hold '/').
+        assert_eq!(
+            urls("invalid port number: https://AKIA:wJal/rXU#tn+F@s3.example:9000/b/k.tar?x=1"),
+            "invalid port number: https://REDACTED@s3.example:9000/b/k.tar?x=REDACTED"
+        );
+        assert_eq!(urls("s3://AKIA:a/b/c@host/k"), "s3://REDACTED@host/k");
+        // '@' in a path alone (no 'user:' before it) is a path.
+        assert_eq!(urls("https://h/a@b/c"), "https://h/a@b/c");
         // Escaped quotes in Debug output end the URL too.
         assert_eq!(
             urls(r#"\"http://h/p?a=1\" x"#),

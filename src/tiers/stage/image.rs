@@ -80,12 +80,7 @@ impl StagedImage {
         let chunks = fp.size.div_ceil(chunk_size) as usize;
         let loaded = StateFile::open(&dir.join(format!("{name}.state")), chunk_size, fp, chunks)?;
         let data_path = dir.join(format!("{name}.data"));
-        let data = crate::util::safe_file::no_follow()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&data_path)?;
+        let data = crate::util::safe_file::open_owned(&data_path)?;
         if loaded.reset.is_some() {
             data.set_len(0)?;
         }

@@ -31,13 +31,7 @@ impl DirLock {
             dir: dir.display().to_string(),
             error,
         };
-        let file = crate::util::safe_file::no_follow()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join("packfs.lock"))
-            .map_err(io_err)?;
+        let file = crate::util::safe_file::open_owned(&dir.join("packfs.lock")).map_err(io_err)?;
         let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(locked) => locked,
             Err((_, errno)) if errno != Errno::EWOULDBLOCK => return Err(io_err(errno.into())),

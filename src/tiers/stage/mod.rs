@@ -92,8 +92,8 @@ pub struct StageOptions {
 /// Why a stage directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
-    #[error("cannot create stage directory {}: {error}", dir.display())]
-    Create { dir: PathBuf, error: std::io::Error },
+    #[error("stage directory: {0}")]
+    Dir(#[from] crate::util::safe_file::DirError),
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error(
@@ -227,13 +227,16 @@ impl Stage {
         holder: &str,
     ) -> Result<Stage, StageError> {
         let dir = &opts.dir;
-        let create_error = |error| StageError::Create {
-            dir: dir.clone(),
-            error,
-        };
-        std::fs::create_dir_all(dir).map_err(create_error)?;
+        // Its files are read back as staged bytes and their checksums: only a directory of this
+        // user's, on a path nobody else can redirect (util::safe_file).
+        crate::util::safe_file::private_dir_all(dir, 0o700)?;
         let lock = DirLock::take(dir, holder)?;
-        let meta = std::fs::metadata(dir).map_err(create_error)?;
+        let meta = std::fs::symlink_metadata(dir).map_err(|error| {
+            crate::util::safe_file::DirError::Create {
+                dir: dir.clone(),
+                error,
+            }
+        })?;
         let mut staged = Vec::with_capacity(images.len());
         let (mut total_chunks, mut total_bytes, mut present_bytes, mut present_chunks) =
             (0, 0, 0, 0);

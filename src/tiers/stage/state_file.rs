@@ -65,12 +65,7 @@ impl StateFile {
     /// Opens or creates the progress file for `chunks` chunks of `chunk` bytes of the image with
     /// fingerprint `fp`; a file written for another source or chunk size is started over.
     pub fn open(path: &Path, chunk: u64, fp: &Fingerprint, chunks: usize) -> io::Result<Loaded> {
-        let mut file = crate::util::safe_file::no_follow()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let mut file = crate::util::safe_file::open_owned(path)?;
         let want = header(chunk, fp);
         let len = HEADER + RECORD * chunks as u64;
         let old = read_all(&mut file)?;
