@@ -91,6 +91,8 @@ pub struct ScannedImage {
     pub merged: u64,
     /// Members left out with a warning.
     pub skipped: u64,
+    /// Of those, members whose header failed its checksum (the scan went on at the next header).
+    pub damaged_headers: u64,
     /// How many members were left out for each reason, for the summary after the scan.
     skips: BTreeMap<String, u64>,
     /// Set once `drop_clashes` has put the members in extraction order's terms: the catalog
@@ -119,6 +121,7 @@ impl ScannedImage {
             headers: 0,
             merged: 0,
             skipped: 0,
+            damaged_headers: 0,
             skips: BTreeMap::new(),
             clashes_settled: false,
             stream: None,

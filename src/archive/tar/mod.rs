@@ -103,14 +103,20 @@ fn walk(stream: &mut dyn Stream, image: &mut ScannedImage) -> Result<(), Archive
         if block.iter().all(|&b| b == 0) {
             break;
         }
-        verify_checksum(&block).map_err(|reason| {
-            let reason = if pos == 0 {
-                format!("not a tar archive ({reason})")
-            } else {
-                reason
-            };
-            ArchiveError::malformed(path, pos, reason)
-        })?;
+        if let Err(reason) = verify_checksum(&block) {
+            if pos == 0 {
+                return Err(ArchiveError::malformed(
+                    path,
+                    pos,
+                    format!("not a tar archive ({reason})"),
+                ));
+            }
+            // GNU tar's "Skipping to next header": the member is lost, the image is not.
+            let next = next_header(stream, pos + BLOCK).map_err(io_err)?;
+            skip_damaged(image, &block, pos, next, &reason, &mut pending);
+            pos = next;
+            continue;
+        }
         let header = Header::from_byte_slice(&block);
         image.headers += 1;
         // Solaris writes its extended headers as `X`: the same records as PAX `x` (GNU tar
@@ -253,6 +259,61 @@ fn walk(stream: &mut dyn Stream, image: &mut ScannedImage) -> Result<(), Archive
     }
     resolve_hard_links(image);
     Ok(())
+}
+
+/// Where the walk goes on after a header that failed its checksum at `from - 512`, as GNU tar
+/// goes on: the next block that is a valid header or all zeros (which ends the archive), or the
+/// end of the stream. The damaged member's data is searched too: a header stored in it is listed,
+/// as GNU tar lists it.
+fn next_header(stream: &mut dyn Stream, from: u64) -> io::Result<u64> {
+    let mut at = from;
+    loop {
+        stream.forget_before(at);
+        if stream.len_upto(at + BLOCK)? < at + BLOCK {
+            return stream.len_upto(at);
+        }
+        let block: &[u8; BLOCK as usize] = stream
+            .read(at, BLOCK as usize)?
+            .try_into()
+            .expect("block size");
+        if block.iter().all(|&b| b == 0) || verify_checksum(block).is_ok() {
+            return Ok(at);
+        }
+        at += BLOCK;
+    }
+}
+
+/// Leaves out the member whose header at `at` failed its checksum (never served: any field of it
+/// may be the damaged one), with the extension records that came for it, and warns with the
+/// offsets of the damage and of the next header.
+fn skip_damaged(
+    image: &mut ScannedImage,
+    block: &[u8; BLOCK as usize],
+    at: u64,
+    next: u64,
+    reason: &str,
+    pending: &mut Pending,
+) {
+    let ext = std::mem::take(pending);
+    let name = ext
+        .pax
+        .path
+        .or(ext.long_name)
+        .unwrap_or_else(|| trim_nul(&block[..100]).to_vec());
+    image.headers += 1;
+    image.damaged_headers += 1;
+    debug!(
+        image = %image.path.display(),
+        offset = at,
+        "{reason}; the next header is at offset {next}"
+    );
+    // One reason for all damaged headers, so that many make one summary line.
+    image.skip(
+        ext.first_offset.unwrap_or(at),
+        &name,
+        "its tar header is damaged (checksum mismatch); the scan went on at the next valid \
+         header, as GNU tar does",
+    );
 }
 
 /// Adds a real member (after its extension records) or skips it with a warning.
