@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Ok(None) => std::env::args_os().collect(),
         Err(code) => return code,
     };
+    packfs::util::return_large_buffers();
     let args = cli::Cli::parse_from(&argv);
     if args.writes_to_pipes() {
         // Like coreutils: `packfs ls | head` ends quietly when head has seen enough, instead of

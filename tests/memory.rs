@@ -144,6 +144,32 @@ fn a_zip_member_declaring_far_more_than_the_zip_holds() {
     bounded(&zip, "zeros.bin", dir.path());
 }
 
+/// The scans' budget with the default cache: 64 MiB plus 64 MiB.
+const DEFAULT_SCAN_BUDGET_KIB: u64 = (64 + 64) << 10;
+
+/// A `.tar.bz2` of zeros written by `bzip2 -9`: 400 MiB in 8 KB, each block decoding to 46 MB,
+/// which bzip2 does not declare. The scan decoded 64 blocks at once (9 here: 600 MB; a 2.5 KB
+/// file of 3 GiB took 4.25 GB); now `ls` and `index` hold about two.
+#[test]
+fn a_bzip2_of_zeros_scans_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    sh(
+        "truncate -s 400M zeros.bin && tar cf - zeros.bin | bzip2 -9 > zeros.tar.bz2 && \
+         rm zeros.bin",
+        dir.path(),
+    );
+    let image = dir.path().join("zeros.tar.bz2");
+    assert!(std::fs::metadata(&image).unwrap().len() < 64 << 10);
+    let (out, rss) = peak_rss(packfs().arg("ls").arg(&image));
+    assert_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "zeros.bin\n");
+    assert!(rss < DEFAULT_SCAN_BUDGET_KIB, "ls: {rss} KiB");
+    let index = dir.path().join("zeros.packfs-index");
+    let (out, rss) = peak_rss(packfs().arg("index").arg(&image).arg("-o").arg(&index));
+    assert_ok(&out);
+    assert!(rss < DEFAULT_SCAN_BUDGET_KIB, "index: {rss} KiB");
+}
+
 #[test]
 fn a_tar_gz_of_many_checkpoints() {
     let dir = tempfile::tempdir().unwrap();

@@ -56,17 +56,6 @@ pub struct MountRequest {
     pub log: String,
 }
 
-/// Has glibc map buffers of 1 MiB or more and unmap them when freed. Its default threshold rises
-/// to the size of the largest buffer freed, after which decoded intervals (4 MiB) were carved from
-/// per-thread arenas that kept them resident: 686 MB peak RSS under a 256 MiB cache with 8
-/// readers of a .tar.gz. Decoded units are few and large, so mapping them costs little.
-fn return_large_buffers() {
-    // SAFETY: mallopt only changes allocator tuning; called before the FUSE threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-    }
-}
-
 /// Sends panic messages to the log: a daemon's stderr goes nowhere once it is ready. (A panic in a
 /// request fails only that request, see `fs::error::guarded`; elsewhere it ends the daemon with a
 /// non-zero status.)
@@ -112,7 +101,6 @@ pub fn serve(
 ) -> Result<(), MountError> {
     let mountpoint = mount_checks(req)?;
     raise_open_file_limit();
-    return_large_buffers();
     log_panics();
     let catalog = Arc::new(crate::dataset::open(&req.images, &req.merge, on_scan)?);
     if let Some(dest) = &req.save_index {

@@ -4,7 +4,7 @@
 //! block, the end-of-stream marker and the stream CRC, which for one block is the block's own. The
 //! decoder then checks the block's CRC and the stream's.
 
-use std::io::{self, Read};
+use std::io;
 
 /// The 48-bit magic that ends a stream.
 pub const END_MAGIC: u64 = 0x1772_4538_5090;
@@ -37,7 +37,7 @@ pub fn decompress_block(
     let stream = stream.finish();
     let mut decoder = bzip2::bufread::BzDecoder::new(&stream[..]);
     // One byte more than the limit, so an oversized block is seen.
-    (&mut decoder).take(limit as u64 + 1).read_to_end(out)?;
+    super::read_bounded(&mut decoder, limit, out)?;
     if out.len() > limit {
         return Err(bad("the block decodes to more than its limit"));
     }

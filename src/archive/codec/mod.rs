@@ -58,7 +58,9 @@ impl Codec {
     /// decodes to more than `limit` bytes is corrupt. The error is a sentence naming the codec.
     pub fn decompress(self, input: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), String> {
         out.clear();
-        out.reserve_exact(limit);
+        // The byte past the limit too: the decoders read one more to see an oversized piece,
+        // and a full vector would double (a 16 MiB limit made a 32 MiB buffer).
+        out.reserve_exact(limit.saturating_add(1));
         let failed = |e: &dyn std::fmt::Display| format!("{} data is corrupt: {e}", self.name());
         match self {
             Codec::Zstd => zstd::decompress(input, out).map_err(|e| failed(&e))?,
@@ -83,6 +85,34 @@ impl Codec {
         }
         Ok(())
     }
+}
+
+/// Appends what `reader` decodes to `out`, up to one byte past `limit` (so an oversized piece is
+/// seen), touching no more memory than it fills plus a step. `read_to_end` zero-fills the room
+/// it reads into ahead of the decoder, up to the whole capacity reserved for a unit: two 46 MB
+/// bzip2 blocks held 64 MiB each.
+pub fn read_bounded(mut reader: impl io::Read, limit: usize, out: &mut Vec<u8>) -> io::Result<()> {
+    const STEP: usize = 1 << 20;
+    let end = limit.saturating_add(1);
+    while out.len() < end {
+        let at = out.len();
+        out.resize(at + STEP.min(end - at), 0);
+        let n = loop {
+            match reader.read(&mut out[at..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    out.truncate(at);
+                    return Err(e);
+                }
+            }
+        };
+        out.truncate(at + n);
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Inflates the raw deflate stream that starts at `offset` of `image` and must decode to exactly

@@ -1,7 +1,7 @@
 //! xz: whole streams (squashfs xz blocks are whole xz streams) and single blocks of a larger
 //! stream (`archive::framed::xz`), both through liblzma's stream decoder with a memory limit.
 
-use std::io::{self, Read};
+use std::io;
 
 /// The most memory one decoder may take. An xz header declares its dictionary size (up to
 /// 1.5 GiB) and liblzma allocates it: without a limit a crafted block would make the daemon
@@ -12,7 +12,7 @@ pub fn decompress(input: &[u8], limit: usize, out: &mut Vec<u8>) -> io::Result<(
     let stream = liblzma::stream::Stream::new_stream_decoder(MEMLIMIT, 0)?;
     let mut reader = liblzma::bufread::XzDecoder::new_stream(input, stream);
     // One byte more than the limit, so an oversized block is seen.
-    (&mut reader).take(limit as u64 + 1).read_to_end(out)?;
+    super::read_bounded(&mut reader, limit, out)?;
     Ok(())
 }
 

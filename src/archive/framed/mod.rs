@@ -113,10 +113,19 @@ impl<'r> Chunked<'r> {
     }
 }
 
-/// Decoded bytes (or compressed, when not declared) a batch of pieces reaches before it stops
-/// taking more, once it has one per thread; and the most pieces in a batch.
-const BATCH_BYTES: u64 = 16 << 20;
+/// Decoded bytes a batch of pieces may hold at most (one piece is always taken, up to a unit),
+/// and the most pieces in a batch. A piece that does not declare its size (a bzip2 block) counts
+/// as its limit, `undeclared_limit`: a 2.5 KB `bzip2 -9` of zeros holds blocks of 46 MB each,
+/// and 64 of them decoded at once took the scan to 4.25 GB.
+const BATCH_BYTES: u64 = 32 << 20;
 const BATCH_PIECES: usize = 64;
+
+/// What a piece of undeclared size may decode to in a batch of several: the batch's bytes
+/// shared by the threads (at least 4 MiB, more than a bzip2 block of ordinary data decodes to).
+/// One that decodes to more is decoded again alone, up to a unit.
+fn undeclared_limit(threads: usize) -> usize {
+    (BATCH_BYTES as usize / threads.max(1)).clamp(4 << 20, MAX_UNIT)
+}
 
 /// One piece, found before it is decoded: its compressed bytes, its codec, and its decoded size
 /// when the format declares it (xz's index does; bzip2 says nothing).
@@ -141,6 +150,9 @@ pub struct BlockIndexer<'r> {
     ready: VecDeque<Vec<u8>>,
     /// The failure of the block at `next`, given once the pieces before it are handed out.
     failed: Option<InflateError>,
+    /// Set when the block at `next` decoded to more than its share of a batch: the next batch is
+    /// that block alone.
+    alone: bool,
     current: Vec<u8>,
     frames: Vec<FrameEntry>,
     total: u64,
@@ -172,6 +184,7 @@ impl<'r> BlockIndexer<'r> {
             handed: 0,
             ready: VecDeque::new(),
             failed: None,
+            alone: false,
             current: Vec::new(),
             frames: Vec::new(),
             total: 0,
@@ -181,6 +194,8 @@ impl<'r> BlockIndexer<'r> {
 
     /// The next piece's decoded bytes; empty at the end of the stream.
     pub fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        // The walk is done with the last piece: its room goes before the next is decoded.
+        self.current = Vec::new();
         loop {
             let Some(decoded) = self.ready.pop_front() else {
                 if let Some(e) = self.failed.take() {
@@ -213,23 +228,36 @@ impl<'r> BlockIndexer<'r> {
     /// first failure (in stream order) is the stream's, unless it is a bzip2 block cut short by a
     /// chance magic, which is then joined with the next piece and tried again.
     fn decode_batch(&mut self) {
+        let shared = undeclared_limit(self.threads);
         let mut end = self.next;
         let mut bytes = 0u64;
-        while end < self.blocks.len()
-            && (end - self.next < self.threads
-                || (bytes < BATCH_BYTES && end - self.next < BATCH_PIECES))
-        {
+        while end < self.blocks.len() && end - self.next < BATCH_PIECES {
             let b = &self.blocks[end];
-            bytes += b.size.unwrap_or(b.in_len);
+            let counted = b.size.unwrap_or(shared as u64);
+            if end > self.next && (self.alone || bytes + counted > BATCH_BYTES) {
+                break;
+            }
+            bytes += counted;
             end += 1;
         }
+        self.alone = false;
         let batch = &self.blocks[self.next..end];
+        // A piece alone may decode to a whole unit; in company, to its share.
+        let limit = if batch.len() == 1 { MAX_UNIT } else { shared };
         let image = self.image;
         let results: Vec<Result<Vec<u8>, InflateError>> =
-            batch.par_iter().map(|b| decode(image, b)).collect();
+            batch.par_iter().map(|b| decode(image, b, limit)).collect();
+        let several = batch.len() > 1;
         for (j, r) in results.into_iter().enumerate() {
+            let undeclared = self.blocks[self.next + j].size.is_none();
             match r {
                 Ok(out) => self.ready.push_back(out),
+                Err(_) if several && undeclared => {
+                    // Over its share (or corrupt, which it will say alone).
+                    self.next += j;
+                    self.alone = true;
+                    return;
+                }
                 Err(_) if self.join_with_next(self.next + j) => {
                     self.next += j;
                     return;
@@ -291,8 +319,9 @@ impl<'r> BlockIndexer<'r> {
     }
 }
 
-/// Reads and decodes one piece, as a read will.
-fn decode(image: &dyn ReadAt, b: &Block) -> Result<Vec<u8>, InflateError> {
+/// Reads and decodes one piece, as a read will; one that does not declare its size, to at most
+/// `undeclared` bytes.
+fn decode(image: &dyn ReadAt, b: &Block, undeclared: usize) -> Result<Vec<u8>, InflateError> {
     let bad = |why: String| InflateError::Bad { at: b.in_at, why };
     let what = b.codec.name();
     let piece = match b.codec {
@@ -310,12 +339,12 @@ fn decode(image: &dyn ReadAt, b: &Block) -> Result<Vec<u8>, InflateError> {
         })?;
     let mut packed = vec![0u8; in_len];
     image.read_exact_at(&mut packed, b.in_at)?;
-    let limit = b.size.map_or(MAX_UNIT, |n| n as usize);
+    let limit = b.size.map_or(undeclared.min(MAX_UNIT), |n| n as usize);
     let mut out = Vec::new();
     if b.codec == Codec::Zstd && b.size.is_none() {
         // A frame that does not declare its size: decoded as a stream, so one that decodes
         // to more than a unit is told from a corrupt one.
-        return zstd::decode_undeclared(&packed, b.in_at);
+        return zstd::decode_undeclared(&packed, b.in_at, limit);
     }
     b.codec
         .decompress(&packed, limit, &mut out)

@@ -221,20 +221,27 @@ fn walk_frame(file: &mut Chunked, at: u64) -> Result<(u64, Option<u64>), Inflate
 }
 
 /// Decodes the frame `packed` (at `at`) that does not declare its decoded size, up to a unit.
-pub(super) fn decode_undeclared(packed: &[u8], at: u64) -> Result<Vec<u8>, InflateError> {
-    use std::io::Read;
+/// Decodes a frame that does not declare its size, to at most `limit` bytes (a unit at most).
+pub(super) fn decode_undeclared(
+    packed: &[u8],
+    at: u64,
+    limit: usize,
+) -> Result<Vec<u8>, InflateError> {
     let mut out = Vec::new();
     let decoder = zstd::stream::read::Decoder::with_buffer(packed)
         .map_err(InflateError::Io)?
         .single_frame();
-    if let Err(e) = decoder.take(MAX_UNIT as u64 + 1).read_to_end(&mut out) {
+    if let Err(e) = crate::archive::codec::read_bounded(decoder, limit, &mut out) {
         return Err(InflateError::bad(
             at,
             format!("the zstd frame is corrupt: {e}"),
         ));
     }
-    if out.len() > MAX_UNIT {
-        return Err(too_big(at));
+    if out.len() > limit {
+        return Err(match limit >= MAX_UNIT {
+            true => too_big(at),
+            false => InflateError::bad(at, format!("the zstd frame decodes to more than {limit}")),
+        });
     }
     Ok(out)
 }

@@ -114,6 +114,9 @@ impl Chunks for BlockIndexer<'_> {
     }
 }
 
+/// Room the decoded-stream buffer keeps between pieces.
+const KEEP: usize = 4 << 20;
+
 impl<C: Chunks> Decoded<C> {
     pub(super) fn new(indexer: C) -> Decoded<C> {
         Decoded {
@@ -136,6 +139,11 @@ impl<C: Chunks> Decoded<C> {
             if behind > 0 {
                 self.buf.drain(..behind);
                 self.start += behind as u64;
+                // A whole decoded piece (up to a unit) was copied for one header: its room goes
+                // back before the next piece is decoded, not kept for the rest of the scan.
+                if self.buf.capacity() > KEEP && self.buf.len() < KEEP / 2 {
+                    self.buf.shrink_to(KEEP / 2);
+                }
             }
             let end = self.end();
             let chunk = match self.indexer.next_chunk() {
