@@ -3,6 +3,12 @@
 
   make_images.py zip OUT.zip SIZE      one deflated member that inflates to SIZE (zip64)
   make_images.py targz OUT.tar.gz SIZE a gzip-compressed tar of SIZE in members of 1 GiB at most
+  make_images.py tarbz2 OUT.tar.bz2 SIZE  a tar of one file of SIZE zeros, as bzip2 -9
+                                       compresses it (blocks of 46 MB in a few KB)
+  make_images.py sqfs-COMP OUT.sqfs SIZE  a squashfs (COMP: gzip, xz, zstd) of one file, a.txt
+                                       ("hello\n"), whose inode table holds SIZE of metadata
+                                       blocks of zeros before the two inodes (unsquashfs -l
+                                       lists it; whoever reads the whole table holds SIZE)
 
 SIZE is in MiB with an M suffix or in GiB with G (256M, 40G). Both are made in seconds: the deflate stream is one full-flushed segment of 64 KiB
 of zeros repeated (a full flush resets the dictionary and aligns to a byte, so segments decode
@@ -107,7 +113,73 @@ def write_targz(out, mib):
         f.write(struct.pack("<II", crc, length & 0xFFFFFFFF))
 
 
+def write_tarbz2(out, mib):
+    import bz2
+
+    c = bz2.BZ2Compressor(9)
+    with open(out, "wb") as f:
+        f.write(c.compress(tar_header(b"zeros.bin", mib * MIB)))
+        zeros = bytes(MIB)
+        for _ in range(mib):
+            f.write(c.compress(zeros))
+        f.write(c.compress(bytes(1024)))
+        f.write(c.flush())
+
+
+SQUASHFS_IDS = {"gzip": 1, "xz": 4, "zstd": 6}
+
+
+def compress_metadata(comp, data):
+    """`data` compressed as a squashfs metadata block of compressor `comp` holds it."""
+    if comp == "gzip":
+        return zlib.compress(data, 9)
+    if comp == "xz":
+        import lzma
+
+        return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32)
+    import subprocess
+
+    return subprocess.run(["zstd", "-q", "-19", "-c"], input=data, check=True,
+                          stdout=subprocess.PIPE).stdout
+
+
+def write_sqfs(out, comp, mib):
+    data = b"hello\n"
+    img = bytearray(96)
+    blocks_start = len(img)
+    img += data  # one data block, stored
+    inode_table = len(img)
+    zeros = compress_metadata(comp, bytes(8192))
+    for _ in range(mib * 128):  # 128 blocks of 8 KiB a MiB
+        img += struct.pack("<H", len(zeros)) + zeros
+    last = len(img) - inode_table
+    # A basic directory (the root) and a basic file: type, mode, uid, gid, mtime, number; then
+    # the directory's listing block, links, size + 3, offset, parent; the file's blocks start,
+    # no fragment, offset, size, and its one block's size word (bit 24: stored).
+    root = struct.pack("<HHHHII", 1, 0o755, 0, 0, 0, 1) + struct.pack("<IIHHI", 0, 2, 28, 0, 3)
+    file = struct.pack("<HHHHII", 2, 0o644, 0, 0, 0, 2)
+    file += struct.pack("<IIIII", blocks_start, 0xFFFFFFFF, 0, len(data), len(data) | 1 << 24)
+    meta = root + file
+    img += struct.pack("<H", 0x8000 | len(meta)) + meta  # stored metadata block
+    dir_table = len(img)
+    listing = struct.pack("<III", 0, last, 2) + struct.pack("<HhHH", len(root), 0, 2, 4) + b"a.txt"
+    img += struct.pack("<H", 0x8000 | len(listing)) + listing
+    ids = len(img)
+    img += struct.pack("<H", 0x8000 | 4) + struct.pack("<I", 0)
+    id_table = len(img)
+    img += struct.pack("<Q", ids)
+    none = 0xFFFFFFFFFFFFFFFF
+    img[0:96] = struct.pack("<IIIIIHHHHHHQQQQQQQQ", 0x73717368, 2, 0, 131072, 0,
+                            SQUASHFS_IDS[comp], 17, 0, 1, 4, 0, last << 16, len(img), id_table,
+                            none, inode_table, dir_table, none, none)
+    with open(out, "wb") as f:
+        f.write(img)
+
+
 if __name__ == "__main__":
     kind, out, size = sys.argv[1], sys.argv[2], sys.argv[3]
     mib = int(size[:-1]) << {"M": 0, "G": 10}[size[-1].upper()]
-    {"zip": write_zip, "targz": write_targz}[kind](out, mib)
+    if kind.startswith("sqfs-"):
+        write_sqfs(out, kind[len("sqfs-"):], mib)
+    else:
+        {"zip": write_zip, "targz": write_targz, "tarbz2": write_tarbz2}[kind](out, mib)

@@ -2,7 +2,8 @@
 # Memory against what archives declare: peak RSS of `packfs ls` and `packfs index`, and a daemon's
 # RSS under --cache-size 16M (mounted from the image and from its index, after reading 1 MiB at
 # three places, and for the zip after reading all of it), for a 40 GiB-inflating zip member and
-# gzip-compressed tars of 16 and 100 GiB.
+# gzip-compressed tars of 16 and 100 GiB; and scans of a .tar.bz2 of 3 GiB of zeros (bzip2 -9)
+# and of squashfs images whose inode tables claim 1 GiB, with a daemon's peak for those.
 #
 #   bash bench/memory/run.sh [PACKFS [PACKFS_TO_COMPARE]]    (default: target/release/packfs)
 #
@@ -18,6 +19,8 @@ trap 'for m in "$work"/mnt-*; do fusermount3 -u "$m" 2>/dev/null || umount "$m" 
 python3 "$here/make_images.py" zip "$work/bomb.zip" 40G
 python3 "$here/make_images.py" targz "$work/16g.tar.gz" 16G
 python3 "$here/make_images.py" targz "$work/100g.tar.gz" 100G
+python3 "$here/make_images.py" tarbz2 "$work/zeros.tar.bz2" 3G
+for comp in gzip xz zstd; do python3 "$here/make_images.py" "sqfs-$comp" "$work/$comp.sqfs" 1G; done
 
 mib() { echo $(( $1 / 1024 )); }
 status_mib() { mib "$(awk -v f="$2" '$1 == f { print $2 }' "/proc/$1/status")"; }
@@ -64,5 +67,28 @@ for bin in "${binaries[@]}"; do
       "$bin" umount "$mnt"
     done
     rm -f "$index"
+  done
+  # Scans only: a .tar.bz2 of zeros (46 MB blocks bzip2 does not declare), and squashfs images
+  # whose inode tables claim 1 GiB of metadata; a daemon reads the one file of each squashfs.
+  for image in zeros.tar.bz2 gzip.sqfs xz.sqfs zstd.sqfs; do
+    row() { printf "%-14s %-13s %-7s %-34s %10s\n" "${name:0:14}" "$image" "" "$1" "$2"; }
+    for verb in ls index; do
+      args=("$verb" "$work/$image")
+      [ $verb = index ] && args+=(-o "$work/$image.packfs-index")
+      kib=$( { /usr/bin/time -f %M "$bin" "${args[@]}" >/dev/null 2>&1 || echo "(failed)" >&2; } 2>&1 | tail -1)
+      row "$verb: peak RSS" "$( [[ $kib =~ ^[0-9]+$ ]] && mib "$kib" || echo "$kib")"
+    done
+    rm -f "$work/$image.packfs-index"
+    case $image in *.sqfs)
+      mnt="$work/mnt-sqfs"; mkdir -p "$mnt"
+      if "$bin" mount --cache-size 16M --pid-file "$work/pid" "$work/$image" "$mnt" >/dev/null 2>&1; then
+        pid=$(cat "$work/pid")
+        cat "$mnt/a.txt" >/dev/null
+        row "daemon: RSS peak" "$(status_mib "$pid" VmHWM:)"
+        "$bin" umount "$mnt"
+      else
+        row "daemon: RSS peak" "(mount failed)"
+      fi
+    esac
   done
 done

@@ -91,7 +91,7 @@ pub trait ReadAt: Send + Sync {
 }
 
 /// A `Read + Seek` view of `len` bytes readable through a `ReadAt`, for parsers that want a stream
-/// (zip's and backhand's): each holds its own position, so several can read one image.
+/// (zip's): each holds its own position, so several can read one image.
 pub struct Cursor<'a> {
     data: &'a dyn ReadAt,
     len: u64,

@@ -16,9 +16,27 @@ pub struct Superblock {
     pub bytes_used: u64,
     pub inode_table: u64,
     pub dir_table: u64,
+    /// The root directory's inode reference.
+    pub root_inode: u64,
+    pub fragment_count: u32,
+    /// Where the fragment table's index (the image offsets of its metadata blocks) is, if any.
+    pub fragment_table: u64,
+    /// Every table's start (absent ones: `bytes_used`), for `end_of`.
+    starts: [u64; 6],
 }
 
 impl Superblock {
+    /// Where the table that starts at `start` ends: at the next table's start, or the image's end.
+    pub fn end_of(&self, start: u64) -> u64 {
+        self.starts
+            .iter()
+            .copied()
+            .filter(|&s| s > start)
+            .min()
+            .unwrap_or(self.bytes_used)
+            .min(self.bytes_used)
+    }
+
     /// Decodes the superblock of an image of `file_len` bytes. Errors are (offset, reason).
     pub fn decode(b: &[u8], file_len: u64) -> Result<Superblock, (u64, String)> {
         if b.len() < LEN {
@@ -49,13 +67,24 @@ impl Superblock {
                 format!("bad block size {block_size} (block_log {block_log}): corrupt superblock"),
             ));
         }
+        let bytes_used = u64_at(b, 40);
+        let mut starts = [48, 56, 64, 72, 80, 88].map(|at| u64_at(b, at));
+        for s in &mut starts {
+            if *s == NO_TABLE {
+                *s = bytes_used;
+            }
+        }
         let sb = Superblock {
             codec,
             block_size,
             block_log,
-            bytes_used: u64_at(b, 40),
+            bytes_used,
             inode_table: u64_at(b, 64),
             dir_table: u64_at(b, 72),
+            root_inode: u64_at(b, 32),
+            fragment_count: u32_at(b, 16),
+            fragment_table: u64_at(b, 80),
+            starts,
         };
         if sb.bytes_used > file_len {
             return Err((
