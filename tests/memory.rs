@@ -205,6 +205,23 @@ fn squashfs_tables_are_read_on_demand() {
     }
 }
 
+/// An xz file whose 8 MiB index claims 4 Mi blocks that the file has no room for: refused before
+/// they are held (it took 334 MB), naming the index's offset.
+#[test]
+fn an_xz_index_of_millions_of_blocks_is_refused_before_it_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("index.tar.xz");
+    make("xzindex", &image, "8M");
+    let (out, rss) = peak_rss(packfs().arg("ls").arg(&image));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("at byte offset 12") && err.contains("more than the 0 the stream has room"),
+        "{err}"
+    );
+    assert!(rss < 48 << 10, "ls: {rss} KiB");
+}
+
 #[test]
 fn a_tar_gz_of_many_checkpoints() {
     let dir = tempfile::tempdir().unwrap();

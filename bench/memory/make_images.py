@@ -5,6 +5,8 @@
   make_images.py targz OUT.tar.gz SIZE a gzip-compressed tar of SIZE in members of 1 GiB at most
   make_images.py tarbz2 OUT.tar.bz2 SIZE  a tar of one file of SIZE zeros, as bzip2 -9
                                        compresses it (blocks of 46 MB in a few KB)
+  make_images.py xzindex OUT.tar.xz SIZE an xz stream of no block whose index of SIZE claims
+                                       2-byte records, 4 Mi a 8 MiB (xz -t refuses it)
   make_images.py sqfs-COMP OUT.sqfs SIZE  a squashfs (COMP: gzip, xz, zstd) of one file, a.txt
                                        ("hello\n"), whose inode table holds SIZE of metadata
                                        blocks of zeros before the two inodes (unsquashfs -l
@@ -126,6 +128,28 @@ def write_tarbz2(out, mib):
         f.write(c.flush())
 
 
+def vli(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def write_xzindex(out, mib):
+    flags = b"\x00\x01"  # check: CRC-32
+    header = b"\xfd7zXZ\x00" + flags + struct.pack("<I", zlib.crc32(flags))
+    count = (mib * MIB - 16) // 2
+    body = b"\x00" + vli(count) + b"\x05\x01" * count
+    body += bytes(-len(body) % 4)
+    index = body + struct.pack("<I", zlib.crc32(body))
+    backward = struct.pack("<I", len(index) // 4 - 1) + flags
+    footer = struct.pack("<I", zlib.crc32(backward)) + backward + b"YZ"
+    with open(out, "wb") as f:
+        f.write(header + index + footer)
+
+
 SQUASHFS_IDS = {"gzip": 1, "xz": 4, "zstd": 6}
 
 
@@ -182,4 +206,5 @@ if __name__ == "__main__":
     if kind.startswith("sqfs-"):
         write_sqfs(out, kind[len("sqfs-"):], mib)
     else:
-        {"zip": write_zip, "targz": write_targz, "tarbz2": write_tarbz2}[kind](out, mib)
+        {"zip": write_zip, "targz": write_targz, "tarbz2": write_tarbz2,
+         "xzindex": write_xzindex}[kind](out, mib)

@@ -16,9 +16,11 @@ use crate::util::le;
 const HEADER_MAGIC: [u8; 6] = [0xFD, b'7', b'z', b'X', b'Z', 0];
 const FOOTER_MAGIC: [u8; 2] = *b"YZ";
 /// The largest index packfs reads: 8 MiB list a million blocks and more (6 bytes per record for
-/// blocks of 16 MiB), 20 TB of data; and the records it can hold (2 bytes each at least) cost
-/// 224 MB of memory at most while the file is indexed.
+/// blocks of 16 MiB), 20 TB of data. The records it holds are bounded by the stream's size too
+/// (`MIN_BLOCK`), so a small file cannot make packfs hold millions.
 const MAX_INDEX: u64 = 8 << 20;
+/// The fewest bytes an xz block takes: an 8-byte header, a byte of data, padding to four.
+const MIN_BLOCK: u64 = 12;
 
 /// The refusal of a block larger than one read may decode: the single-block policy.
 fn too_big(at: u64) -> InflateError {
@@ -99,7 +101,11 @@ fn stream(image: &dyn ReadAt, end: u64) -> Result<(u64, Vec<Block>), InflateErro
         .ok_or_else(|| InflateError::bad(footer_at, "the xz index is larger than the stream"))?;
     let mut index = vec![0u8; index_len as usize];
     image.read_exact_at(&mut index, index_at)?;
-    let records = parse_index(&index).map_err(|why| InflateError::bad(index_at, why))?;
+    // A block takes 12 bytes at least (an 8-byte header, data, padding to four): an index cannot
+    // list more than fit between the stream header and itself. (A crafted 8 MiB index in a file
+    // of its own size listed 4 million and took 334 MB.)
+    let room = index_at.saturating_sub(12) / MIN_BLOCK;
+    let records = parse_index(&index, room).map_err(|why| InflateError::bad(index_at, why))?;
     let blocks_len = records
         .iter()
         .try_fold(0u64, |sum, r| sum.checked_add(r.0.div_ceil(4) * 4));
@@ -152,7 +158,7 @@ fn stream(image: &dyn ReadAt, end: u64) -> Result<(u64, Vec<Block>), InflateErro
 
 /// The records of an xz index (indicator, count, then unpadded and decoded size per block,
 /// padding, CRC-32): (unpadded size, decoded size) per block.
-fn parse_index(index: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+fn parse_index(index: &[u8], room: u64) -> Result<Vec<(u64, u64)>, String> {
     let body = index
         .len()
         .checked_sub(4)
@@ -169,6 +175,11 @@ fn parse_index(index: &[u8]) -> Result<Vec<(u64, u64)>, String> {
     if count > (body as u64) / 2 {
         return Err(format!(
             "the xz index claims {count} blocks in {body} bytes"
+        ));
+    }
+    if count > room {
+        return Err(format!(
+            "the xz index claims {count} blocks, more than the {room} the stream has room for"
         ));
     }
     let mut records = Vec::with_capacity(count as usize);
