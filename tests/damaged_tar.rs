@@ -183,3 +183,41 @@ fn a_damaged_header_is_warned_about_with_its_offset() {
     );
     assert!(err.contains(tar.to_str().unwrap()), "{err}");
 }
+
+/// `packfs status` says how many members the scan left out and how many behind a damaged header,
+/// for a mount that scanned the image and for one from its index alike.
+#[test]
+fn status_counts_the_members_a_damaged_header_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<_> = (0..4).map(|i| (format!("d/f{i}"), bytes(i, 700))).collect();
+    let (_, tar) = tar_of(dir.path(), "s", &files);
+    let mut raw = fs::read(&tar).unwrap();
+    for name in [&b"d/f1\0"[..], b"d/f3\0"] {
+        let at = (0..raw.len())
+            .step_by(512)
+            .find(|&at| raw[at..].starts_with(name))
+            .unwrap();
+        raw[at + 130] ^= 0x01;
+    }
+    fs::write(&tar, &raw).unwrap();
+    let index = dir.path().join("s.packfs-index");
+    run(packfs().arg("index").arg(&tar).arg("-o").arg(&index));
+    for (what, source) in [("image", &tar), ("index", &index)] {
+        let m = Mount::new(
+            &[source.as_path()],
+            &dir.path().join(format!("m-{what}")),
+            &[],
+        );
+        let text = run(packfs().arg("status").arg(&m.dir));
+        assert!(
+            text.contains(
+                "skipped   2 member(s) left out at scan, 2 of them behind a damaged tar header"
+            ),
+            "{what}: {text}"
+        );
+        let json = run(packfs().args(["status", "--json"]).arg(&m.dir));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v[0]["counters"]["skipped_members"], 2, "{what}: {json}");
+        assert_eq!(v[0]["counters"]["damaged_headers"], 2, "{what}: {json}");
+    }
+}

@@ -381,6 +381,10 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
         images: infos,
         file_count,
         file_bytes,
+        skipped: super::Skipped {
+            members: images.iter().map(|i| i.skipped).sum(),
+            damaged_headers: images.iter().map(|i| i.damaged_headers).sum(),
+        },
     })
 }
 

@@ -43,6 +43,16 @@ pub struct Catalog {
     images: Vec<ImageInfo>,
     file_count: u64,
     file_bytes: u64,
+    skipped: Skipped,
+}
+
+/// Members the scan left out with a warning (kept in the index, shown by `packfs status`): the
+/// mount serves less than the images hold, and says so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub members: u64,
+    /// Of those, tar members whose header failed its checksum.
+    pub damaged_headers: u64,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -79,6 +89,10 @@ impl Catalog {
     /// Number of regular files.
     pub fn file_count(&self) -> u64 {
         self.file_count
+    }
+
+    pub fn skipped(&self) -> Skipped {
+        self.skipped
     }
 
     /// Sum of the sizes of all regular files.

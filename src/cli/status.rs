@@ -114,6 +114,18 @@ fn render(m: &MountStatus) -> String {
         int(c, "files"),
         human(int(c, "bytes"))
     );
+    let skipped = int(c, "skipped_members");
+    if skipped > 0 {
+        let damaged = match int(c, "damaged_headers") {
+            0 => String::new(),
+            n => format!(", {n} of them behind a damaged tar header"),
+        };
+        let _ = writeln!(
+            out,
+            "  skipped   {skipped} member(s) left out at scan{damaged}: the scan's warnings \
+             (`packfs ls IMAGE`) name each"
+        );
+    }
     let served = &c["served"];
     let (ram, staged, source) = (
         int(served, "ram_bytes"),

@@ -214,6 +214,8 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
         uid: nix::unistd::geteuid().as_raw(),
         // Known once mounted.
         transport: String::new(),
+        skipped_members: catalog.skipped().members,
+        damaged_headers: catalog.skipped().damaged_headers,
     }
 }
 

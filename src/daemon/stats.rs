@@ -136,6 +136,12 @@ pub struct About {
     /// fallback).
     #[serde(default)]
     pub transport: String,
+    /// Members the scan left out with a warning (named in the log of the scan or of `packfs
+    /// index`), and of those, tar members whose header was damaged.
+    #[serde(default)]
+    pub skipped_members: u64,
+    #[serde(default)]
+    pub damaged_headers: u64,
 }
 
 /// Every counter of a mount at one moment (docs/metrics.md says what each means).

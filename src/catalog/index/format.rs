@@ -50,6 +50,9 @@ pub struct Header {
     pub images_off: u64,
     pub images_len: u64,
     pub image_count: u32,
+    /// Members the scan that wrote the index left out (bytes 108..116; zero in indexes written
+    /// before they were kept, which readers of those versions ignore).
+    pub skipped: crate::catalog::Skipped,
     pub meta_hash: u64,
 }
 
@@ -102,6 +105,9 @@ impl Header {
             put64(&mut b, at, v);
         }
         put32(&mut b, 104, self.image_count);
+        let at_most_u32 = |n: u64| n.min(u32::MAX as u64) as u32;
+        put32(&mut b, 108, at_most_u32(self.skipped.members));
+        put32(&mut b, 112, at_most_u32(self.skipped.damaged_headers));
         put64(&mut b, HASHED_HEADER, self.meta_hash);
         b
     }
@@ -151,6 +157,10 @@ impl Header {
             images_off: u64_at(b, 88),
             images_len: u64_at(b, 96),
             image_count: u32_at(b, 104),
+            skipped: crate::catalog::Skipped {
+                members: u32_at(b, 108) as u64,
+                damaged_headers: u32_at(b, 112) as u64,
+            },
             meta_hash: u64_at(b, HASHED_HEADER),
         };
         // The layout is a function of the sizes: anything else is damage.

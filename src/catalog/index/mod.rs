@@ -164,6 +164,7 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     );
     header.file_count = catalog.file_count();
     header.file_bytes = catalog.file_bytes();
+    header.skipped = catalog.skipped();
 
     let tmp = tempfile::Builder::new()
         .prefix(".packfs-index-")
@@ -464,6 +465,7 @@ fn from_map(
         images,
         file_count: header.file_count,
         file_bytes: header.file_bytes,
+        skipped: header.skipped,
     };
     let root_ok = catalog
         .entry(ROOT)
