@@ -83,7 +83,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
     let candidates = stats::candidate_paths(&m.mount_point, owner);
     let found = candidates
         .iter()
-        .find_map(|p| read_counters(p).map(|c| (p.clone(), c)));
+        .find_map(|p| read_counters(p, owner).map(|c| (p.clone(), c)));
     if let Some((path, counters)) = found {
         let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
         status.stats_file = Some(path);
@@ -118,7 +118,56 @@ fn age_of(path: &Path) -> Option<f64> {
     Some((age * 10.0).round() / 10.0)
 }
 
-fn read_counters(path: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(path).ok()?;
+/// The counters in a stats file, if it is the mount owner's (or root's) and nobody else can
+/// write it: another user could make `/tmp/packfs-UID` before its user, to show root made-up
+/// counters for that user's mount.
+fn read_counters(path: &Path, owner: u32) -> Option<serde_json::Value> {
+    use std::os::unix::fs::MetadataExt;
+    let mut file = crate::util::safe_file::no_follow()
+        .read(true)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if ![owner, 0].contains(&meta.uid()) || meta.mode() & 0o022 != 0 {
+        tracing::warn!(
+            "ignoring stats file {}: it belongs to {} (mode {:04o}), not to the mount's owner",
+            path.display(),
+            crate::util::safe_file::owner_name(meta.uid()),
+            meta.mode() & 0o7777
+        );
+        return None;
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut file, &mut text).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_counters;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Counters are read only from a file of the mount's owner (or root's) that nobody else can
+    /// write, never through a symlink.
+    #[test]
+    fn stats_files_of_other_users_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mnt.json");
+        std::fs::write(&path, br#"{"pid": 42}"#).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(read_counters(&path, me).is_some());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(read_counters(&path, me).is_none());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(read_counters(&link, me).is_none());
+        if me == 0 {
+            // Made by another user: not the mount owner's (uid 1000 here) nor root's.
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            assert!(read_counters(&path, 1000).is_none());
+            assert!(read_counters(&path, 65534).is_some());
+        }
+    }
 }
