@@ -69,19 +69,11 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
         ));
     };
     image.headers += 1;
-    let root_path = image.push_string(b"");
-    image.members.push(Member {
-        path: root_path,
-        link: Span::default(),
-        kind: MemberKind::Dir,
-        mode: root.mode as u32,
-        mtime: root.mtime as i64,
-        mtime_nsec: 0,
-        size: 0,
-        data_offset: 0,
-        encoding: Encoding::Stored,
-        header_offset: 0,
-    });
+    let root_member = Member {
+        path: image.push_string(b""),
+        ..attributes(&root)
+    };
+    image.members.push(root_member);
     // Breadth first; each directory once (a listing that names an ancestor would loop).
     let mut seen = HashSet::from([sb.root_inode]);
     let mut queue = VecDeque::from([(Vec::new(), listing, sb.root_inode)]);
@@ -132,6 +124,22 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
     Ok(())
 }
 
+/// A member with an inode's mode and mtime, shaped as a directory (the caller sets the rest).
+fn attributes(node: &inode::Inode) -> Member {
+    Member {
+        path: Span::default(),
+        link: Span::default(),
+        kind: MemberKind::Dir,
+        mode: node.mode as u32,
+        mtime: node.mtime as i64,
+        mtime_nsec: 0,
+        size: 0,
+        data_offset: 0,
+        encoding: Encoding::Stored,
+        header_offset: 0,
+    }
+}
+
 /// The walk's state: the tables it reads and the scratch buffers of block records.
 struct Walk<'r> {
     sb: Superblock,
@@ -159,18 +167,7 @@ impl Walk<'_> {
         let node = inode::read(&mut self.inodes, reference)
             .map_err(|why| (at, format!("its inode is unreadable: {why}")))?;
         let clean = sanitize(raw).map_err(|why| (at, why.to_string()))?;
-        let mut member = Member {
-            path: Span::default(),
-            link: Span::default(),
-            kind: MemberKind::Dir,
-            mode: node.mode as u32,
-            mtime: node.mtime as i64,
-            mtime_nsec: 0,
-            size: 0,
-            data_offset: 0,
-            encoding: Encoding::Stored,
-            header_offset: 0,
-        };
+        let mut member = attributes(&node);
         let mut listing = None;
         match node.kind {
             Kind::Dir(l) => listing = Some(l),
