@@ -75,8 +75,9 @@ for bin in "${binaries[@]}"; do
     for verb in ls index; do
       args=("$verb" "$work/$image")
       [ $verb = index ] && args+=(-o "$work/$image.packfs-index")
-      kib=$( { /usr/bin/time -f %M "$bin" "${args[@]}" >/dev/null 2>&1 || echo "(failed)" >&2; } 2>&1 | tail -1)
-      row "$verb: peak RSS" "$( [[ $kib =~ ^[0-9]+$ ]] && mib "$kib" || echo "$kib")"
+      failed=
+      /usr/bin/time -o "$work/time" -f %M "$bin" "${args[@]}" >/dev/null 2>&1 || failed=" (failed)"
+      row "$verb: peak RSS" "$(mib "$(tail -1 "$work/time")")$failed"
     done
     rm -f "$work/$image.packfs-index"
     case $image in *.sqfs)
