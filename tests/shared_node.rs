@@ -76,10 +76,10 @@ fn a_stage_directory_of_another_user_is_refused() {
     let evil = n.shared.join("evil.tar");
     attacker("mkdir", &["-m", "0755", s(&theirs)]);
     attacker("cp", &[s(&n.shard), s(&evil)]);
-    attacker(
-        env!("CARGO_BIN_EXE_packfs"),
-        &["stage", "--to", s(&theirs), s(&n.shard)],
-    );
+    // A copy the other user can run wherever the build is (CI clones into root's home).
+    let bin = n.root.join("packfs");
+    fs::copy(env!("CARGO_BIN_EXE_packfs"), &bin).unwrap();
+    attacker(s(&bin), &["stage", "--to", s(&theirs), s(&n.shard)]);
     assert_eq!(fs::metadata(&theirs).unwrap().uid(), ATTACKER);
     for stage in [theirs.clone(), theirs.join("inner")] {
         let err = refused_mount(&n, &["--stage", s(&stage)]);
