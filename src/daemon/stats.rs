@@ -136,8 +136,7 @@ pub struct About {
     /// fallback).
     #[serde(default)]
     pub transport: String,
-    /// Members the scan left out with a warning (named in the log of the scan or of `packfs
-    /// index`), and of those, tar members whose header was damaged.
+    /// Members the scan (or `packfs index`) left out with a warning; of those, damaged tar headers.
     #[serde(default)]
     pub skipped_members: u64,
     #[serde(default)]
