@@ -9,6 +9,10 @@ use std::io;
 const MEMLIMIT: u64 = 96 << 20;
 
 pub fn decompress(input: &[u8], limit: usize, out: &mut Vec<u8>) -> io::Result<()> {
+    decode_stream(input, limit, out)
+}
+
+fn decode_stream(input: impl io::BufRead, limit: usize, out: &mut Vec<u8>) -> io::Result<()> {
     let stream = liblzma::stream::Stream::new_stream_decoder(MEMLIMIT, 0)?;
     let mut reader = liblzma::bufread::XzDecoder::new_stream(input, stream);
     // One byte more than the limit, so an oversized block is seen.
@@ -34,26 +38,32 @@ pub fn decompress_block(
         .checked_sub(pad as u64)
         .filter(|&n| n > check_len && (n + pad as u64).is_multiple_of(4))
         .ok_or_else(|| bad("a block whose length does not fit its padding"))?;
-    let mut stream = Vec::with_capacity(block.len() + 64);
-    stream.extend_from_slice(&stream_header(check));
-    stream.extend_from_slice(block);
-    let index_at = stream.len();
-    stream.push(0); // index indicator
-    put_vli(&mut stream, 1);
-    put_vli(&mut stream, unpadded);
-    put_vli(&mut stream, size as u64);
-    while (stream.len() - index_at) % 4 != 0 {
-        stream.push(0);
+    // The index and footer after the block; the three parts are read in turn, so the block
+    // (up to a unit) is not copied.
+    let mut tail = vec![0]; // index indicator
+    put_vli(&mut tail, 1);
+    put_vli(&mut tail, unpadded);
+    put_vli(&mut tail, size as u64);
+    while tail.len() % 4 != 0 {
+        tail.push(0);
     }
-    let crc = crc32fast::hash(&stream[index_at..]);
-    stream.extend_from_slice(&crc.to_le_bytes());
-    let backward = ((stream.len() - index_at) / 4 - 1) as u32;
-    let mut tail = backward.to_le_bytes().to_vec();
-    tail.extend_from_slice(&[0, check]);
-    stream.extend_from_slice(&crc32fast::hash(&tail).to_le_bytes());
-    stream.extend_from_slice(&tail);
-    stream.extend_from_slice(b"YZ");
-    decompress(&stream, size, out)
+    let crc = crc32fast::hash(&tail);
+    tail.extend_from_slice(&crc.to_le_bytes());
+    let backward = (tail.len() / 4 - 1) as u32;
+    let mut footer = backward.to_le_bytes().to_vec();
+    footer.extend_from_slice(&[0, check]);
+    tail.extend_from_slice(&crc32fast::hash(&footer).to_le_bytes());
+    tail.extend_from_slice(&footer);
+    tail.extend_from_slice(b"YZ");
+    let header = stream_header(check);
+    let stream = io::Read::chain(io::Read::chain(&header[..], block), &tail[..]);
+    decode_stream(stream, size, out)?;
+    // A block that decodes to more than its index says stops one byte past, before liblzma
+    // reaches the index that would refuse it.
+    if out.len() != size {
+        return Err(bad("the block decodes to more bytes than its index says"));
+    }
+    Ok(())
 }
 
 /// A stream header: magic, flags (the check type), CRC-32 of the flags.
