@@ -69,9 +69,14 @@ fn log_panics() {
 }
 
 /// What can fail before anything is mounted, for `packfs mount` to check before it forks the
-/// daemon: the mountpoint, FUSE, the stats directory (`mount_checks`), and the local images.
+/// daemon: the mountpoint, FUSE, the stats directory (`mount_checks`), the stage directory and
+/// the local images.
 pub fn preflight(req: &MountRequest) -> Result<(), MountError> {
     mount_checks(req)?;
+    // The daemon's Stage::open checks it again, when it opens it.
+    if let Some(stage) = &req.stage {
+        crate::util::safe_file::private_dir_all(&stage.dir, 0o700).map_err(MountError::StageDir)?;
+    }
     crate::dataset::check_local_images(&req.images)?;
     Ok(())
 }
@@ -85,9 +90,6 @@ fn mount_checks(req: &MountRequest) -> Result<PathBuf, MountError> {
     }
     check_fuse_available()?;
     stats::check_default_dir().map_err(MountError::StatsDir)?;
-    if let Some(stage) = &req.stage {
-        crate::util::safe_file::private_dir_all(&stage.dir, 0o700).map_err(MountError::StageDir)?;
-    }
     Ok(mountpoint)
 }
 

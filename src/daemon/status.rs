@@ -128,7 +128,7 @@ fn read_counters(path: &Path, owner: u32) -> Option<serde_json::Value> {
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
-    if ![owner, 0].contains(&meta.uid()) || meta.mode() & 0o022 != 0 {
+    if crate::util::safe_file::foreign(&meta, &[owner, 0]).is_some() {
         tracing::warn!(
             "ignoring stats file {}: it belongs to {} (mode {:04o}), not to the mount's owner",
             path.display(),

@@ -95,20 +95,37 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
         return Err(unsafe_because("it is not a directory (a symlink?)".into()));
     }
     let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        return Err(unsafe_because(format!(
+    match foreign(&meta, &[me]) {
+        Some(Foreign::Owner(uid)) => Err(unsafe_because(format!(
             "it belongs to {}, not to this user ({})",
-            owner_name(meta.uid()),
+            owner_name(uid),
             owner_name(me)
-        )));
+        ))),
+        Some(Foreign::Writable(mode)) => Err(unsafe_because(format!(
+            "others can write in it (mode {mode:04o})"
+        ))),
+        None => Ok(()),
     }
-    if meta.mode() & 0o022 != 0 {
-        return Err(unsafe_because(format!(
-            "others can write in it (mode {:04o})",
-            meta.mode() & 0o7777
-        )));
+}
+
+/// Why another user could change a file or directory packfs reads back.
+pub enum Foreign {
+    /// It belongs to this uid, none of the owners allowed.
+    Owner(u32),
+    /// Group or others can write it (its mode).
+    Writable(u32),
+}
+
+/// The one rule for what packfs reads back (stage, log, trace, stats): owned by one of `owners`
+/// and writable by nobody else; otherwise why not.
+pub fn foreign(meta: &std::fs::Metadata, owners: &[u32]) -> Option<Foreign> {
+    if !owners.contains(&meta.uid()) {
+        Some(Foreign::Owner(meta.uid()))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(Foreign::Writable(meta.mode() & 0o7777))
+    } else {
+        None
     }
-    Ok(())
 }
 
 /// Makes `dir` and its missing parents (each with `mode`), or checks the ones there, for a
@@ -127,11 +144,12 @@ pub fn private_dir_all(dir: &Path, mode: u32) -> Result<(), DirError> {
         why,
     };
     let parent = abs.parent().unwrap_or(Path::new("/"));
+    let trusted = trusted_owners();
     // As written: each existing prefix (symlinks not followed).
     for prefix in parent.ancestors().collect::<Vec<_>>().into_iter().rev() {
         match std::fs::symlink_metadata(prefix) {
             Ok(meta) => {
-                if let Some(why) = unsafe_ancestor(&meta) {
+                if let Some(why) = unsafe_ancestor(&meta, &trusted) {
                     return Err(unsafe_because(format!("{} {why}", prefix.display())));
                 }
             }
@@ -162,7 +180,7 @@ pub fn private_dir_all(dir: &Path, mode: u32) -> Result<(), DirError> {
             dir: ancestor.to_path_buf(),
             error,
         })?;
-        if let Some(why) = unsafe_ancestor(&meta) {
+        if let Some(why) = unsafe_ancestor(&meta, &trusted) {
             return Err(unsafe_because(format!("{} {why}", ancestor.display())));
         }
     }
@@ -171,30 +189,32 @@ pub fn private_dir_all(dir: &Path, mode: u32) -> Result<(), DirError> {
 
 /// Why a directory (or symlink) on the way to a private directory lets another user redirect
 /// it, if it does.
-fn unsafe_ancestor(meta: &std::fs::Metadata) -> Option<String> {
-    if !trusted_owner(meta.uid()) {
-        return Some(format!(
+fn unsafe_ancestor(meta: &std::fs::Metadata, trusted: &[u32]) -> Option<String> {
+    match foreign(meta, trusted)? {
+        Foreign::Owner(uid) => Some(format!(
             "belongs to {}, who could replace what is in it",
-            owner_name(meta.uid())
-        ));
+            owner_name(uid)
+        )),
+        // A sticky directory (/tmp, /dev/shm) lets others add entries, not replace ours; a
+        // symlink's own mode means nothing.
+        Foreign::Writable(mode) if meta.file_type().is_dir() && mode & 0o1000 == 0 => {
+            Some(format!(
+                "can be written by others (mode {mode:04o}) and is not sticky, so they could \
+                 replace what is in it"
+            ))
+        }
+        Foreign::Writable(_) => None,
     }
-    let others_write = meta.mode() & 0o022 != 0;
-    let sticky = meta.mode() & 0o1000 != 0;
-    (meta.file_type().is_dir() && others_write && !sticky).then(|| {
-        format!(
-            "can be written by others (mode {:04o}) and is not sticky, so they could \
-             replace what is in it",
-            meta.mode() & 0o7777
-        )
-    })
 }
 
-/// Root or this user. In a user namespace, the real root's files show as the overflow uid
+/// Root and this user. In a user namespace, the real root's files show as the overflow uid
 /// (65534), which is taken for root's there.
-fn trusted_owner(uid: u32) -> bool {
-    uid == 0
-        || uid == nix::unistd::geteuid().as_raw()
-        || (crate::util::userns::in_user_namespace() && uid == overflow_uid())
+fn trusted_owners() -> Vec<u32> {
+    let mut owners = vec![0, nix::unistd::geteuid().as_raw()];
+    if crate::util::userns::in_user_namespace() {
+        owners.push(overflow_uid());
+    }
+    owners
 }
 
 fn overflow_uid() -> u32 {
@@ -218,23 +238,20 @@ pub fn owner_name(uid: u32) -> String {
 pub fn check_owned(file: &File, path: &Path) -> io::Result<()> {
     let meta = file.metadata()?;
     let me = nix::unistd::geteuid().as_raw();
-    let why = if meta.uid() != me {
-        format!(
+    let why = match foreign(&meta, &[me]) {
+        None => return Ok(()),
+        Some(Foreign::Owner(uid)) => format!(
             "{} belongs to {}, not to this user ({}): packfs does not use a file another \
              user owns; remove it, or give a path of your own",
             path.display(),
-            owner_name(meta.uid()),
+            owner_name(uid),
             owner_name(me)
-        )
-    } else if meta.mode() & 0o022 != 0 {
-        format!(
-            "others can write to {} (mode {:04o}): packfs does not use a file another user \
+        ),
+        Some(Foreign::Writable(mode)) => format!(
+            "others can write to {} (mode {mode:04o}): packfs does not use a file another user \
              can change; remove it (or `chmod go-w` it if its content is yours) and retry",
-            path.display(),
-            meta.mode() & 0o7777
-        )
-    } else {
-        return Ok(());
+            path.display()
+        ),
     };
     Err(io::Error::new(io::ErrorKind::PermissionDenied, why))
 }
