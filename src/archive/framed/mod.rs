@@ -66,6 +66,9 @@ pub fn attach(
     Ok(())
 }
 
+/// Decoded bytes handed to the walk per `next_chunk` at most.
+const SLICE: usize = 1 << 20;
+
 /// The file is read in pieces this large while walking it for pieces.
 const CHUNK: usize = 4 << 20;
 
@@ -154,6 +157,8 @@ pub struct BlockIndexer<'r> {
     /// that block alone.
     alone: bool,
     current: Vec<u8>,
+    /// Bytes of `current` handed out so far.
+    served: usize,
     frames: Vec<FrameEntry>,
     total: u64,
     threads: usize,
@@ -186,6 +191,7 @@ impl<'r> BlockIndexer<'r> {
             failed: None,
             alone: false,
             current: Vec::new(),
+            served: 0,
             frames: Vec::new(),
             total: 0,
             threads,
@@ -194,8 +200,16 @@ impl<'r> BlockIndexer<'r> {
 
     /// The next piece's decoded bytes; empty at the end of the stream.
     pub fn next_chunk(&mut self) -> Result<&[u8], InflateError> {
+        // A piece is handed out a slice at a time: the walk copies what it is given, and a
+        // whole piece copied held a unit twice (128 MiB for 64 MiB frames).
+        if self.served < self.current.len() {
+            let from = self.served;
+            self.served = (from + SLICE).min(self.current.len());
+            return Ok(&self.current[from..self.served]);
+        }
         // The walk is done with the last piece: its room goes before the next is decoded.
         self.current = Vec::new();
+        self.served = 0;
         loop {
             let Some(decoded) = self.ready.pop_front() else {
                 if let Some(e) = self.failed.take() {
@@ -218,7 +232,8 @@ impl<'r> BlockIndexer<'r> {
                 });
                 self.total += decoded.len() as u64;
                 self.current = decoded;
-                return Ok(&self.current);
+                self.served = self.current.len().min(SLICE);
+                return Ok(&self.current[..self.served]);
             }
         }
     }
