@@ -11,6 +11,7 @@ use std::fmt;
 use std::io;
 
 use super::codec;
+use super::codec::Codec;
 use super::inflate::{self, Checkpoints};
 use super::plan::{Encoding, Located, MAX_UNIT, Piece, PlanError, Unit, UnitKind, WholeCrc};
 use super::sparse_map::{self, SparseMap};
@@ -82,6 +83,29 @@ pub fn read_checkpoints<'a, E: From<PlanError>>(
 }
 
 impl Unit<'_> {
+    /// The most memory `decode` takes: the result, the encoded bytes (a block's are read whole,
+    /// a stream's a piece at a time) and the decoder's own state. The memory budget reserves it
+    /// before decoding. xz's dictionary is allocated as declared but touched only as far as the
+    /// output goes, so it counts as much as the output; bzip2 sorts in 4 bytes per block byte.
+    pub fn memory(&self) -> u64 {
+        const DECODER: u64 = 256 << 10;
+        let bytes = match self.kind {
+            UnitKind::Block {
+                codec, len, limit, ..
+            } => {
+                let working = match codec {
+                    Codec::Xz | Codec::XzBlock { .. } => limit as u64,
+                    Codec::Bzip2Block { .. } => 4 * 900_000,
+                    _ => 0,
+                };
+                limit as u64 + 1 + len as u64 + working
+            }
+            UnitKind::DeflateStream { size, .. } => size + codec::READ_CHUNK as u64,
+            UnitKind::Restart(ref r) => r.window.len() + r.len as u64 + inflate::RESTART_READ,
+        };
+        bytes + DECODER
+    }
+
     /// Reads the encoded bytes from `image` (through whatever tiers it stands for) and decodes
     /// them. A result of the wrong length is `InvalidData`, like a corrupt stream.
     pub fn decode(&self, image: &dyn ReadAt) -> io::Result<Vec<u8>> {
@@ -117,8 +141,15 @@ impl Unit<'_> {
                 let mut out = Vec::new();
                 ENCODED.with_borrow_mut(|packed| {
                     packed.resize(len as usize, 0);
-                    image.read_exact_at(packed, self.at)?;
-                    codec.decompress(packed, limit, &mut out).map_err(invalid)
+                    let decoded = image
+                        .read_exact_at(packed, self.at)
+                        .and_then(|()| codec.decompress(packed, limit, &mut out).map_err(invalid));
+                    // A large piece's encoded bytes are not kept per thread: the memory budget
+                    // counts them only while it is decoded.
+                    if packed.capacity() > KEEP_ENCODED {
+                        *packed = Vec::new();
+                    }
+                    decoded
                 })?;
                 if out.len() < need {
                     let expected = if need == limit {
@@ -155,6 +186,9 @@ pub fn check_crc(bytes: &[u8], crc: Option<u32>) -> Result<(), String> {
         None => Ok(()),
     }
 }
+
+/// Encoded bytes kept per thread between blocks, at most: every squashfs block fits.
+const KEEP_ENCODED: usize = 1 << 20;
 
 thread_local! {
     /// Encoded bytes of the block being decoded on this thread.

@@ -162,6 +162,15 @@ fn render(m: &MountStatus) -> String {
         hits,
         loads
     );
+    let memory = &ram_c["memory"];
+    let _ = writeln!(
+        out,
+        "  memory    {} of {} held (peak {}), {} waits for room",
+        human(int(memory, "held")),
+        human(int(memory, "total")),
+        human(int(memory, "peak")),
+        int(memory, "waits")
+    );
     if let Some(st) = c.get("stage").filter(|s| !s.is_null()) {
         let total = int(st, "total_bytes").max(1);
         let present = int(st, "present_bytes");

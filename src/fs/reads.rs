@@ -22,6 +22,7 @@ use tracing::warn;
 use super::core::Ino;
 use super::dispatch::{DataReply, Dispatch, Reply, SentData};
 use super::error::Error;
+use crate::tiers::budget::MemoryBudget;
 use crate::tiers::streams::as_reader;
 
 /// A read to answer through `reply`, whichever transport it came by.
@@ -71,8 +72,76 @@ const IDLE_EXIT: Duration = Duration::from_secs(30);
 /// No read finished for this long while reads wait: the workers are stuck, add one.
 const STALLED: Duration = Duration::from_millis(20);
 
+/// A thread's reply buffer. Its bytes stay between reads (the next read overwrites them instead
+/// of clearing them first), but only `KEEPERS` threads keep a large one: the read pool grows to
+/// hundreds of threads while a region of the source stalls, and a large buffer each (1 MiB
+/// reads) was memory beyond the daemon's budget (33 MiB under 32 readers staging).
+struct ReplyBuffer {
+    bytes: Vec<u8>,
+    keeper: bool,
+}
+
+/// Bytes of replies being assembled at once, at most: a read waits for room before it fills its
+/// buffer. Without it, 55 threads assembling 1 MiB replies for 32 readers held 33 MiB beyond the
+/// daemon's budget (`tiers::budget`, whose `OUTSIDE` counts this room).
+pub const REPLY_ROOM: u64 = 4 << 20;
+
+/// When some read last finished, in ms since `STARTED`: a read waiting for reply room goes ahead
+/// without it when no read finished for `STALLED` (the reads holding the room are stuck in a slow
+/// region of the source, and the rest of the mount must not wait behind them: docs/semantics.md,
+/// slow or stuck regions); reads that only wait their turn do not (under 32 readers staging, a
+/// fixed 20 ms let the replies of 42 threads through).
+static STARTED: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+static LAST_DONE_MS: AtomicU64 = AtomicU64::new(0);
+
+fn reads_stalled() -> bool {
+    let now = STARTED.elapsed().as_millis() as u64;
+    now.saturating_sub(LAST_DONE_MS.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64
+}
+
+fn reply_room() -> &'static Arc<MemoryBudget> {
+    static ROOM: std::sync::OnceLock<Arc<MemoryBudget>> = std::sync::OnceLock::new();
+    ROOM.get_or_init(|| MemoryBudget::new(REPLY_ROOM))
+}
+
+/// Threads that keep a large reply buffer, at most `KEEPERS`.
+static KEEPING: AtomicUsize = AtomicUsize::new(0);
+const KEEPERS: usize = 4;
+/// What a keeper keeps: a read of the most FUSE asks (1 MiB) and its header.
+const KEPT: usize = (1 << 20) + 4096;
+/// What every other thread keeps.
+const SMALL: usize = 128 << 10;
+
+impl ReplyBuffer {
+    /// After a read: a large buffer stays only with a keeper (this thread, if there is room).
+    fn settle(&mut self) {
+        if self.bytes.capacity() <= SMALL {
+            return;
+        }
+        self.keeper = self.keeper
+            || KEEPING
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < KEEPERS).then_some(n + 1)
+                })
+                .is_ok();
+        let keep = if self.keeper { KEPT } else { SMALL };
+        self.bytes.truncate(keep);
+        self.bytes.shrink_to(keep);
+    }
+}
+
+impl Drop for ReplyBuffer {
+    fn drop(&mut self) {
+        if self.keeper {
+            KEEPING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 thread_local! {
-    static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static BUFFER: RefCell<ReplyBuffer> = const {
+        RefCell::new(ReplyBuffer { bytes: Vec::new(), keeper: false })
+    };
 }
 
 impl Reads {
@@ -219,7 +288,8 @@ fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Dispatch>) -> std::io::Resu
 }
 
 fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
-    BUFFER.with_borrow_mut(|buf| {
+    BUFFER.with_borrow_mut(|reply_buffer| {
+        let buf = &mut reply_buffer.bytes;
         let ReadJob {
             ino,
             offset,
@@ -228,12 +298,15 @@ fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
             started,
             reader,
         } = job;
+        // Held until the reply is sent: its buffer (or the unit it shares) is in use until then.
+        let _room = reply_room().acquire_unless_stuck(size as u64, STALLED, reads_stalled);
+        // The whole reply at once: grown by doubling, the smaller steps were freed into the
+        // allocator's per-thread arenas, which kept them.
+        buf.reserve_exact((size as usize).saturating_sub(buf.len()));
         as_reader(reader, || {
             server.read(ino, offset, size, started, buf, reply)
         });
-        // Keep at most one large request's worth of buffer per thread (its bytes stay: the next
-        // read overwrites them instead of clearing them first).
-        buf.truncate(2 << 20);
-        buf.shrink_to(2 << 20);
+        LAST_DONE_MS.fetch_max(STARTED.elapsed().as_millis() as u64, Ordering::Relaxed);
+        reply_buffer.settle();
     });
 }

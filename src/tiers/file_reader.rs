@@ -260,7 +260,7 @@ impl FileReader {
         let images = &*self.images;
         images
             .ram()
-            .get_or_load(image, unit.key(), || {
+            .get_or_load(image, unit.key(), unit.memory(), || {
                 unit.decode(&ImageBytes { images, image })
             })
             .map_err(failed(unit.at))

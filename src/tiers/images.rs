@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Source;
-use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, RamStats};
+use super::budget::MemoryBudget;
+use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, RamStats, Room};
 use super::read_ahead::ReadAhead;
 use super::stage::{ForRead, Shared, Stage, chunk_len};
 use super::streams::Streams;
@@ -76,7 +77,13 @@ impl Images {
         }
         let has_ram = ram_budget > 0;
         let chunked = chunked && has_ram;
-        let ram = Arc::new(RamCache::new(ram_budget));
+        // One memory budget for everything the tiers hold: the cache's values, the units and
+        // chunks readers hold, read-ahead's window and the stager's runs.
+        let memory = MemoryBudget::for_cache(ram_budget);
+        let ram = RamCache::with_memory(ram_budget, memory.clone());
+        if let Some(stage) = &stage {
+            stage.use_memory(memory);
+        }
         let read_ahead =
             has_ram.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size, stage.clone()));
         let streams = Streams::new(source.image_count());
@@ -236,7 +243,9 @@ impl Images {
         {
             return Ok((chunk, false));
         }
-        let fetched = self.ram.fetch_chunk(&self.source, image, start, len)?;
+        let fetched = self
+            .ram
+            .fetch_chunk(&self.source, image, start, len, Room::Wait)?;
         if let (Some(ahead), (chunk, true)) = (&self.read_ahead, &fetched) {
             ahead.pin(image, start, chunk.clone());
             let chunks = self.image_size(image).div_ceil(self.chunk_size);

@@ -3,6 +3,7 @@
 //! checked copy staged on node-local storage. `open` assembles the stack; `FileReader` executes
 //! the read plans that the formats make. Nothing here knows a format.
 
+pub mod budget;
 /// Test-only: compiled for the tests (`testing` feature), never into a release build.
 #[cfg(any(test, feature = "testing"))]
 pub mod faults;

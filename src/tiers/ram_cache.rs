@@ -8,14 +8,58 @@
 //! held, under the budget: the weight of a value is its allocation.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use quick_cache::sync::{Cache, DefaultLifecycle, GuardResult};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
+use super::budget::{MemoryBudget, Permit};
+
 /// A decoded block or member, shared with the readers that are copying out of it.
-pub type Decoded = Arc<Vec<u8>>;
+pub type Decoded = Arc<Held>;
+
+/// Bytes held under the memory budget: their permit goes back when the last reader lets go, not
+/// when the cache evicts them (a reader may still be copying out of an evicted unit).
+pub struct Held {
+    bytes: Vec<u8>,
+    _permit: Option<Permit>,
+}
+
+impl Held {
+    /// Bytes outside any budget (tests, and commands that read one file once).
+    pub fn unbudgeted(bytes: Vec<u8>) -> Held {
+        Held {
+            bytes,
+            _permit: None,
+        }
+    }
+
+    /// `bytes` under `permit`, which is shrunk to their allocation.
+    pub fn under(bytes: Vec<u8>, mut permit: Permit) -> Held {
+        permit.shrink_to(bytes.capacity() as u64);
+        Held {
+            bytes,
+            _permit: Some(permit),
+        }
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
+}
+
+/// Whether a load may wait for room in the memory budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Room {
+    /// Wait (a reader's own miss).
+    Wait,
+    /// Give up with `WouldBlock` if the budget has no room now (read-ahead: a hint).
+    IfFree,
+}
 
 /// Key: (image, offset of the encoded bytes in the image), or for a raw chunk of the image
 /// (image, `CHUNK_TAG | chunk start`).
@@ -53,11 +97,16 @@ pub struct RamStats {
     pub loads: u64,
     /// Bytes produced by the loads.
     pub loaded_bytes: u64,
+    /// The memory budget the values are drawn from, which also holds what readers, read-ahead
+    /// and the stager hold outside the cache.
+    pub memory: super::budget::BudgetStats,
 }
 
 pub struct RamCache {
     cache: Cache<Key, Decoded, ByAllocation>,
     budget: u64,
+    /// Where every loaded value's bytes are drawn from (shared with the rest of the tiers).
+    memory: Arc<MemoryBudget>,
     peak: AtomicU64,
     requests: AtomicU64,
     loads: AtomicU64,
@@ -65,8 +114,26 @@ pub struct RamCache {
 }
 
 impl RamCache {
-    /// A cache that holds at most `budget` bytes (0 disables it: every read decodes).
-    pub fn new(budget: u64) -> RamCache {
+    /// A cache that holds at most `budget` bytes (0 disables it: every read decodes), with a
+    /// memory budget of its own.
+    pub fn new(budget: u64) -> Arc<RamCache> {
+        RamCache::with_memory(budget, MemoryBudget::for_cache(budget))
+    }
+
+    /// A cache that holds at most `budget` bytes of what it loads under `memory`; when a load
+    /// waits for room, values no reader holds are evicted.
+    pub fn with_memory(budget: u64, memory: Arc<MemoryBudget>) -> Arc<RamCache> {
+        let cache = Arc::new(RamCache::build(budget, memory.clone()));
+        let weak: Weak<RamCache> = Arc::downgrade(&cache);
+        memory.add_reclaimer(Box::new(move |bytes| {
+            if let Some(cache) = weak.upgrade() {
+                cache.evict_unused(bytes);
+            }
+        }));
+        cache
+    }
+
+    fn build(budget: u64, memory: Arc<MemoryBudget>) -> RamCache {
         let shards = 1usize << (budget / MIN_SHARD).clamp(1, 16).ilog2();
         let options = OptionsBuilder::new()
             .shards(shards)
@@ -82,6 +149,7 @@ impl RamCache {
                 DefaultLifecycle::default(),
             ),
             budget,
+            memory,
             peak: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             loads: AtomicU64::new(0),
@@ -91,13 +159,17 @@ impl RamCache {
 
     /// The value for `(image, offset)`, decoded by `load` on a miss. Concurrent misses of one key
     /// run `load` once; a failed load is not cached, so a later read retries it.
+    /// `reserve` is the most memory the load may take (its result and what it reads to make
+    /// it), drawn from the memory budget before it runs.
     pub fn get_or_load(
         &self,
         image: u32,
         offset: u64,
+        reserve: u64,
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<Decoded> {
-        self.fetch(image, offset, load).map(|(value, _)| value)
+        self.fetch(image, offset, reserve, Room::Wait, load)
+            .map(|(value, _)| value)
     }
 
     /// As `get_or_load`, also saying whether this call ran the loader.
@@ -105,20 +177,23 @@ impl RamCache {
         &self,
         image: u32,
         offset: u64,
+        reserve: u64,
+        room: Room,
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if crate::source::read_at::waiting_refused() {
-            return self.fetch_without_waiting(image, offset, load);
+        if room == Room::IfFree || crate::source::read_at::waiting_refused() {
+            return self.fetch_without_waiting(image, offset, reserve, load);
         }
         let mut loaded = false;
         let value = self.cache.get_or_insert_with(&(image, offset), || {
             loaded = true;
             self.loads.fetch_add(1, Ordering::Relaxed);
+            let permit = self.memory.acquire(reserve);
             let bytes = load()?;
             self.loaded_bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            Ok::<_, io::Error>(Arc::new(bytes))
+            Ok::<_, io::Error>(Arc::new(Held::under(bytes, permit)))
         })?;
         if loaded {
             self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
@@ -128,12 +203,14 @@ impl RamCache {
         Ok((value, loaded))
     }
 
-    /// `fetch` inside `read_at::without_waiting`: a unit another thread is loading is not waited
-    /// for (`WouldBlock`); one nobody loads is loaded here, by reads that refuse to wait too.
+    /// `fetch` inside `read_at::without_waiting` (or for read-ahead): a unit another thread is
+    /// loading is not waited for, nor room in the memory budget (`WouldBlock`); one nobody loads
+    /// is loaded here if the budget has room now.
     fn fetch_without_waiting(
         &self,
         image: u32,
         offset: u64,
+        reserve: u64,
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         match self
@@ -146,9 +223,14 @@ impl RamCache {
             }
             GuardResult::Timeout => Err(crate::source::read_at::would_block()),
             GuardResult::Guard(guard) => {
+                // No room drops the guard, as a failed load does: waiting loaders then load
+                // themselves.
+                let permit = self
+                    .memory
+                    .try_acquire(reserve)
+                    .ok_or_else(crate::source::read_at::would_block)?;
                 self.loads.fetch_add(1, Ordering::Relaxed);
-                // A failed load drops the guard: waiting loaders then load themselves.
-                let bytes = Arc::new(load()?);
+                let bytes = Arc::new(Held::under(load()?, permit));
                 self.loaded_bytes
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 let _ = guard.insert(bytes.clone());
@@ -166,8 +248,9 @@ impl RamCache {
         image: u32,
         start: u64,
         len: u64,
+        room: Room,
     ) -> io::Result<(Decoded, bool)> {
-        self.fetch(image, CHUNK_TAG | start, || {
+        self.fetch(image, CHUNK_TAG | start, len, room, || {
             let mut bytes = vec![0u8; len as usize];
             source.read_exact_at(image, start, &mut bytes)?;
             Ok(bytes)
@@ -186,6 +269,23 @@ impl RamCache {
         self.cache.contains_key(&(image, offset))
     }
 
+    /// The memory budget the cache's values are drawn from.
+    pub fn memory(&self) -> &Arc<MemoryBudget> {
+        &self.memory
+    }
+
+    /// Evicts values no reader holds, about `bytes` of them (the memory budget is short).
+    fn evict_unused(&self, bytes: u64) {
+        let freed = std::cell::Cell::new(0);
+        self.cache.retain(|_, value| {
+            if freed.get() >= bytes || Arc::strong_count(value) > 1 {
+                return true;
+            }
+            freed.set(freed.get() + value.capacity() as u64);
+            false
+        });
+    }
+
     pub fn stats(&self) -> RamStats {
         let loads = self.loads.load(Ordering::Relaxed);
         RamStats {
@@ -195,6 +295,7 @@ impl RamCache {
             hits: self.requests.load(Ordering::Relaxed) - loads,
             loads,
             loaded_bytes: self.loaded_bytes.load(Ordering::Relaxed),
+            memory: self.memory.stats(),
         }
     }
 }
@@ -210,7 +311,7 @@ mod tests {
         let cache = RamCache::new(budget);
         for i in 0..200u64 {
             let v = cache
-                .get_or_load(0, i, || Ok(vec![i as u8; 100_000]))
+                .get_or_load(0, i, 100_000, || Ok(vec![i as u8; 100_000]))
                 .unwrap();
             assert_eq!(v[99_999], i as u8);
             assert!(cache.stats().held <= budget, "held {:?}", cache.stats());
@@ -219,7 +320,9 @@ mod tests {
         assert!(s.peak <= budget && s.peak > budget / 2, "{s:?}");
         assert_eq!(s.loads, 200);
         // A value larger than the budget is served but not kept.
-        let big = cache.get_or_load(1, 0, || Ok(vec![7; 2 << 20])).unwrap();
+        let big = cache
+            .get_or_load(1, 0, 2 << 20, || Ok(vec![7; 2 << 20]))
+            .unwrap();
         assert_eq!(big.len(), 2 << 20);
         assert!(cache.stats().held <= budget);
     }
@@ -235,7 +338,7 @@ mod tests {
                     barrier.wait();
                     for key in 0..50u64 {
                         let v = cache
-                            .get_or_load(3, key, || {
+                            .get_or_load(3, key, 4096, || {
                                 std::thread::sleep(std::time::Duration::from_micros(200));
                                 Ok(vec![key as u8; 4096])
                             })
@@ -249,11 +352,38 @@ mod tests {
     }
 
     #[test]
+    fn values_are_counted_until_their_last_reader_lets_go() {
+        let memory = MemoryBudget::new(4 << 20);
+        let cache = RamCache::with_memory(1 << 20, memory.clone());
+        // Too large for the cache: not kept, but counted while a reader holds it.
+        let big = cache
+            .get_or_load(0, 1, 3 << 20, || Ok(vec![1; 2 << 20]))
+            .unwrap();
+        assert_eq!(memory.stats().held, big.capacity() as u64);
+        drop(big);
+        assert_eq!(memory.stats().held, 0);
+        // The cache full of small values, then a load that needs more than is left: it waits,
+        // the cache lets go of what no reader holds, and the load goes ahead.
+        for key in 0..4u64 {
+            cache
+                .get_or_load(1, key, 256 << 10, || Ok(vec![2; 256 << 10]))
+                .unwrap();
+        }
+        assert!(memory.stats().held >= 768 << 10, "{:?}", memory.stats());
+        let large = cache
+            .get_or_load(2, 0, 4 << 20, || Ok(vec![3; 3 << 20]))
+            .unwrap();
+        assert_eq!(large.len(), 3 << 20);
+        assert!(memory.stats().held <= 4 << 20, "{:?}", memory.stats());
+        assert!(memory.stats().waits >= 1);
+    }
+
+    #[test]
     fn failed_loads_are_retried() {
         let cache = RamCache::new(1 << 20);
-        let err = cache.get_or_load(0, 1, || Err(io::Error::other("bad block")));
+        let err = cache.get_or_load(0, 1, 1, || Err(io::Error::other("bad block")));
         assert!(err.is_err());
-        let ok = cache.get_or_load(0, 1, || Ok(vec![1])).unwrap();
-        assert_eq!(*ok, vec![1]);
+        let ok = cache.get_or_load(0, 1, 1, || Ok(vec![1])).unwrap();
+        assert_eq!(**ok, vec![1]);
     }
 }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Sender, TrySendError, bounded};
 
 use super::Source;
-use super::ram_cache::{CHUNK_TAG, Decoded, RamCache};
+use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, Room};
 use super::stage::{ForRead, Stage, chunk_len};
 
 /// Chunks fetched ahead of a sequential reader.
@@ -95,6 +95,12 @@ impl ReadAhead {
             state: Mutex::default(),
             keep: keep as usize,
         });
+        let weak = Arc::downgrade(&window);
+        ram.memory().add_reclaimer(Box::new(move |bytes| {
+            if let Some(window) = weak.upgrade() {
+                window.let_go(bytes);
+            }
+        }));
         for n in 0..THREADS {
             let (jobs, source, ram, fetched, window, stage) = (
                 jobs.clone(),
@@ -126,7 +132,8 @@ impl ReadAhead {
                             continue;
                         }
                         let len = chunk_len(source.image_size(image), chunk_size, i as usize);
-                        let loaded = ram.fetch_chunk(&source, image, start, len);
+                        // A hint: never waits for room in the memory budget.
+                        let loaded = ram.fetch_chunk(&source, image, start, len, Room::IfFree);
                         // A failed fetch is the reader's to meet and report, with its own read.
                         let chunk = match loaded {
                             Ok((chunk, true)) => {
@@ -226,6 +233,17 @@ impl Window {
         Some(chunk)
     }
 
+    /// Drops the least recently used chunks, about `bytes` of them (the memory budget is short).
+    fn let_go(&self, bytes: u64) {
+        let mut state = self.lock();
+        let mut freed = 0;
+        while freed < bytes
+            && let Some(gone) = state.kept.pop_front()
+        {
+            freed += gone.chunk.capacity() as u64;
+        }
+    }
+
     /// Stops reading ahead while the readers' own fetches turn the window over twice, longer
     /// each time it happens again (up to 32 times over).
     fn pause(&self, state: &mut WindowState) {
@@ -304,7 +322,7 @@ mod tests {
     }
 
     fn chunk() -> Decoded {
-        Arc::new(vec![0u8; 16])
+        Arc::new(super::super::ram_cache::Held::unbudgeted(vec![0u8; 16]))
     }
 
     #[test]

@@ -8,7 +8,7 @@ use flate2::{Decompress, FlushDecompress, Status};
 use crate::source::read_at::ReadAt;
 
 /// Compressed bytes read per request while inflating a stream.
-const READ_CHUNK: usize = 256 * 1024;
+pub const READ_CHUNK: usize = 256 * 1024;
 
 thread_local! {
     static ZLIB: RefCell<Decompress> = RefCell::new(Decompress::new(true));

@@ -14,6 +14,7 @@ use std::io;
 
 use crate::source::read_at::ReadAt;
 
+pub use deflate::READ_CHUNK;
 pub use xz::check_size as xz_check_size;
 
 /// The compressions packfs decodes.

@@ -21,7 +21,7 @@ pub mod table;
 pub use crate::archive::plan::{Located, Restart};
 pub use gzip::is_gzip;
 pub use indexer::{Indexer, InflateError, Wrapper};
-pub use restart::inflate_interval;
+pub use restart::{READ as RESTART_READ, inflate_interval};
 pub use table::Checkpoints;
 
 /// Decoded bytes between checkpoints, unless `PACKFS_CHECKPOINT_SPACING` says otherwise when an

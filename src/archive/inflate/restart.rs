@@ -14,7 +14,7 @@ use crate::source::read_at::ReadAt;
 
 /// Compressed bytes read at a time when the interval's compressed length is not known (the last
 /// interval of a stream) or larger than this.
-const READ: u64 = 1 << 20;
+pub const READ: u64 = 1 << 20;
 
 /// Decodes the interval `restart` describes, whose compressed bytes start at image offset `at`.
 pub fn inflate_interval(image: &dyn ReadAt, at: u64, restart: &Restart) -> io::Result<Vec<u8>> {

@@ -9,6 +9,8 @@ use crossbeam_channel::{Receiver, Sender};
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::super::budget::Permit;
+use super::super::ram_cache::Held;
 use super::image::{ABSENT, BUSY, QUEUED, StagedImage, is_local, state, with_state};
 use super::{Offer, Stage, StageMode};
 
@@ -56,6 +58,8 @@ struct Batch {
     /// xxh3 of each claimed chunk, computed on the reading side to balance the two threads.
     sums: Vec<u64>,
     buf: Vec<u8>,
+    /// The buffer's share of the mount's memory budget; it travels with the buffer.
+    permit: Option<Permit>,
 }
 
 struct Copier<'s> {
@@ -64,7 +68,7 @@ struct Copier<'s> {
     /// The walk's runs go to the writer thread, so that reading the next run overlaps writing
     /// this one; spent buffers come back.
     to_writer: Sender<Batch>,
-    spent: Receiver<Vec<u8>>,
+    spent: Receiver<(Vec<u8>, Option<Permit>)>,
     pace: Pace,
     /// Where the eager walk goes on: (image position, chunk).
     cursor: (usize, usize),
@@ -101,7 +105,7 @@ pub fn run(stage: &Stage, until_done: bool, progress: Option<Progress>) {
                     recv(batches) -> batch => {
                         let Ok(batch) = batch else { break };
                         sink.store_run(&batch);
-                        let _ = give_back.send(batch.buf);
+                        let _ = give_back.send((batch.buf, batch.permit));
                     }
                     recv(offers) -> offer => {
                         if let Ok(offer) = offer {
@@ -245,7 +249,16 @@ impl Copier<'_> {
             return img.release(&claimed);
         }
         let start = img.chunk_start(claimed[0].0);
-        let mut buf = self.spent.try_recv().unwrap_or_default();
+        let (mut buf, permit) = match self.spent.try_recv() {
+            Ok(spent) => spent,
+            // A new buffer: its room first (a run and a chunk at most).
+            Err(_) => (
+                Vec::new(),
+                self.stage
+                    .memory()
+                    .map(|m| m.acquire(RUN_BYTES + self.stage.chunk_size())),
+            ),
+        };
         buf.resize(bytes as usize, 0);
         let source = &self.stage.source;
         if let Err(e) = source.read_for_stage(img.index, start, &mut buf) {
@@ -275,6 +288,7 @@ impl Copier<'_> {
             claimed,
             sums,
             buf,
+            permit,
         };
         if let Err(unsent) = self.to_writer.send(batch) {
             img.release(&unsent.into_inner().claimed);
@@ -302,6 +316,15 @@ impl Copier<'_> {
                     give_back();
                     return;
                 }
+                // Never waits for memory: this thread also takes the offers that hold it.
+                let permit = match self.stage.memory().map(|m| m.try_acquire(len)) {
+                    Some(None) => {
+                        give_back();
+                        return;
+                    }
+                    Some(permit) => permit,
+                    None => None,
+                };
                 let mut b = vec![0u8; len as usize];
                 if let Err(e) =
                     self.stage
@@ -315,7 +338,10 @@ impl Copier<'_> {
                     give_back();
                     return;
                 }
-                std::sync::Arc::new(b)
+                std::sync::Arc::new(match permit {
+                    Some(permit) => Held::under(b, permit),
+                    None => Held::unbudgeted(b),
+                })
             }
         };
         if self.make_room(bytes.len() as u64)

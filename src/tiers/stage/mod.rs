@@ -17,11 +17,11 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{error, info, warn};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::Xxh3;
 
 pub use copier::run as run_copier;
 pub use image::chunk_len;
@@ -29,6 +29,7 @@ use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, is_local, state, with
 pub use lock::{DirLock, LockError};
 
 use super::Source;
+use super::budget::MemoryBudget;
 use super::ram_cache::Decoded;
 use crate::catalog::ImageInfo;
 
@@ -210,10 +211,16 @@ pub struct Stage {
     stopped: AtomicBool,
     shutdown: AtomicBool,
     status: Mutex<String>,
+    /// The mount's memory budget, which the stager's runs draw from (none for `packfs stage`,
+    /// whose runs are its only memory).
+    memory: OnceLock<Arc<MemoryBudget>>,
 }
 
+/// Bytes of a staged chunk read back at a time for its check.
+const CHECK_PIECE: u64 = 128 << 10;
+
 thread_local! {
-    /// A whole chunk read back from local storage for its check.
+    /// A piece of a chunk read back from local storage for its check.
     static CHECK_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -303,8 +310,18 @@ impl Stage {
             stopped: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             status: Mutex::new("starting".into()),
+            memory: OnceLock::new(),
             opts,
         })
+    }
+
+    /// Draws the stager's memory from the mount's budget.
+    pub fn use_memory(&self, memory: Arc<MemoryBudget>) {
+        let _ = self.memory.set(memory);
+    }
+
+    fn memory(&self) -> Option<&Arc<MemoryBudget>> {
+        self.memory.get()
     }
 
     pub fn chunk_size(&self) -> u64 {
@@ -337,13 +354,29 @@ impl Stage {
                 }
             }
             PRESENT => {
-                let ok = CHECK_BUF.with_borrow_mut(|buf| {
-                    buf.resize(img.chunk_len(i) as usize, 0);
-                    if let Err(e) = img.read_local(i, 0, buf) {
-                        self.local_read_failed(img, i, before, e);
-                        return false;
+                let ok = CHECK_BUF.with_borrow_mut(|piece| {
+                    // Read back in pieces, hashed as they pass, and `dst` filled from the same
+                    // pieces, so what is served is what was checked. A whole chunk per reading
+                    // thread (32 MiB under 32 readers) was memory outside the budget.
+                    let (len, from, to) = (img.chunk_len(i), within, within + dst.len() as u64);
+                    let mut hasher = Xxh3::new();
+                    let mut at = 0;
+                    while at < len {
+                        piece.resize((len - at).min(CHECK_PIECE) as usize, 0);
+                        if let Err(e) = img.read_local(i, at, piece) {
+                            self.local_read_failed(img, i, before, e);
+                            return false;
+                        }
+                        hasher.update(piece);
+                        let end = at + piece.len() as u64;
+                        let (lo, hi) = (at.max(from), end.min(to));
+                        if lo < hi {
+                            dst[(lo - from) as usize..(hi - from) as usize]
+                                .copy_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+                        }
+                        at = end;
                     }
-                    let got = xxh3_64(buf);
+                    let got = hasher.digest();
                     let want = img.chunks[i].sum.load(Ordering::SeqCst);
                     if !still_local(before, img.word(i)) {
                         return false;
@@ -355,8 +388,6 @@ impl Stage {
                     if img.swap(i, before, with_state(before, VERIFIED)) {
                         self.verified_chunks.fetch_add(1, Ordering::Relaxed);
                     }
-                    let from = within as usize;
-                    dst.copy_from_slice(&buf[from..from + dst.len()]);
                     true
                 });
                 if !ok {
