@@ -128,11 +128,17 @@ class _EpochSampler(Sampler):
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
         self.total = total
-        if drop_last:
-            self.num_samples = total // self.num_replicas
+        self._sizes(self.num_replicas)
+        # Indices yielded by the current iteration; what the next one skips, or yields instead,
+        # after load_state_dict.
+        self._yielded, self._resume = 0, None
+
+    def _sizes(self, num_replicas):
+        if self.drop_last:
+            self.num_samples = self.total // num_replicas
         else:
-            self.num_samples = math.ceil(total / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
+            self.num_samples = math.ceil(self.total / num_replicas)
+        self.total_size = self.num_samples * num_replicas
 
     def __len__(self):
         return self.num_samples
@@ -140,6 +146,58 @@ class _EpochSampler(Sampler):
     def set_epoch(self, epoch):
         """As DistributedSampler's: call it before each epoch so each epoch has its own order."""
         self.epoch = epoch
+
+    def state_dict(self):
+        """Where this rank is: the epoch and the indices its current iteration has yielded, with
+        what fixes the order (seed, dataset size, world). ``load_state_dict`` resumes from there;
+        torchdata's ``StatefulDataLoader`` calls both for a mid-epoch resume."""
+        return {
+            "epoch": self.epoch,
+            "yielded": self._yielded,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "total": self.total,
+            "num_replicas": self.num_replicas,
+        }
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict``: sets the epoch, and the next iteration yields what was left
+        of it. On the same number of ranks, exactly the indices this rank had not yielded; on
+        another number, see ``_resume_on``. The iteration after that is a whole epoch again."""
+        for key in ("seed", "shuffle", "drop_last", "total"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"the state was saved with {key}={state[key]!r}, this sampler has "
+                    f"{key}={getattr(self, key)!r}: the order it resumes would not be the one "
+                    f"it left"
+                )
+        yielded = int(state["yielded"])
+        if not 0 <= yielded <= math.ceil(self.total / int(state["num_replicas"])):
+            raise ValueError(f"yielded={yielded} is not a position in an epoch")
+        self.epoch = int(state["epoch"])
+        if int(state["num_replicas"]) == self.num_replicas:
+            self._resume = yielded
+        else:
+            self._resume = self._resume_on(int(state["num_replicas"]), yielded)
+
+    def _resume_on(self, num_replicas, yielded):
+        raise ValueError(
+            f"{type(self).__name__} resumes mid-epoch only on the number of ranks it was saved "
+            f"with ({num_replicas}, now {self.num_replicas}): its order follows the nodes' "
+            f"shares. Resume on {num_replicas} ranks, or from the start of epoch "
+            f"{self.epoch + 1} (set_epoch)"
+        )
+
+    def _indices_of(self, num_replicas, rank):
+        """The indices rank ``rank`` of a world of ``num_replicas`` had this epoch."""
+        saved = self.num_replicas, self.rank, self.num_samples, self.total_size
+        try:
+            self.num_replicas, self.rank = num_replicas, rank
+            self._sizes(num_replicas)
+            return self.indices()
+        finally:
+            self.num_replicas, self.rank, self.num_samples, self.total_size = saved
 
     def _generator(self):
         g = torch.Generator()
@@ -150,7 +208,19 @@ class _EpochSampler(Sampler):
         return torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
 
     def __iter__(self):
-        return iter(self.indices().tolist())
+        resume, self._resume = self._resume, None
+        if resume is None:
+            order, self._yielded = self.indices(), 0
+        elif isinstance(resume, int):
+            order, self._yielded = self.indices()[resume:], resume
+        else:
+            order, self._yielded = resume, 0
+        return self._counted(order.tolist())
+
+    def _counted(self, order):
+        for i in order:
+            self._yielded += 1
+            yield i
 
 
 def _trim(cells, counts, excess):
@@ -289,7 +359,9 @@ class ShareSampler(_EpochSampler):
         self._per_node = self.num_samples * self.ranks_per_node
 
     def _keep(self):
-        target = round((1.0 - self.q) * self._per_node)
+        # One node: there are no other shares to read from.
+        q = self.q if self.nodes > 1 else 0.0
+        target = round((1.0 - q) * self._per_node)
         return [min(len(s), target) for s in self._local]
 
     def local_fraction(self):
@@ -383,6 +455,23 @@ class ShardOrderedSampler(_EpochSampler):
             list(torch.split(members, run_length))
             for members in torch.split(by_place, sizes.tolist())
         ]
+
+    def _resume_on(self, num_replicas, yielded):
+        """On another number of ranks: what the saved world's ranks had not yet read (each had
+        yielded ``yielded``, as DDP's batches in step make them), in their order, split into
+        this world's equal parts (padded by repetition, or cut with ``drop_last``); each sample
+        left is read once across the new ranks."""
+        left = torch.cat(
+            [self._indices_of(num_replicas, r)[yielded:] for r in range(num_replicas)]
+        )
+        if len(left) == 0:
+            return left
+        if self.drop_last:
+            per_rank = len(left) // self.num_replicas
+        else:
+            per_rank = math.ceil(len(left) / self.num_replicas)
+            left = left[torch.arange(per_rank * self.num_replicas) % len(left)]
+        return left[self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def indices(self):
         """This rank's sample indices for the current epoch (a LongTensor)."""

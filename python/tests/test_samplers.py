@@ -238,3 +238,108 @@ def test_a_sampler_refuses_what_it_cannot_place():
         ShareSampler(["img0/f0"], cat)
     with pytest.raises(TypeError, match="samples"):
         ShareSampler(object(), cat, num_replicas=1, rank=0)
+
+
+def test_with_one_share_every_sample_is_local():
+    # One node has no other share to read from: q does not apply (local_fraction said 0.90).
+    cat = catalog([50, 70], [0, 0], 1)
+    paths = [f.path for f in cat.files]
+    s = ShareSampler(paths, cat, q=0.1, num_replicas=2, rank=0, ranks_per_node=2)
+    assert s.local_fraction() == 1.0
+    both = sorted(i for r in range(2) for i in ShareSampler(
+        paths, cat, q=0.1, num_replicas=2, rank=r, ranks_per_node=2))
+    assert both == list(range(120))
+
+
+def samplers_of(kind, paths, cat, world, **kw):
+    if kind == "share":
+        return [ShareSampler(paths, cat, q=0.3, num_replicas=world, rank=r, ranks_per_node=1, **kw)
+                for r in range(world)]
+    return [ShardOrderedSampler(paths, cat, run_length=4, buffer=3, num_replicas=world, rank=r,
+                                **kw) for r in range(world)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["share", "ordered"]), st.integers(0, 40), st.integers(0, 5),
+       st.booleans(), st.integers(0, 2**31))
+def test_a_sampler_resumed_mid_epoch_yields_exactly_the_indices_left(kind, step, epoch, drop_last,
+                                                                      seed):
+    cat = catalog([30, 25, 17, 40], [0, 1, 0, 1], 2)
+    paths = [f.path for f in cat.files]
+    for rank, s in enumerate(samplers_of(kind, paths, cat, 2, seed=seed, drop_last=drop_last)):
+        s.set_epoch(epoch)
+        whole = list(s)
+        it = iter(s)
+        seen = [next(it) for _ in range(min(step, len(whole)))]
+        state = s.state_dict()
+        fresh = samplers_of(kind, paths, cat, 2, seed=seed, drop_last=drop_last)[rank]
+        fresh.load_state_dict(state)
+        assert fresh.epoch == epoch
+        assert seen + list(fresh) == whole
+        # The next iteration is a whole epoch again.
+        fresh.set_epoch(epoch + 1)
+        s.set_epoch(epoch + 1)
+        assert list(fresh) == list(s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 30), st.integers(0, 2**31))
+def test_shard_ordered_resumes_on_another_number_of_ranks(old_world, new_world, step, seed):
+    cat = catalog([30, 25, 17, 40], [0, 0, 0, 0], 1)
+    paths = [f.path for f in cat.files]
+    old = samplers_of("ordered", paths, cat, old_world, seed=seed)
+    states, read = [], []
+    for s in old:
+        s.set_epoch(2)
+        it = iter(s)
+        read += [next(it) for _ in range(min(step, len(s)))]
+        states.append(s.state_dict())
+    new = samplers_of("ordered", paths, cat, new_world, seed=seed)
+    rest = []
+    for r, s in enumerate(new):
+        s.load_state_dict(states[r % old_world])
+        rest.append(list(s))
+    # Equal parts, and every sample not yet read is read (padding repeats only what is left).
+    assert len({len(part) for part in rest}) <= 1
+    left = collections.Counter(i for s in old for i in s.indices().tolist()) - collections.Counter(read)
+    assert set(i for part in rest for i in part) == set(left)
+    assert sum(len(part) for part in rest) - sum(left.values()) < new_world
+
+
+def test_share_sampler_refuses_another_number_of_ranks_mid_epoch():
+    cat = catalog([30, 25], [0, 1], 2)
+    paths = [f.path for f in cat.files]
+    state = samplers_of("share", paths, cat, 2)[0].state_dict()
+    cat4 = catalog([30, 25, 10, 10], [0, 1, 2, 3], 4)
+    other = ShareSampler([f.path for f in cat4.files], cat4, num_replicas=4, rank=0,
+                         ranks_per_node=1)
+    with pytest.raises(ValueError, match="total"):
+        other.load_state_dict(state)
+    same_total = ShareSampler(paths, catalog([30, 25], [0, 0], 1), num_replicas=1, rank=0,
+                              ranks_per_node=1)
+    with pytest.raises(ValueError, match="resumes mid-epoch only on the number of ranks"):
+        same_total.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_statefuldataloader_resumes_mid_epoch(workers):
+    # torchdata's StatefulDataLoader saves and loads the sampler with the loader.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cat = catalog([30, 25, 17, 40], [0, 1, 0, 1], 2)
+    paths = [f.path for f in cat.files]
+
+    def loader():
+        s = ShardOrderedSampler(paths, cat, run_length=4, num_replicas=2, rank=1, seed=7)
+        s.set_epoch(3)
+        return StatefulDataLoader(list(range(len(paths))), batch_size=4, sampler=s,
+                                  num_workers=workers)
+
+    whole = [i for batch in loader() for i in batch.tolist()]
+    first = loader()
+    it = iter(first)
+    seen = [i for _ in range(5) for i in next(it).tolist()]
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    assert seen + [i for batch in second for i in batch.tolist()] == whole
