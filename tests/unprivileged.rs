@@ -172,6 +172,38 @@ fn ordinary_user_mounts_reads_and_unmounts() {
 
 /// A root prologue mounts for the job's user: `--allow-other` lets the user in, `--uid/--gid` make
 /// the user the owner, so the archive's owner bits (a 0600 file) apply to that user and no other.
+/// In a container that forbids privilege gain (no_new_privs), the setuid fusermount3 runs
+/// without root and says only "mount failed: Operation not permitted": the mount says why and
+/// what to do, before trying.
+#[test]
+fn a_user_who_may_not_gain_privileges_is_told_why_the_mount_fails() {
+    if !user_mounts_possible() {
+        return;
+    }
+    let (_dir, bin, shard, mnt) = nobodys_dataset(2, 1000);
+    let _cleanup = UnmountOnDrop(mnt.clone());
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ])
+        .arg(&bin)
+        .args(["mount", shard.to_str().unwrap(), mnt.to_str().unwrap()])
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("may not gain privileges") && err.contains("no-new-privileges"),
+        "{err}"
+    );
+    assert!(!is_mounted(&mnt));
+}
+
 #[test]
 fn root_mounts_for_a_job_user() {
     let dir = tempfile::tempdir().unwrap();

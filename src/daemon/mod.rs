@@ -70,6 +70,14 @@ pub enum MountError {
     FuseDevice(io::Error),
     #[error("mounting as a non-root user needs fusermount3 (install the fuse3 package)")]
     NoFusermount,
+    /// fusermount3 cannot act as root for this user: it would fail "Operation not permitted".
+    #[error(
+        "{helper} cannot mount for this user: {why}; it mounts for ordinary users only as a \
+         setuid-root program (`sudo chmod u+s {helper}`, as the fuse3 package installs it), \
+         and a container must allow privilege gain (not `--security-opt no-new-privileges`); \
+         or mount as root"
+    )]
+    FusermountNotSetuid { helper: String, why: &'static str },
     #[error(
         "/dev/fuse is not readable and writable by this user, so no FUSE file system can be \
          mounted without root; it needs mode 0666, as the fuse3 package's udev rule sets it"

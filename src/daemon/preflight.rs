@@ -83,6 +83,11 @@ pub fn check_fuse_available() -> Result<(), MountError> {
         }
     } else if !has_fusermount() {
         return Err(MountError::NoFusermount);
+    } else if let Some((helper, why)) = fusermount_cannot_gain_root() {
+        return Err(MountError::FusermountNotSetuid {
+            helper: helper.display().to_string(),
+            why,
+        });
     } else if nix::unistd::access(
         DEV,
         nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
@@ -97,6 +102,28 @@ pub fn check_fuse_available() -> Result<(), MountError> {
 
 fn has_fusermount() -> bool {
     unmount::which("fusermount3") || unmount::which("fusermount")
+}
+
+/// Why the fusermount3 that would mount for this (non-root) user cannot act as root, if it
+/// cannot: not setuid root, or this process may not gain privileges (no_new_privs, which
+/// containers set). Either way it fails with a bare "Operation not permitted".
+fn fusermount_cannot_gain_root() -> Option<(std::path::PathBuf, &'static str)> {
+    use std::os::unix::fs::MetadataExt;
+    let helper =
+        unmount::find_program("fusermount3").or_else(|| unmount::find_program("fusermount"))?;
+    let meta = std::fs::metadata(&helper).ok()?;
+    if meta.uid() != 0 || meta.mode() & 0o4000 == 0 {
+        return Some((helper, "it is not setuid root"));
+    }
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let no_new_privs = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NoNewPrivs:"))
+        .is_some_and(|v| v.trim() == "1");
+    no_new_privs.then_some((
+        helper,
+        "this process may not gain privileges (no_new_privs is set, as containers often set it)",
+    ))
 }
 
 /// Whether this process holds CAP_SYS_ADMIN (in its user namespace): the `CapEff` mask of
