@@ -49,6 +49,8 @@ check() {
     "$venv/bin/packfs" --version
     # The Python package rides in the same wheel and finds the binary installed beside it.
     "$venv/bin/python" -c 'import packfs, sys; b = packfs.binary(); print("import packfs: runs", b); sys.exit(not b.startswith(sys.prefix))'
+    # packfs.__version__ is the binary's version.
+    [ "$("$venv/bin/python" -c 'import packfs; print(packfs.__version__)')" = "$("$venv/bin/packfs" --version | cut -d' ' -f2)" ]
     local newest
     newest=$(objdump -T "$venv/bin/packfs" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
     echo "the wheel's binary needs glibc symbols up to $newest"

@@ -13,6 +13,7 @@ Importing it needs nothing but the standard library.
 
 import base64
 import gc
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,6 +25,13 @@ import threading
 from pathlib import Path
 
 __all__ = ["Catalog", "File", "Mount", "MountError", "binary", "mount", "open_bytes", "status"]
+
+try:
+    # The wheel's version, which is the binary's (both come from Cargo.toml).
+    __version__ = importlib.metadata.version("packfs")
+except importlib.metadata.PackageNotFoundError:
+    # Imported from a source tree that was not installed.
+    __version__ = "0+source"
 
 
 class MountError(RuntimeError):
@@ -46,7 +54,10 @@ def binary():
     found = shutil.which("packfs")
     if found:
         return found
-    raise MountError("the packfs command is not installed (pip install packfs, or set PACKFS_BIN)")
+    raise MountError(
+        "the packfs command is not installed: `pip install .` in a clone of packfs installs it "
+        "with this package (packfs is not on PyPI yet), or set PACKFS_BIN to one you built"
+    )
 
 
 def _run(args, check=True):

@@ -43,14 +43,42 @@ pub struct Cli {
     command: Command,
 }
 
+/// What `--help` ends with: the commands a user types first (as ratarmount's help does).
+const MOUNT_EXAMPLES: &str = "\
+Examples:
+  packfs mount /gpfs/datasets/imagenet/train.packfs-index /tmp/imagenet
+  packfs mount 'train-{000000..000127}.tar' /tmp/imagenet          (scans first: index once instead)
+  packfs mount --stage \"$(mktemp -d /dev/shm/packfs.XXXXXX)\" train.packfs-index /tmp/imagenet
+  packfs mount --stage-share $SLURM_NODEID/$SLURM_NNODES --stage DIR train.packfs-index MNT
+  packfs mount 's3://bucket/train/*.tar' /tmp/imagenet
+  packfs mount --layout imagefolder 'wds-{0000..0099}.tar' /tmp/imagenet   (WebDataset shards as classes)
+  packfs status /tmp/imagenet; packfs umount /tmp/imagenet";
+
+const PACK_EXAMPLES: &str = "\
+Examples:
+  packfs pack /gpfs/raw/imagenet/train --shards 128 --shuffle --seed 1 -o /gpfs/datasets/imagenet
+  packfs pack photos --shard-size 1G -o shards                     (shards of about 1 GB)
+  packfs pack 'old-{0000..0015}.tar' --shards 64 -o new            (re-pack existing images)
+  packfs pack photos --compress zstd -o shards                     (.tar.zst in frames, served by range)
+  packfs pack photos --shards 64 -o shards --resume                (after an interrupted pack)";
+
+const INDEX_EXAMPLES: &str = "\
+Examples:
+  packfs index '/gpfs/datasets/imagenet/train-{000000..000127}.tar' -o train.packfs-index
+  packfs index data.tar.gz images.sqfs -o data.packfs-index        (formats mix in one tree)
+  packfs index 's3://bucket/train/*.tar' -o train.packfs-index";
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Mount images as one read-only directory tree.
+    #[command(after_help = MOUNT_EXAMPLES)]
     Mount(mount::Args),
     /// Pack directory trees or images into balanced (optionally shuffled) tar shards, with their
     /// index and a manifest.
+    #[command(after_help = PACK_EXAMPLES)]
     Pack(pack::Args),
     /// Scan images once and write an index file, so that mounts start at once.
+    #[command(after_help = INDEX_EXAMPLES)]
     Index(index::Args),
     /// Check an index (every byte) and its images' fingerprints; with --data, every file too.
     Verify(verify::Args),
@@ -158,4 +186,52 @@ pub fn already_reported(e: &anyhow::Error) -> bool {
         e.downcast_ref::<packfs::daemon::MountError>(),
         Some(packfs::daemon::MountError::Reported(_))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command line as the shell splits it: words, with quoted parts kept whole.
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in line.chars() {
+            match (quote, c) {
+                (None, '\'' | '"') => (quote, any) = (Some(c), true),
+                (Some(q), _) if c == q => quote = None,
+                (None, ' ') if any => {
+                    out.push(std::mem::take(&mut word));
+                    any = false;
+                }
+                (None, ' ') => {}
+                _ => (word, any) = (word + &c.to_string(), true),
+            }
+        }
+        if any {
+            out.push(word);
+        }
+        out
+    }
+
+    #[test]
+    fn every_example_in_help_parses() {
+        let mut seen = 0;
+        for examples in [MOUNT_EXAMPLES, PACK_EXAMPLES, INDEX_EXAMPLES] {
+            for line in examples.lines().filter(|l| l.starts_with("  packfs ")) {
+                // What follows three spaces and a parenthesis is a comment.
+                let line = line.split("   (").next().unwrap();
+                // Slurm's variables as a job on node 0 of 2 has them.
+                let line = line
+                    .replace("$SLURM_NODEID", "0")
+                    .replace("$SLURM_NNODES", "2");
+                for command in line.split(';') {
+                    let args = words(command.trim());
+                    let parsed = Cli::try_parse_from(&args);
+                    assert!(parsed.is_ok(), "{args:?}: {}", parsed.unwrap_err());
+                    seen += 1;
+                }
+            }
+        }
+        assert_eq!(seen, 16);
+    }
 }
