@@ -126,6 +126,48 @@ fn foreground_mount_exits_zero_on_sigint() {
     assert!(!is_mounted(&mnt));
 }
 
+/// Ctrl-C while `packfs mount` waits for a daemon still scanning a large `.tar.gz`: the daemon
+/// is stopped, nothing is mounted (then or later), and the command exits as Ctrl-C would. The
+/// daemon runs in its own session, so before it kept scanning and mounted a second later.
+#[test]
+fn ctrl_c_during_a_scan_cancels_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    sh(
+        "truncate -s 1G zeros.bin && tar cf - zeros.bin | gzip -1 > big.tar.gz && rm zeros.bin",
+        dir.path(),
+    );
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let child = packfs()
+        .arg("mount")
+        .arg(dir.path().join("big.tar.gz"))
+        .arg(&mnt)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!is_mounted(&mnt), "the scan ended too soon for this test");
+    run(Command::new("kill").arg("-INT").arg(child.id().to_string()));
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("mount cancelled (interrupted)"), "{stderr}");
+    // Nothing mounts later, and no daemon for this mountpoint is left.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!is_mounted(&mnt));
+    let mnt_s = mnt.to_str().unwrap();
+    let daemons = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            let c = String::from_utf8_lossy(c);
+            c.contains("--daemon-child") && c.contains(mnt_s)
+        })
+        .count();
+    assert_eq!(daemons, 0);
+}
+
 #[test]
 fn busy_mount_is_detached_and_open_files_keep_working() {
     let dir = tempfile::tempdir().unwrap();

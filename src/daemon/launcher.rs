@@ -32,6 +32,7 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
         });
     }
     let mut child = cmd.spawn().map_err(MountError::Spawn)?;
+    let cancel = CancelOnSignal::watch(child.id());
     let stderr = child.stderr.take().expect("piped");
     let mut out = std::io::stderr().lock();
     let mut ready = None;
@@ -49,6 +50,16 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
         let _ = out.write_all(b"\n");
     }
     drop(out);
+    if let Some(signal) = cancel.as_ref().and_then(CancelOnSignal::stop) {
+        // The daemon was told to stop: scanning, it just exits; mounted, it unmounts first.
+        let _ = child.wait();
+        eprintln!(
+            "packfs: mount cancelled ({}): the daemon has stopped and nothing is mounted at {}",
+            signal_name(signal),
+            mountpoint.display()
+        );
+        std::process::exit(128 + signal);
+    }
     let Some(ready) = ready else {
         let status = child.wait().map_err(MountError::Spawn)?;
         // The daemon's own error line says what failed: a second one about its exit would only
@@ -63,6 +74,50 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
         });
     };
     Ok(ready)
+}
+
+/// Ctrl-C, or SIGTERM/SIGHUP (a job cancelled), while the launcher waits: the daemon is detached
+/// from the terminal (setsid), so the launcher stops it, waits for it, and exits as the signal
+/// would. Without this, a mount still scanning appeared after the user had given up on it.
+struct CancelOnSignal {
+    handle: signal_hook::iterator::Handle,
+    caught: std::sync::Arc<std::sync::atomic::AtomicI32>,
+}
+
+impl CancelOnSignal {
+    fn watch(daemon: u32) -> Option<CancelOnSignal> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).ok()?;
+        let handle = signals.handle();
+        let caught = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let seen = caught.clone();
+        std::thread::Builder::new()
+            .name("packfs-launcher-signals".into())
+            .spawn(move || {
+                if let Some(signal) = signals.forever().next() {
+                    seen.store(signal, std::sync::atomic::Ordering::SeqCst);
+                    let daemon = nix::unistd::Pid::from_raw(daemon as i32);
+                    let _ = nix::sys::signal::kill(daemon, nix::sys::signal::Signal::SIGTERM);
+                }
+            })
+            .ok()?;
+        Some(CancelOnSignal { handle, caught })
+    }
+
+    /// Stops watching; the signal caught, if one was.
+    fn stop(&self) -> Option<i32> {
+        self.handle.close();
+        Some(self.caught.load(std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGINT => "interrupted",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
 }
 
 /// Called in the daemon once the mount is ready: tell the launcher (with the line it prints),
