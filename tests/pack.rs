@@ -698,3 +698,42 @@ fn ctrl_c_during_a_pack_says_how_to_resume() {
         "{msg}"
     );
 }
+
+/// A pack and a scan in a batch job write their progress to a log file, where no bar is drawn:
+/// a line every PACKFS_PROGRESS_EVERY seconds (30 by default) instead of nothing.
+#[test]
+fn progress_goes_to_a_log_as_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("flat");
+    flat_samples(&src, 200, 5);
+    let out = tmp.path().join("out");
+    let log = tmp.path().join("job.log");
+    let to_log = || std::process::Stdio::from(fs::File::create(&log).unwrap());
+    let status = packfs()
+        .env("PACKFS_PROGRESS_EVERY", "0")
+        .args(["pack", "--shards", "2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .stderr(to_log())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("packfs: packing: ") && said.contains(" members"),
+        "{said}"
+    );
+    let status = packfs()
+        .env("PACKFS_PROGRESS_EVERY", "0")
+        .arg("index")
+        .args(shards(&out))
+        .arg("-o")
+        .arg(tmp.path().join("again.packfs-index"))
+        .stderr(to_log())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(said.contains("packfs: scanning: 2 of 2 images"), "{said}");
+}

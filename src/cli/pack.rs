@@ -110,12 +110,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "packing {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec}, {msg}, eta {eta}",
     )
     .expect("valid template");
+    let log = super::progress::LogLines::new();
     let on_progress = |p: Progress| match p {
         Progress::Gathering { members, bytes } => {
             bar.set_message(format!(
                 "{members} members, {}",
                 indicatif::HumanBytes(bytes)
             ));
+            log.say(|| {
+                format!(
+                    "gathering: {members} members, {}",
+                    indicatif::HumanBytes(bytes)
+                )
+            });
         }
         Progress::Writing {
             members,
@@ -130,6 +137,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bar.reset_eta();
             }
             bar.set_position(bytes);
+            log.say(|| {
+                format!(
+                    "packing: {} of {} ({}%), {members} of {total_members} members",
+                    indicatif::HumanBytes(bytes),
+                    indicatif::HumanBytes(total_bytes),
+                    bytes * 100 / total_bytes.max(1)
+                )
+            });
         }
     };
     say_how_to_resume_if_interrupted(&opts.out_dir, bar.clone());

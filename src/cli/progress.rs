@@ -1,10 +1,51 @@
-//! Progress bars on the terminal (drawn only when stderr is one) for the library's callbacks.
+//! Progress bars on the terminal (drawn only when stderr is one) for the library's callbacks,
+//! and plain lines for a batch job's log when it is not one.
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use packfs::dataset::ScanProgress;
 
+/// Where no bar is drawn (stderr is a file: a batch job's log), a line of progress every
+/// `PACKFS_PROGRESS_EVERY` seconds (30 by default), so that a long pack or scan is not silence.
+pub struct LogLines {
+    every: Option<Duration>,
+    last: Mutex<Option<Instant>>,
+}
+
+impl LogLines {
+    pub fn new() -> LogLines {
+        let every = std::env::var("PACKFS_PROGRESS_EVERY")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(Duration::from_secs(30), Duration::from_secs_f64);
+        LogLines {
+            every: (!std::io::stderr().is_terminal()).then_some(every),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Writes `line()` if a line is due (the first comes after one interval).
+    pub fn say(&self, line: impl FnOnce() -> String) {
+        let Some(every) = self.every else { return };
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match *last {
+            None => *last = Some(now),
+            Some(at) if now.duration_since(at) >= every => {
+                eprintln!("packfs: {}", line());
+                *last = Some(now);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 /// A bar over the images being scanned.
-pub struct ScanBar(ProgressBar);
+pub struct ScanBar(ProgressBar, LogLines);
 
 impl ScanBar {
     pub fn new() -> ScanBar {
@@ -14,13 +55,19 @@ impl ScanBar {
                 .expect("valid template"),
         );
         bar.set_message("0 members");
-        ScanBar(bar)
+        ScanBar(bar, LogLines::new())
     }
 
     pub fn update(&self, p: ScanProgress) {
         self.0.set_length(p.images);
         self.0.set_position(p.images_done);
         self.0.set_message(format!("{} members", p.members));
+        self.1.say(|| {
+            format!(
+                "scanning: {} of {} images, {} members",
+                p.images_done, p.images, p.members
+            )
+        });
     }
 }
 
