@@ -323,6 +323,7 @@ fn readers_within_budget(mnt: &Path, pid: i32, readers: usize, len: usize, what:
         }
     });
     let peak = status_kib(pid, "VmHWM:");
+    eprintln!("{what}: peak {peak} KiB");
     let (anon, file) = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
     assert!(
         peak < DAEMON_BOUND_KIB,
