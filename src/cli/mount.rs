@@ -191,7 +191,14 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
     // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
     let mut child_args: Vec<OsString> = argv.iter().skip(1).cloned().collect();
     child_args.push("--daemon-child".into());
-    let ready_line = daemon::spawn_background(&child_args, &args.mountpoint)?;
+    let ready_line = match daemon::spawn_background(&child_args, &args.mountpoint) {
+        Err(e @ daemon::MountError::Cancelled { signal, .. }) => {
+            // Exits as the signal would (130 for Ctrl-C), as the shell expects of an interrupt.
+            eprintln!("packfs: {e}");
+            std::process::exit(128 + signal);
+        }
+        other => other?,
+    };
     if !quiet {
         eprintln!("packfs: {ready_line}");
     }

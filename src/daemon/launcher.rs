@@ -53,12 +53,10 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
     if let Some(signal) = cancel.as_ref().and_then(CancelOnSignal::stop) {
         // The daemon was told to stop: scanning, it just exits; mounted, it unmounts first.
         let _ = child.wait();
-        eprintln!(
-            "packfs: mount cancelled ({}): the daemon has stopped and nothing is mounted at {}",
-            signal_name(signal),
-            mountpoint.display()
-        );
-        std::process::exit(128 + signal);
+        return Err(MountError::Cancelled {
+            signal,
+            mountpoint: mountpoint.to_path_buf(),
+        });
     }
     let Some(ready) = ready else {
         let status = child.wait().map_err(MountError::Spawn)?;
@@ -108,15 +106,6 @@ impl CancelOnSignal {
     fn stop(&self) -> Option<i32> {
         self.handle.close();
         Some(self.caught.load(std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
-    }
-}
-
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        libc::SIGINT => "interrupted",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        _ => "signal",
     }
 }
 

@@ -70,6 +70,14 @@ pub enum MountError {
     FuseDevice(io::Error),
     #[error("mounting as a non-root user needs fusermount3 (install the fuse3 package)")]
     NoFusermount,
+    /// A signal while `packfs mount` waited: the daemon was stopped (the CLI exits as the
+    /// signal would).
+    #[error(
+        "mount cancelled ({}): the daemon has stopped and nothing is mounted at {}",
+        signal_name(*signal),
+        mountpoint.display()
+    )]
+    Cancelled { signal: i32, mountpoint: PathBuf },
     /// fusermount3 cannot act as root for this user: it would fail "Operation not permitted".
     #[error(
         "{helper} cannot mount for this user: {why}; it mounts for ordinary users only as a \
@@ -126,4 +134,13 @@ pub enum MountError {
         mountpoint: PathBuf,
         status: ExitStatus,
     },
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGINT => "interrupted",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
 }

@@ -58,6 +58,14 @@ struct State {
     /// large one is not starved by a stream of small ones.
     next: u64,
     serving: u64,
+    /// Requests in `acquire_unless_stuck`, which take no ticket.
+    untracked: u64,
+}
+
+impl State {
+    fn somebody_waits(&self) -> bool {
+        self.serving != self.next || self.untracked > 0
+    }
 }
 
 /// What the budget has done, for `packfs status`.
@@ -92,6 +100,7 @@ impl MemoryBudget {
                 free: total,
                 next: 0,
                 serving: 0,
+                untracked: 0,
             }),
             freed: Condvar::new(),
             reclaimers: Mutex::new(Vec::new()),
@@ -104,10 +113,6 @@ impl MemoryBudget {
     /// The budget of a daemon whose RAM cache holds `cache_size` bytes.
     pub fn for_cache(cache_size: u64) -> Arc<MemoryBudget> {
         MemoryBudget::new(cache_size.saturating_add(HEADROOM - OUTSIDE))
-    }
-
-    pub fn total(&self) -> u64 {
-        self.total
     }
 
     /// Registers a holder to ask for bytes back when a request waits.
@@ -146,7 +151,7 @@ impl MemoryBudget {
         }
         state.serving += 1;
         self.take(&mut state, want);
-        let waiting = state.serving != state.next;
+        let waiting = state.somebody_waits();
         drop(state);
         // The next in line may fit in what is left.
         if waiting {
@@ -154,9 +159,8 @@ impl MemoryBudget {
         }
         Permit {
             budget: self.clone(),
-            bytes,
+            bytes: want,
         }
-        .clamped(want)
     }
 
     /// `bytes` from the budget, waiting for them; every `patience` the request asks `stuck`, and
@@ -176,6 +180,7 @@ impl MemoryBudget {
             if !waited {
                 waited = true;
                 self.waits.fetch_add(1, Ordering::Relaxed);
+                state.untracked += 1;
             }
             let (s, timeout) = self
                 .freed
@@ -186,6 +191,9 @@ impl MemoryBudget {
                 self.overdrawn.fetch_add(1, Ordering::Relaxed);
                 break;
             }
+        }
+        if waited {
+            state.untracked -= 1;
         }
         // Overdrawn, the permit takes only what was there: what it gives back never makes room
         // that was not.
@@ -232,7 +240,7 @@ impl MemoryBudget {
         let mut state = lock(&self.state);
         state.free = (state.free + bytes).min(self.total);
         // Waking costs a system call on every read's release: only when somebody waits.
-        let waiting = state.serving != state.next;
+        let waiting = state.somebody_waits();
         drop(state);
         if waiting {
             self.freed.notify_all();
@@ -247,12 +255,6 @@ impl MemoryBudget {
 }
 
 impl Permit {
-    /// The permit accounts `want` bytes (a request clamped to the budget's total).
-    fn clamped(mut self, want: u64) -> Permit {
-        self.bytes = want;
-        self
-    }
-
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -351,6 +353,26 @@ mod tests {
         // With room, at once.
         let p = budget.acquire_unless_stuck(10, Duration::ZERO, || unreachable!());
         assert_eq!(p.bytes(), 10);
+    }
+
+    #[test]
+    fn a_request_that_waits_for_stuck_holders_is_woken_when_room_comes_back() {
+        let budget = MemoryBudget::new(100);
+        let held = budget.acquire(100);
+        let waiter = {
+            let budget = budget.clone();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let p = budget.acquire_unless_stuck(10, Duration::from_secs(10), || false);
+                (p.bytes(), started.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        let (bytes, waited) = waiter.join().unwrap();
+        // Woken by the release, not by its patience running out.
+        assert_eq!(bytes, 10);
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 
     #[test]
