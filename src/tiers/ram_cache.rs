@@ -57,7 +57,8 @@ impl std::ops::Deref for Held {
 pub enum Room {
     /// Wait (a reader's own miss).
     Wait,
-    /// Give up with `WouldBlock` if the budget has no room now (read-ahead: a hint).
+    /// Give up with `WouldBlock` if the budget has no room now for a load of its own; another
+    /// thread's load of the same value is joined (read-ahead: a hint).
     IfFree,
 }
 
@@ -182,14 +183,23 @@ impl RamCache {
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if room == Room::IfFree || crate::source::read_at::waiting_refused() {
+        if crate::source::read_at::waiting_refused() {
             return self.fetch_without_waiting(image, offset, reserve, load);
         }
         let mut loaded = false;
         let value = self.cache.get_or_insert_with(&(image, offset), || {
+            // Joining another thread's load costs no memory, so read-ahead joins it too (when it
+            // gave up instead, its readers fetched chunks again: 52 GETs for 36 chunks); only
+            // room for a load of its own is what it never waits for.
+            let permit = match room {
+                Room::Wait => self.memory.acquire(reserve),
+                Room::IfFree => self
+                    .memory
+                    .try_acquire(reserve)
+                    .ok_or_else(crate::source::read_at::would_block)?,
+            };
             loaded = true;
             self.loads.fetch_add(1, Ordering::Relaxed);
-            let permit = self.memory.acquire(reserve);
             let bytes = load()?;
             self.loaded_bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -203,9 +213,9 @@ impl RamCache {
         Ok((value, loaded))
     }
 
-    /// `fetch` inside `read_at::without_waiting` (or for read-ahead): a unit another thread is
-    /// loading is not waited for, nor room in the memory budget (`WouldBlock`); one nobody loads
-    /// is loaded here if the budget has room now.
+    /// `fetch` inside `read_at::without_waiting`: a unit another thread is loading is not waited
+    /// for, nor room in the memory budget (`WouldBlock`); one nobody loads is loaded here if the
+    /// budget has room now.
     fn fetch_without_waiting(
         &self,
         image: u32,
