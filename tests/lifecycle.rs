@@ -283,3 +283,42 @@ fn more_shards_than_the_soft_open_file_limit() {
         "77\n"
     );
 }
+
+/// `--owner PID`: the mount ends with the process it serves, even one killed with SIGKILL (a
+/// job's script cancelled), and a pid that is not running is refused before anything is mounted.
+#[test]
+fn a_mount_ends_with_its_owner_however_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
+    let out = mount_owned_by(owner.id(), &shard, &mnt);
+    assert_ok(&out);
+    assert!(is_mounted(&mnt));
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_mounted(&mnt) {
+        assert!(
+            Instant::now() < deadline,
+            "still mounted 5 s after its owner died"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let out = mount_owned_by(owner.id(), &shard, &mnt);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no such process is running"), "{stderr}");
+    assert!(!is_mounted(&mnt));
+}
+
+fn mount_owned_by(owner: u32, shard: &Path, mnt: &Path) -> std::process::Output {
+    packfs()
+        .args(["mount", "--owner", &owner.to_string()])
+        .arg(shard)
+        .arg(mnt)
+        .output()
+        .unwrap()
+}

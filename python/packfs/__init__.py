@@ -12,16 +12,19 @@ Importing it needs nothing but the standard library.
 """
 
 import base64
+import fcntl
 import gc
+import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sysconfig
-import tempfile
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["Catalog", "File", "Mount", "MountError", "binary", "mount", "open_bytes", "status"]
@@ -93,14 +96,86 @@ def _sources(source):
     return [os.fsdecode(s) for s in source]
 
 
-class Mount:
-    """A mounted dataset; a context manager that unmounts on leaving the block, whatever ends
-    it (an exception, KeyboardInterrupt). ``path`` is the mount's root."""
+def _runtime_dir():
+    """The directory of this user's mount locks: the binary's own (``/run/packfs`` for root,
+    else ``$XDG_RUNTIME_DIR/packfs``, else ``/tmp/packfs-UID``), made private if missing and
+    refused if it is not this user's own or others may write it."""
+    uid = os.geteuid()
+    if uid == 0:
+        path, mode = Path("/run/packfs"), 0o755
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path, mode = Path(os.environ["XDG_RUNTIME_DIR"]) / "packfs", 0o700
+    else:
+        path, mode = Path(f"/tmp/packfs-{uid}"), 0o700
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+        raise MountError(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}); remove it, or set XDG_RUNTIME_DIR to a directory "
+            "of your own"
+        )
+    return path
 
-    def __init__(self, source, path, own_dir):
+
+def _open_private(path):
+    """A lock file of this user's, never reached through a symlink."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise MountError(f"{path} belongs to uid {st.st_uid} or others may write it; remove it")
+    return fd
+
+
+def _lock(fd, kind, timeout, what):
+    """flock with a timeout (a lock held by a process that hangs must not hang every rank)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise MountError(f"waited {timeout:.0f} s for {what}") from None
+            time.sleep(0.05)
+
+
+def _digest(*parts):
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+class _Place:
+    """The files that let the processes of a node share one mount at ``path``: ``.lock`` (held
+    while one process mounts, attaches or leaves), ``.users`` (each process using the mount holds
+    a shared lock on it; the daemon, started with ``--users``, unmounts when none is left, however
+    they ended) and ``.json`` (what is mounted there: sources and options)."""
+
+    def __init__(self, path):
+        base = _runtime_dir() / f"mount-{_digest(os.path.realpath(path))}"
+        self.lock, self.users, self.marker = (
+            Path(f"{base}.lock"),
+            Path(f"{base}.users"),
+            Path(f"{base}.json"),
+        )
+
+
+class Mount:
+    """A mounted dataset; a context manager that leaves it on leaving the block, whatever ends
+    it (an exception, KeyboardInterrupt, SIGTERM). ``path`` is the mount's root; ``attached``
+    says this process found the mount made by another process of the node and uses it too. The
+    last process to leave unmounts (or the daemon does, when the last one dies)."""
+
+    def __init__(self, source, path, own_dir, users_fd=None, place=None, attached=False):
         self.source = source
         self.path = Path(path)
+        self.attached = attached
         self._own_dir = own_dir
+        self._users_fd = users_fd
+        self._place = place
         self._mounted = True
 
     def __enter__(self):
@@ -114,6 +189,13 @@ class Mount:
         state = "mounted" if self._mounted else "unmounted"
         return f"<packfs.Mount {self.path} ({state})>"
 
+    def __del__(self):
+        # A Mount dropped without unmount(): our share of it goes (the daemon unmounts when no
+        # process is left), never the mount of the other processes.
+        fd = getattr(self, "_users_fd", None)
+        if fd is not None:
+            os.close(fd)
+
     def status(self):
         """This mount's ``packfs status --json`` record: state, stats file, counters."""
         for record in status(self.path):
@@ -122,60 +204,167 @@ class Mount:
         raise MountError(f"packfs status knows no mount at {self.path}")
 
     def unmount(self):
-        """Unmounts (detaching lazily if a file is still open, so no mount is left behind) and
-        removes the private mountpoint this object made. Calling it again does nothing."""
+        """Leaves the mount: the last process using it unmounts (detaching lazily if a file is
+        still open, so no mount is left behind) and removes the mountpoint packfs made; the
+        others only let go of it. Calling it again does nothing."""
         if not self._mounted:
             return
         # A second Ctrl-C must not leave the mount half torn down.
         in_main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        setup = None
         try:
-            done = _run(["umount", str(self.path)], check=False)
-            if done.returncode != 0:
-                _run(["umount", "--lazy", str(self.path)])
+            if self._place is not None:
+                setup = _open_private(self._place.lock)
+                _lock(setup, fcntl.LOCK_EX, 60, f"{self._place.lock} (another process mounting)")
+            last = True
+            if self._users_fd is not None:
+                try:
+                    fcntl.flock(self._users_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    last = False
+            if last:
+                done = _run(["umount", str(self.path)], check=False)
+                if done.returncode != 0 and os.path.ismount(self.path):
+                    _run(["umount", "--lazy", str(self.path)])
+                if self._place is not None:
+                    _remove(self._place.marker)
+                if self._own_dir:
+                    _rmdir_quietly(self.path)
             self._mounted = False
-            if self._own_dir:
-                os.rmdir(self.path)
+            if self._users_fd is not None:
+                os.close(self._users_fd)
+                self._users_fd = None
         finally:
+            if setup is not None:
+                os.close(setup)
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
 
 
-def mount(source, mountpoint=None, **options):
-    """Mounts ``source`` (an index, an image, or a list of images or URLs) at ``mountpoint``, or
-    at a private temporary directory when none is given, and returns once the mount answers.
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _rmdir_quietly(path):
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _terminate(signum, frame):
+    """SIGTERM (scancel, a time limit, torchrun stopping the ranks) as an exception, so that
+    ``with`` blocks and ``finally`` run: the process then exits 143, as the signal would."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def _cleanup_on_sigterm():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def mount(source, mountpoint=None, timeout=600, **options):
+    """Mounts ``source`` (an index, an image, or a list of images or URLs) at ``mountpoint`` and
+    returns once the mount answers. Any number of processes of a node may call it with the same
+    arguments (every rank of a torchrun or srun job): the first mounts, the others wait for it
+    (up to ``timeout`` seconds) and attach to the same mount; the last to leave unmounts, and if
+    they all die (``kill -9``, a cancelled job), the daemon unmounts on its own. Without
+    ``mountpoint``, the mount goes to a directory of this user's named by the source and options
+    (the same for every process that asks for the same), removed with the mount.
 
     Keyword arguments are ``packfs mount``'s options (``cache_size="1G"``, ``stage="/dev/shm/x"``,
     ``stage_share=(rank, world)``, ``allow_other=True``, ...). Raises MountError with the
-    binary's message if the mount fails. Use it as a context manager, or call ``unmount()``.
+    binary's message if the mount fails, or if another dataset or other options are mounted at
+    ``mountpoint``. Use it as a context manager, or call ``unmount()``. Also makes SIGTERM end
+    the process through its ``with`` blocks and ``finally`` clauses (exit status 143), where no
+    other handler is set.
     """
     sources = _sources(source)
+    flags = _options(options)
+    wanted = {"sources": [os.path.abspath(s) if "://" not in s else s for s in sources],
+              "options": flags}
     own_dir = mountpoint is None
-    path = Path(tempfile.mkdtemp(prefix="packfs-")) if own_dir else Path(mountpoint)
-    args = ["mount", *_options(options), *sources, str(path)]
+    if own_dir:
+        path = _runtime_dir() / f"mnt-{_digest(json.dumps(wanted, sort_keys=True))}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    else:
+        path = Path(mountpoint)
+    place = _Place(path)
+    _cleanup_on_sigterm()
+    setup = _open_private(place.lock)
+    users = None
     try:
-        child = subprocess.Popen([binary(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _lock(setup, fcntl.LOCK_EX, timeout, f"another process mounting at {path}")
+        users = _open_private(place.users)
+        # Refused only while a daemon whose users all left holds it, until it has unmounted.
+        _lock(users, fcntl.LOCK_SH, timeout, f"the mount at {path} to end")
+        if os.path.ismount(path):
+            attached = _attach(path, place, wanted)
+            if attached is not None:
+                mounted = Mount(sources, path, own_dir, users, place, attached=True)
+                users = None
+                return mounted
+        _mount_here(sources, flags, path, place)
+        try:
+            place.marker.write_text(json.dumps(wanted))
+        except BaseException:
+            Mount(sources, path, own_dir, None, None).unmount()
+            raise
+        mounted = Mount(sources, path, own_dir, users, place)
+        users = None
+        return mounted
     except BaseException:
-        if own_dir:
-            os.rmdir(path)
+        if own_dir and not os.path.ismount(path):
+            _rmdir_quietly(path)
         raise
+    finally:
+        if users is not None:
+            os.close(users)
+        os.close(setup)
+
+
+def _attach(path, place, wanted):
+    """The mount at ``path``, if it is the one ``wanted``; raises if it is another."""
+    try:
+        there = json.loads(place.marker.read_text())
+    except (OSError, ValueError):
+        there = None
+    if there == wanted:
+        return True
+    what = f"{there['sources']} with {there['options'] or 'no options'}" if there else "elsewhere"
+    raise MountError(
+        f"{path} is already mounted, from {what}, not {wanted['sources']} with "
+        f"{wanted['options'] or 'no options'}: unmount it (packfs umount {path}) or pick another "
+        "mountpoint"
+    )
+
+
+def _mount_here(sources, flags, path, place):
+    args = ["mount", "--users", str(place.users), *flags, *sources, str(path)]
+    child = subprocess.Popen([binary(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _, err = child.communicate()
     except BaseException:
-        # Interrupted while mounting: let the command finish (it returns when the mount is
-        # ready or failed), then leave nothing mounted behind.
+        # Interrupted while mounting (Ctrl-C, SIGTERM): the command stops the daemon, scanning
+        # or mounted, and leaves nothing mounted.
+        child.send_signal(signal.SIGINT)
         _, err = child.communicate()
         if child.returncode == 0:
-            Mount(sources, path, own_dir).unmount()
-        elif own_dir:
-            os.rmdir(path)
+            Mount(sources, path, False).unmount()
         raise
     if child.returncode != 0:
-        if own_dir:
-            os.rmdir(path)
         message = err.decode(errors="replace").strip()
         raise MountError(message or f"packfs mount failed ({child.returncode})", child.returncode)
-    return Mount(sources, path, own_dir)
 
 
 def status(mountpoint=None):

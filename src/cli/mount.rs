@@ -102,6 +102,14 @@ pub struct Args {
     /// squashfuse's `-o timeout`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     idle_timeout: Option<std::time::Duration>,
+    /// Unmount when this process exits, however it exits (e.g. `--owner $$` in a job script;
+    /// watched by pidfd, so a reused pid does not keep the mount).
+    #[arg(long, value_name = "PID")]
+    owner: Option<i32>,
+    /// Unmount when no process holds a shared flock on this file any more: every process that
+    /// uses the mount holds one (what `packfs.mount` does in each rank of a job).
+    #[arg(long, value_name = "FILE")]
+    users: Option<PathBuf>,
     /// Write the daemon's process id to this file while it runs.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -167,6 +175,10 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
         nonempty: args.nonempty,
         trace: absolute(&args.trace)?.map(|p| (p, args.trace_limit)),
         idle_timeout: args.idle_timeout,
+        owners: daemon::owners::Owners {
+            pid: args.owner,
+            users: absolute(&args.users)?,
+        },
         log,
     };
     if args.daemon_child {

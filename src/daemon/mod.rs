@@ -5,6 +5,7 @@
 
 mod launcher;
 pub mod mounts;
+pub mod owners;
 mod preflight;
 mod serve;
 pub mod stats;
@@ -91,6 +92,8 @@ pub enum MountError {
          mounted without root; it needs mode 0666, as the fuse3 package's udev rule sets it"
     )]
     FuseDeviceMode,
+    #[error(transparent)]
+    Owner(#[from] owners::OwnerError),
     #[error(transparent)]
     Dataset(#[from] DatasetError),
     #[error(transparent)]

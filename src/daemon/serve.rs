@@ -52,6 +52,8 @@ pub struct MountRequest {
     pub trace: Option<(PathBuf, u64)>,
     /// Unmount after no request came in for this long (and no file is open).
     pub idle_timeout: Option<Duration>,
+    /// The processes whose life the mount serves (`--owner`, `--users`): it ends with them.
+    pub owners: super::owners::Owners,
     /// Where the log goes, for the stats file and `packfs status`.
     pub log: String,
 }
@@ -102,6 +104,10 @@ pub fn serve(
     on_ready: impl FnOnce(String),
 ) -> Result<(), MountError> {
     let mountpoint = mount_checks(req)?;
+    // Before the scan: a mount whose owner is already gone is refused, not made and dropped.
+    let owners = (!req.owners.is_empty())
+        .then(|| req.owners.open())
+        .transpose()?;
     raise_open_file_limit();
     log_panics();
     let catalog = Arc::new(crate::dataset::open(&req.images, &req.merge, on_scan)?);
@@ -174,6 +180,12 @@ pub fn serve(
     // The mount is up: a stager that cannot start leaves it serving from the source.
     let stager = stage.clone().and_then(start_stager);
 
+    if let Some(owners) = owners {
+        // As on SIGTERM: the mount is detached and the daemon ends.
+        owners.watch(&mountpoint, |_| {
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+        });
+    }
     let idle = req
         .idle_timeout
         .map(|limit| unmount_when_idle(observer.requests.clone(), limit, mountpoint.clone()));

@@ -1,0 +1,191 @@
+"""The processes of a job share one mount per node and take it with them: every rank calls
+``packfs.mount`` with the same arguments (as torchrun and srun start them), one mount results,
+every rank reads it, and nothing stays mounted once they are gone, however they end."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import packfs
+
+RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import packfs
+    shards, mnt, stage, marker = sys.argv[1:5]
+    with packfs.mount(shards.split(","), mnt, stage=stage, cache_size="16M") as m:
+        daemon = m.status()["counters"]["pid"]
+        files = sorted(p for p in m.path.rglob("*") if p.is_file())
+        sizes = {str(p.relative_to(m.path)): len(p.read_bytes()) for p in files}
+        print(json.dumps({"daemon": daemon, "attached": m.attached, "sizes": sizes}), flush=True)
+        if marker != "-":
+            open(marker + "." + os.environ["LOCAL_RANK"], "w").close()
+            # Every rank is in before any leaves, so they all share the one mount.
+            while len([f for f in os.listdir(os.path.dirname(marker))
+                       if f.startswith(os.path.basename(marker) + ".")]) < int(os.environ["LOCAL_WORLD_SIZE"]):
+                time.sleep(0.05)
+        if len(sys.argv) > 5:
+            print("ready", flush=True)
+            time.sleep(600)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    base = tmp_path_factory.mktemp("shards")
+    out = []
+    for k in range(2):
+        src = base / f"src{k}"
+        (src / f"class{k}").mkdir(parents=True)
+        for i in range(5):
+            (src / f"class{k}" / f"{i}.bin").write_bytes(bytes([k * 16 + i]) * (1000 + 37 * i))
+        shard = base / f"shard-{k}.tar"
+        subprocess.run(["tar", "-cf", shard, "-C", src, f"class{k}"], check=True)
+        out.append(str(shard))
+    return ",".join(out)
+
+
+def mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == path for line in mounts)
+
+
+def gone_within(path, seconds):
+    deadline = time.monotonic() + seconds
+    while mounted(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def run_ranks(n, shards, tmp_path):
+    mnt, stage = tmp_path / "mnt", tmp_path / "stage"
+    mnt.mkdir()
+    marker = tmp_path / "in"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, shards, str(mnt), str(stage), str(marker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n)},
+        )
+        for r in range(n)
+    ]
+    said = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err.decode()
+        said.append(__import__("json").loads(out))
+    return mnt, said
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ranks_on_one_node_share_one_mount_and_leave_none(n, shards, tmp_path):
+    mnt, said = run_ranks(n, shards, tmp_path)
+    assert len({s["daemon"] for s in said}) == 1, said
+    assert sorted(s["attached"] for s in said) == [False] + [True] * (n - 1)
+    assert all(s["sizes"] == said[0]["sizes"] for s in said)
+    assert len(said[0]["sizes"]) == 10
+    assert gone_within(mnt, 5), "the last rank to leave unmounts"
+
+
+def test_another_dataset_at_the_same_mountpoint_is_refused(shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    first, second = shards.split(",")
+    with packfs.mount(first, mnt):
+        with pytest.raises(packfs.MountError, match="already mounted"):
+            packfs.mount(second, mnt)
+        with packfs.mount(first, mnt) as again:
+            assert again.attached
+        assert mounted(mnt), "the first holder still uses it"
+    assert not mounted(mnt)
+
+
+def start_holder(shards, mnt, tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", RANK, shards, str(mnt), str(tmp_path / "stage"), "-", "hold"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+    )
+    assert holder.stdout.readline(), holder.stderr.read().decode()
+    assert holder.stdout.readline() == b"ready\n"
+    assert mounted(mnt)
+    return holder
+
+
+def test_kill_9_of_the_only_user_leaves_no_mount(shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    holder = start_holder(shards, mnt, tmp_path)
+    holder.kill()
+    holder.wait()
+    assert gone_within(mnt, 5), "the daemon unmounts when its last user dies"
+
+
+def test_sigterm_runs_the_with_blocks_cleanup(shards, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    holder = start_holder(shards, mnt, tmp_path)
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(timeout=30) == 128 + signal.SIGTERM
+    # The block's own unmount, not the daemon's watch: gone at once.
+    assert gone_within(mnt, 2)
+
+
+def test_ctrl_c_while_a_large_tar_gz_is_scanned_leaves_no_mount(tmp_path):
+    big = tmp_path / "big.tar.gz"
+    subprocess.run(
+        f"truncate -s 1G {tmp_path}/zeros && tar -C {tmp_path} -cf - zeros | gzip -1 > {big}"
+        f" && rm {tmp_path}/zeros",
+        shell=True,
+        check=True,
+    )
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = "import packfs, sys\npackfs.mount(sys.argv[1], sys.argv[2])\nprint('mounted')"
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(big), str(mnt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.8)
+    assert child.poll() is None, "the scan takes longer than this"
+    child.send_signal(signal.SIGINT)
+    # The scan is cancelled: no mount appears at all (before, the mount was waited for, made and
+    # then unmounted).
+    seen_mounted = False
+    deadline = time.monotonic() + 60
+    while child.poll() is None and time.monotonic() < deadline:
+        seen_mounted = seen_mounted or mounted(mnt)
+        time.sleep(0.005)
+    out, err = child.communicate(timeout=5)
+    assert not seen_mounted
+    assert b"KeyboardInterrupt" in err, err.decode()
+    assert out == b""
+    assert not mounted(mnt)
+    time.sleep(2)
+    assert not mounted(mnt), "no mount appears once the scan is over"
+    daemons = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and str(mnt).encode() in _cmdline(pid) and b"--daemon-child" in _cmdline(pid)
+    ]
+    assert daemons == []
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
