@@ -737,3 +737,32 @@ fn progress_goes_to_a_log_as_lines() {
     let said = fs::read_to_string(&log).unwrap();
     assert!(said.contains("packfs: scanning: 2 of 2 images"), "{said}");
 }
+
+/// The `.json` manifest given to `mount` (it sits beside the shards, with the dataset's name)
+/// said "tar checksum error"; it now says what it is and what to mount.
+#[test]
+fn the_manifest_given_to_mount_says_what_to_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flat");
+    flat_samples(&src, 20, 1);
+    let out = dir.path().join("out");
+    pack(&[os(&src), os("-o"), os(&out), os("--shards"), os("2")]);
+    let manifest = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .expect("pack writes a manifest");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let said = packfs()
+        .arg("mount")
+        .arg(&manifest)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&said.stderr);
+    assert!(!said.status.success());
+    assert!(stderr.contains("JSON manifest"), "{stderr}");
+    assert!(stderr.contains("packfs-index"), "{stderr}");
+    assert!(!stderr.contains("checksum"), "{stderr}");
+}

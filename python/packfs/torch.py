@@ -15,6 +15,7 @@ import io
 import itertools
 import math
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -35,12 +36,30 @@ def pil_loader(path):
         return image.convert("RGB")
 
 
+def _warn_if_one_class(dataset, samples):
+    """``ImageFolder(m.path)`` where ``ImageFolder(m.path / "train")`` was meant finds one class,
+    ``train``, and trains on it without a word: said here, where the dataset is first seen."""
+    classes = getattr(dataset, "classes", None)
+    root = getattr(dataset, "root", None)
+    if not classes or len(classes) != 1 or root is None or not samples:
+        return
+    only = os.path.join(os.fspath(root), classes[0])
+    first = [s[0] if isinstance(s, (tuple, list)) else s for s in samples[:1000]]
+    if all(os.path.dirname(os.fspath(p)) != only for p in first):
+        warnings.warn(
+            f"the dataset at {root} has one class, {classes[0]!r}, and its samples are in "
+            f"subdirectories of it: the classes are one level down, e.g. ImageFolder({only!r})",
+            stacklevel=3,
+        )
+
+
 def _paths(dataset):
     """The file behind each index of ``dataset``."""
     samples = getattr(dataset, "samples", None)
     if samples is None:
         samples = getattr(dataset, "imgs", None)
     if samples is not None:
+        _warn_if_one_class(dataset, samples)
         return [s[0] if isinstance(s, (tuple, list)) else s for s in samples]
     if isinstance(dataset, (list, tuple)) and all(
         isinstance(p, (str, bytes, os.PathLike)) for p in dataset

@@ -151,3 +151,27 @@ def test_two_ranks_train_with_ddp_over_two_staged_mounts(shards, tmp_path, q):
             assert r["epochs"][epoch]["loss"] > 0
     assert [r["local"] for r in results] == [1 - q, 1 - q]
     assert results[0]["epochs"][0]["samples"] != results[0]["epochs"][1]["samples"]
+
+
+def test_the_one_class_mistake_is_said(shards, tmp_path):
+    """ImageFolder(m.path) where m.path / "train" was meant: one class, "train", said by the
+    sampler that first sees the dataset; the right root draws no warning."""
+    import warnings
+
+    from packfs.torch import ShardOrderedSampler
+
+    src, _ = shards
+    tar = tmp_path / "train.tar"
+    subprocess.run(
+        ["tar", "-cf", tar, "--transform", "s,^,train/,", "-C", src, "class0", "class1"],
+        check=True,
+    )
+    with packfs.mount(tar) as m:
+        wrong = torchvision.datasets.ImageFolder(m.path, loader=pil_loader)
+        assert wrong.classes == ["train"]
+        with pytest.warns(UserWarning, match="one class, 'train'.*one level down"):
+            ShardOrderedSampler(wrong, m, num_replicas=1, rank=0)
+        right = torchvision.datasets.ImageFolder(m.path / "train", loader=pil_loader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ShardOrderedSampler(right, m, num_replicas=1, rank=0)

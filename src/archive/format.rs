@@ -17,6 +17,9 @@ pub enum Format {
     PackfsIndex,
     /// A compressed stream (a .tar.gz, .tar.zst, ...), refused with the command that unpacks it.
     Compressed(Compression),
+    /// The JSON manifest `packfs pack` writes beside its shards (a wids shard index): given to
+    /// `mount` by mistake, it was scanned as a tar and refused for a bad checksum.
+    PackManifest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,12 +109,24 @@ impl Format {
         if n == 512 && super::tar::is_header(head) || head.iter().all(|&b| b == 0) {
             return Ok(Format::Tar);
         }
+        if is_pack_manifest(head) {
+            return Ok(Format::PackManifest);
+        }
         Ok(if has_zip_end(file, len)? {
             Format::Zip
         } else {
             Format::Tar
         })
     }
+}
+
+/// A JSON object naming a shard list, as `pack::manifest` writes it.
+fn is_pack_manifest(head: &[u8]) -> bool {
+    let text = head.trim_ascii_start();
+    text.starts_with(b"{")
+        && [&b"\"shardlist\""[..], b"wids-shard-index"]
+            .iter()
+            .any(|key| text.windows(key.len()).any(|w| w == *key))
 }
 
 /// Whether a zip end-of-central-directory record lies within reach of the end of the file.

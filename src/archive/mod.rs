@@ -266,6 +266,14 @@ pub fn scan(
         Format::Squashfs => squashfs::scan(file, &mut image)?,
         Format::Tar => tar::scan(file, &mut image)?,
         Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
+        Format::PackManifest => {
+            return Err(ArchiveError::malformed(
+                path,
+                0,
+                "the JSON manifest `packfs pack` writes beside its shards, not an image: mount \
+                 the index it names (\"index\": NAME.packfs-index) or the shards (NAME-*.tar)",
+            ));
+        }
         Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(file, &mut image)?,
         Format::Compressed(c) if c.name == "zstd" => tar::scan_zstd(file, &mut image)?,
         Format::Compressed(c) if c.name == "xz" => tar::scan_xz(file, &mut image)?,
