@@ -766,3 +766,67 @@ fn the_manifest_given_to_mount_says_what_to_mount() {
     assert!(stderr.contains("packfs-index"), "{stderr}");
     assert!(!stderr.contains("checksum"), "{stderr}");
 }
+
+/// `--labels cls` on an ImageFolder tree: every sample gets its class number, ImageFolder's
+/// (directories in name order), as a `.cls` member in its shard, where GNU tar and webdataset's
+/// `to_tuple("jpg", "cls")` find it. Before, the label was only in the key.
+#[test]
+fn labels_go_beside_the_samples_of_an_imagefolder_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("train");
+    for (class, n) in [("dog", 3), ("cat", 4), ("emu", 2)] {
+        for i in 0..n {
+            write_file(
+                &src.join(class).join(format!("{class}{i}.jpg")),
+                &bytes(i, 100 + i as usize),
+                0o644,
+            );
+        }
+    }
+    let out = tmp.path().join("out");
+    pack(&[
+        os(&src),
+        os("-o"),
+        os(&out),
+        os("--shards"),
+        os("2"),
+        os("--labels"),
+        os("cls"),
+    ]);
+    let x = tmp.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    for shard in shards(&out) {
+        run(Command::new("tar").arg("-xf").arg(&shard).arg("-C").arg(&x));
+    }
+    for (class, label, n) in [("cat", "0", 4), ("dog", "1", 3), ("emu", "2", 2)] {
+        for i in 0..n {
+            let cls = x.join(format!("train/{class}/{class}{i}.cls"));
+            assert_eq!(
+                std::fs::read_to_string(&cls).unwrap(),
+                label,
+                "{}",
+                cls.display()
+            );
+        }
+    }
+    let Some(py) = python_with("webdataset", "webdataset") else {
+        return;
+    };
+    let report = python(
+        &py,
+        r#"
+import glob, os, sys
+import webdataset as wds
+urls = sorted(glob.glob(os.path.join(sys.argv[1], "train-*.tar")))
+seen = {}
+for key, jpg, cls in wds.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "jpg", "cls"):
+    assert len(jpg) > 0
+    seen[os.path.basename(key)] = int(cls)
+print(sorted(seen.items()))
+"#,
+        &[out.as_os_str()],
+    );
+    let expected = "[('cat0', 0), ('cat1', 0), ('cat2', 0), ('cat3', 0), ('dog0', 1), ('dog1', 1), \
+                    ('dog2', 1), ('emu0', 2), ('emu1', 2)]";
+    assert_eq!(report.trim(), expected);
+}

@@ -59,6 +59,12 @@ pub struct Args {
     /// a random read decodes about this much.
     #[arg(long, value_name = "BYTES", requires = "compress", value_parser = packfs::util::size::parse_bytes)]
     frame_size: Option<u64>,
+    /// Write a label member beside each sample of an ImageFolder tree (`train/n01/x.JPEG` gets
+    /// `train/n01/x.EXT` holding the class number, ImageFolder's: its directory's place among
+    /// its sibling directories in name order), so webdataset's `to_tuple("jpg", "cls")` and
+    /// wids find the label. Usually `--labels cls`.
+    #[arg(long, value_name = "EXT", value_parser = parse_label_ext)]
+    labels: Option<String>,
     /// Threads reading source files (a parallel file system rewards many requests in flight).
     #[arg(long, default_value_t = 16, value_name = "N")]
     readers: usize,
@@ -103,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         jobs: args.jobs,
         merge: args.merge.options(),
         compress,
+        labels: args.labels,
     };
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
     bar.set_style(ProgressStyle::with_template("gathering {msg}").expect("valid template"));
@@ -224,5 +231,19 @@ fn say_how_to_resume_if_interrupted(out_dir: &std::path::Path, bar: ProgressBar)
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot watch for Ctrl-C ({e}); an interrupted pack resumes with --resume");
+    }
+}
+
+/// A member extension: letters, digits, `_` and `-` (it becomes part of every label's name).
+fn parse_label_ext(text: &str) -> Result<String, String> {
+    let ext = text.strip_prefix('.').unwrap_or(text);
+    if !ext.is_empty()
+        && ext
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        Ok(ext.to_string())
+    } else {
+        Err(format!("{text:?}: give an extension such as cls"))
     }
 }

@@ -156,6 +156,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
             jobs: 2,
             merge: DuplicatePolicy::Error.into(),
             compress: None,
+            labels: None,
         },
         &|_| {},
     )?;

@@ -31,6 +31,8 @@ pub enum Origin {
     Disk(u32),
     /// An entry of the images' catalog.
     Catalog(EntryId),
+    /// A label member made by `pack --labels` (`labels`): the class number.
+    Label(u32),
 }
 
 /// One member to pack.
@@ -164,6 +166,7 @@ impl Sources {
                 let (catalog, files) = self.images.as_ref().expect("catalog items have a catalog");
                 Ok(MemberFile::Catalog { catalog, files, id })
             }
+            Origin::Label(label) => Ok(MemberFile::Label(super::labels::text(label))),
         }
     }
 }
@@ -179,6 +182,7 @@ pub enum MemberFile<'a> {
         files: &'a FileReader,
         id: EntryId,
     },
+    Label(Vec<u8>),
 }
 
 /// Bytes asked of the read path at once, as the kernel would ask.
@@ -227,6 +231,10 @@ impl MemberFile<'_> {
                         }
                     }
                 }
+            }
+            MemberFile::Label(text) => {
+                let at = offset as usize;
+                buf.copy_from_slice(&text[at..at + len]);
             }
             MemberFile::Catalog { catalog, files, id } => {
                 let e = catalog

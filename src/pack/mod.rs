@@ -8,6 +8,7 @@
 
 pub mod compress;
 pub mod gather;
+mod labels;
 mod manifest;
 mod outputs;
 pub mod plan;
@@ -56,6 +57,9 @@ pub struct PackOptions {
     pub merge: crate::dataset::Merge,
     /// Write `.tar.zst` shards in the zstd seekable format (`compress`), not plain tars.
     pub compress: Option<compress::Compression>,
+    /// Write a label member of this extension beside each sample of an ImageFolder tree
+    /// (`labels`), e.g. `cls`.
+    pub labels: Option<String>,
 }
 
 impl PackOptions {
@@ -315,6 +319,10 @@ fn gather(
         })
     };
     let (mut items, skipped) = with_ticker(&tick, || sources.gather(pool, &found))?;
+    if let Some(ext) = &opts.labels {
+        let labels = labels::members(&items, ext);
+        items.extend(labels);
+    }
     pool.install(|| {
         use rayon::prelude::*;
         items.par_iter_mut().for_each(|i| {
@@ -455,6 +463,7 @@ fn dedupe(items: Vec<Item>, sources: &Sources) -> Result<(Vec<Item>, usize), Pac
     let origin = |i: &Item| match i.origin {
         gather::Origin::Disk(d) => sources.dirs[d as usize].root.display().to_string(),
         gather::Origin::Catalog(_) => sources.image_patterns.join(" "),
+        gather::Origin::Label(_) => "--labels".to_string(),
     };
     let clash = |a: &Item, b: &Item| {
         PackError::Usage(format!(
