@@ -322,3 +322,35 @@ fn mount_owned_by(owner: u32, shard: &Path, mnt: &Path) -> std::process::Output 
         .output()
         .unwrap()
 }
+
+/// The same dataset mounted again at the same place (a prologue run twice) keeps the live
+/// mount instead of failing "already a mount point"; another dataset there is still refused.
+#[test]
+fn mounting_the_same_dataset_again_reuses_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path());
+    let m = Mount::new(&[&shard], &dir.path().join("mnt"), &[]);
+    let again = packfs()
+        .arg("mount")
+        .arg(&shard)
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    assert_ok(&again);
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        said.contains("already serves") && said.contains("using it"),
+        "{said}"
+    );
+    assert!(is_mounted(&m.dir));
+    let other = dir.path().join("other.tar");
+    fs::copy(&shard, &other).unwrap();
+    let refused = packfs()
+        .arg("mount")
+        .arg(&other)
+        .arg(&m.dir)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("already a mount point"));
+}

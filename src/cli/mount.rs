@@ -198,6 +198,12 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
         };
         return Ok(daemon::serve(&request, &|p| bar.update(p), ready)?);
     }
+    if let Some(line) = reusable(&request) {
+        if !quiet {
+            eprintln!("packfs: {line}");
+        }
+        return Ok(());
+    }
     // What can fail before mounting fails here, before the fork: at once, and in this process.
     daemon::preflight(&request)?;
     // The daemon re-parses the same arguments; relative paths stay valid until it has opened them.
@@ -215,6 +221,28 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
         eprintln!("packfs: {ready_line}");
     }
     Ok(())
+}
+
+/// The same dataset mounted again at the same place (a prologue run twice, a job restarted on
+/// the node): the live mount of this user is kept instead of failing "already a mount point".
+/// Not when the request ties the mount to owners, which the running daemon does not watch.
+fn reusable(request: &MountRequest) -> Option<String> {
+    if !request.owners.is_empty() {
+        return None;
+    }
+    let abs = packfs::daemon::mounts::absolute(&request.mountpoint).ok()?;
+    let m = packfs::daemon::mounts::find(&abs).ok()??;
+    let mine = m.fuse_owner() == Some(nix::unistd::getuid().as_raw());
+    if !m.is_packfs() || !mine || m.source != request.fs.fsname || daemon::is_dead(&abs) {
+        return None;
+    }
+    Some(format!(
+        "{} already serves {} (a mount of yours): using it as it is, with the options it was \
+         mounted with (`packfs umount {}` first to mount it anew)",
+        abs.display(),
+        m.source,
+        abs.display()
+    ))
 }
 
 /// The source column of /proc/mounts: the index or first image, absolute, and how many more.

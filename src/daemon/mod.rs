@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 
 pub use launcher::{detach_from_launcher, spawn_background};
-pub use preflight::{check_fuse_available, check_mountpoint};
+pub use preflight::{check_fuse_available, check_mountpoint, is_dead};
 pub use serve::{MountRequest, preflight, serve};
 pub use unmount::{STANDARD_PATH, UnmountError, Unmounted, unmount, unmount_if_unused, user_name};
 
