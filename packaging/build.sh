@@ -2,7 +2,8 @@
 # Builds the packages and checks that each one installs and runs (CI runs `ci`).
 #   bash packaging/build.sh assets   release binary, man pages, completions (target/packaging)
 #   bash packaging/build.sh deb      + target/debian/packfs_VERSION_ARCH.deb (cargo-deb)
-#   bash packaging/build.sh wheel    + target/wheels/packfs-VERSION-*.whl (maturin)
+#   bash packaging/build.sh wheel    + target/wheels/packfs-VERSION-*.whl (your maturin)
+#   bash packaging/build.sh wheel portable   the same, for glibc 2.17 and later (maturin + zig)
 #   bash packaging/build.sh ci       all of the above, then install and try each one
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,19 +25,37 @@ deb() {
     ls -l target/debian/*.deb
 }
 
-# A build venv with maturin and zig (both from PyPI as binary wheels: nothing to compile).
-# Linked by zig against glibc 2.17 symbols (manylinux2014), the wheel installs on RHEL/Rocky 8
-# and other clusters whose glibc is older than this machine's (a plain build here needs 2.34).
+# The wheel, with the maturin the user has (`pip install maturin`), else one in a small build
+# venv; for this machine's glibc. `wheel portable` (CI) links with zig against glibc 2.17
+# symbols (manylinux2014), so the wheel installs on RHEL/Rocky 8 and other clusters whose glibc
+# is older than the build machine's (a plain build here needs 2.34); maturin and zig then come
+# from PyPI into target/pkg-venv (binary wheels, about 465 MB, nothing to compile).
 wheel() {
     local venv=target/pkg-venv
-    [ -x "$venv/bin/maturin" ] && "$venv/bin/python" -c "import ziglang" 2>/dev/null || {
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q "maturin>=1.5,<2" ziglang
-    }
     rm -rf target/wheels
-    # maturin finds zig through the python on PATH.
-    PATH="$PWD/$venv/bin:$PATH" maturin build --release --locked --zig \
-        --compatibility manylinux2014 --out target/wheels
+    if [ "${1:-}" = portable ]; then
+        [ -x "$venv/bin/maturin" ] && "$venv/bin/python" -c "import ziglang" 2>/dev/null || {
+            echo "making $venv with maturin and zig (about 465 MB from PyPI)"
+            python3 -m venv "$venv"
+            "$venv/bin/pip" install -q "maturin>=1.5,<2" ziglang
+        }
+        # maturin finds zig through the python on PATH.
+        PATH="$PWD/$venv/bin:$PATH" maturin build --release --locked --zig \
+            --compatibility manylinux2014 --out target/wheels
+    else
+        local maturin
+        maturin=$(command -v maturin || true)
+        if [ -z "$maturin" ]; then
+            [ -x "$venv/bin/maturin" ] || {
+                echo "no maturin on PATH: installing it into $venv (or: pip install 'maturin>=1.5,<2')"
+                python3 -m venv "$venv"
+                "$venv/bin/pip" install -q "maturin>=1.5,<2"
+            }
+            maturin=$venv/bin/maturin
+        fi
+        echo "building with $maturin ($("$maturin" --version))"
+        "$maturin" build --release --locked --out target/wheels
+    fi
     ls -l target/wheels/
 }
 
@@ -47,6 +66,8 @@ check() {
     rm -rf "$venv" && python3 -m venv "$venv"
     "$venv/bin/pip" install -q target/wheels/packfs-*.whl
     "$venv/bin/packfs" --version
+    # The man pages ride in the wheel too, where man finds them with the venv on PATH.
+    [ "$(PATH="$PWD/$venv/bin:$PATH" man -w packfs-mount)" = "$PWD/$venv/share/man/man1/packfs-mount.1" ]
     # The Python package rides in the same wheel and finds the binary installed beside it.
     "$venv/bin/python" -c 'import packfs, sys; b = packfs.binary(); print("import packfs: runs", b); sys.exit(not b.startswith(sys.prefix))'
     # packfs.__version__ is the binary's version.
@@ -97,7 +118,7 @@ check() {
 case "${1:-ci}" in
     assets) assets ;;
     deb) assets; deb ;;
-    wheel) wheel ;;
-    ci) assets; deb; wheel; check ;;
+    wheel) wheel "${2:-}" ;;
+    ci) assets; deb; wheel portable; check ;;
     *) echo "usage: $0 assets|deb|wheel|ci" >&2; exit 2 ;;
 esac
