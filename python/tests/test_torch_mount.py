@@ -180,7 +180,9 @@ def test_the_one_class_mistake_is_said(shards, tmp_path):
 def test_the_guides_torchrun_block_runs_on_two_nodes(shards, tmp_path):
     """docs/training.md's torchrun script, as written but for its paths, under two torchrun
     "nodes" of 2 ranks each on this machine: one mount per node (one rank mounts, the other
-    attaches), each node staging its share, every sample once per epoch, nothing left mounted."""
+    attaches), each node staging its share, nothing left mounted; stopped after its first step
+    (MAX_STEPS=1) and started again, it reads exactly what was left of the epoch, then a whole
+    epoch."""
     src, _ = shards
     doc = open(os.path.join(HERE, "..", "..", "docs", "training.md")).read()
     start = doc.index("```python\n# train.py, started on each node")
@@ -189,47 +191,57 @@ def test_the_guides_torchrun_block_runs_on_two_nodes(shards, tmp_path):
     for k in range(4):
         shard = tmp_path / f"train-{k}.tar"
         names = sorted(str(p.relative_to(src)) for p in src.rglob("*.*"))[k::4]
-        subprocess.run(["tar", "-cf", shard, "--transform", "s,^,train/,", "-C", src, *names], check=True)
+        subprocess.run(
+            ["tar", "-cf", shard, "--transform", "s,^,train/,", "-C", src, *names], check=True
+        )
         images.append(str(shard))
     index = tmp_path / "train.packfs-index"
-    subprocess.run([packfs.binary(), "index", *images, "-o", index], check=True, capture_output=True)
+    subprocess.run(
+        [packfs.binary(), "index", *images, "-o", index], check=True, capture_output=True
+    )
     script = tmp_path / "train.py"
     script.write_text(
         block.replace("/gpfs/datasets/imagenet/train.packfs-index", str(index))
         .replace("/dev/shm/", f"{tmp_path}/")
         .replace("num_workers=8", "num_workers=1")
     )
-    port = free_port()
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-             "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
-             str(port), str(script)],
-            env=dict(os.environ, SLURM_JOB_ID=f"test-node{node}", OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for node in range(2)
-    ]
-    lines = []
-    for p in nodes:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err.decode()[-3000:]
-        lines += [line for line in out.decode().splitlines() if line.startswith("node ")]
-    said = [line.replace(",", "").replace(":", "").split() for line in lines]
-    # node N rank R epoch E S samples mount PATH mounted|attached
-    assert len(said) == 8, lines
-    for epoch in ("0", "1"):
-        rows = [s for s in said if s[5] == epoch]
-        assert sum(int(s[6]) for s in rows) == 48, rows  # 12 per rank, every sample once
-        for node in ("0", "1"):
-            mine = [s for s in rows if s[1] == node]
-            assert len({s[9] for s in mine}) == 1, "one mount per node"
-            assert sorted(s[10] for s in mine) == ["attached", "mounted"]
-    paths = {s[9] for s in said}
-    assert len(paths) == 2, "each node its own mount"
-    for path in paths:
-        assert not os.path.ismount(path)
+
+    def run(**env):
+        port = free_port()
+        nodes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc-per-node", "2", "--node-rank", str(node), "--master-addr",
+                 "127.0.0.1", "--master-port", str(port), str(script)],
+                env=dict(os.environ, SLURM_JOB_ID=f"test-node{node}", OMP_NUM_THREADS="1",
+                         CHECKPOINTS=str(tmp_path / "checkpoints"), **env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for node in range(2)
+        ]
+        lines = []
+        for p in nodes:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err.decode()[-3000:]
+            lines += [line for line in out.decode().splitlines() if line.startswith("node ")]
+        # node N rank R epoch E: S samples, mount PATH mounted|attached
+        said = [line.replace(",", "").replace(":", "").split() for line in lines]
+        for epoch in {s[5] for s in said}:
+            for node in ("0", "1"):
+                mine = [s for s in said if s[5] == epoch and s[1] == node]
+                assert len({s[9] for s in mine}) == 1, "one mount per node"
+                assert sorted(s[10] for s in mine) == ["attached", "mounted"]
+        paths = {s[9] for s in said}
+        assert len(paths) == 2, "each node its own mount"
+        for path in paths:
+            assert not os.path.ismount(path)
+        return {(s[3], s[5]): int(s[6]) for s in said}
+
+    # 48 samples, 4 ranks: 12 a rank and epoch, batches of 8.
+    first = run(MAX_STEPS="1")
+    assert first == {(r, "0"): 8 for r in "0123"}, first
+    second = run()
+    assert second == {**{(r, "0"): 4 for r in "0123"}, **{(r, "1"): 12 for r in "0123"}}, second
     for node in range(2):
-        staged = list((tmp_path / f"packfs-test-node{node}").rglob("*"))
-        assert staged, "each node staged its share"
+        assert list((tmp_path / f"packfs-test-node{node}").rglob("*")), "each node staged"
