@@ -11,11 +11,14 @@ This is a thin layer over the ``packfs`` command (installed by the same wheel): 
 Importing it needs nothing but the standard library.
 """
 
+from __future__ import annotations
+
 import base64
 import fcntl
 import gc
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import os
 import shutil
@@ -26,6 +29,13 @@ import sysconfig
 import threading
 import time
 from pathlib import Path
+from typing import Iterator, Optional, Sequence, Tuple, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: An image, an index or a URL, or a list of them.
+Sources = Union[PathLike, bytes, Sequence[Union[PathLike, bytes]]]
+#: A size as ``packfs mount`` takes it: bytes, or text with K, M, G suffixes (``"1G"``).
+Size = Union[int, str]
 
 __all__ = ["Catalog", "File", "Mount", "MountError", "binary", "mount", "open_bytes", "status"]
 
@@ -45,7 +55,7 @@ class MountError(RuntimeError):
         self.returncode = returncode
 
 
-def binary():
+def binary() -> str:
     """The ``packfs`` command to run: ``$PACKFS_BIN``, else the one installed beside this
     Python (the wheel's), else the first on PATH."""
     explicit = os.environ.get("PACKFS_BIN")
@@ -77,6 +87,12 @@ def _options(options):
     None and False are left out."""
     args = []
     for key, value in options.items():
+        if key == "ram_chunks" and value is not None:
+            args += ["--ram-chunks", "true" if value else "false"]
+            continue
+        if key == "verbose":
+            args += ["--verbose"] * int(value)
+            continue
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")
@@ -196,14 +212,14 @@ class Mount:
         if fd is not None:
             os.close(fd)
 
-    def status(self):
+    def status(self) -> dict:
         """This mount's ``packfs status --json`` record: state, stats file, counters."""
         for record in status(self.path):
             if Path(record["mountpoint"]) == self.path:
                 return record
         raise MountError(f"packfs status knows no mount at {self.path}")
 
-    def unmount(self):
+    def unmount(self) -> None:
         """Leaves the mount: the last process using it unmounts (detaching lazily if a file is
         still open, so no mount is left behind) and removes the mountpoint packfs made; the
         others only let go of it. Calling it again does nothing."""
@@ -270,7 +286,45 @@ def _cleanup_on_sigterm():
         signal.signal(signal.SIGTERM, _terminate)
 
 
-def mount(source, mountpoint=None, timeout=600, **options):
+def mount(
+    source: Sources,
+    mountpoint: Optional[PathLike] = None,
+    timeout: float = 600,
+    *,
+    cache_size: Optional[Size] = None,
+    stage: Optional[PathLike] = None,
+    stage_mode: Optional[str] = None,
+    stage_share: Union[Tuple[int, int], str, None] = None,
+    stage_budget: Optional[Size] = None,
+    stage_rate: Optional[Size] = None,
+    chunk_size: Optional[Size] = None,
+    ram_chunks: Optional[bool] = None,
+    readahead: Optional[Size] = None,
+    threads: Optional[int] = None,
+    io_threads: Optional[int] = None,
+    transport: Optional[str] = None,
+    readdirplus: Optional[str] = None,
+    allow_other: bool = False,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+    nonempty: bool = False,
+    endpoint_url: Optional[str] = None,
+    duplicates: Optional[str] = None,
+    layout: Optional[str] = None,
+    class_field: Optional[str] = None,
+    images_dir: Optional[PathLike] = None,
+    save_index: Optional[PathLike] = None,
+    stats_file: Optional[PathLike] = None,
+    metrics_group: Union[str, int, None] = None,
+    log_file: Optional[PathLike] = None,
+    trace: Optional[PathLike] = None,
+    trace_limit: Optional[Size] = None,
+    idle_timeout: Optional[str] = None,
+    owner: Optional[int] = None,
+    pid_file: Optional[PathLike] = None,
+    quiet: bool = False,
+    verbose: int = 0,
+) -> Mount:
     """Mounts ``source`` (an index, an image, or a list of images or URLs) at ``mountpoint`` and
     returns once the mount answers. Any number of processes of a node may call it with the same
     arguments (every rank of a torchrun or srun job): the first mounts, the others wait for it
@@ -279,13 +333,17 @@ def mount(source, mountpoint=None, timeout=600, **options):
     ``mountpoint``, the mount goes to a directory of this user's named by the source and options
     (the same for every process that asks for the same), removed with the mount.
 
-    Keyword arguments are ``packfs mount``'s options (``cache_size="1G"``, ``stage="/dev/shm/x"``,
-    ``stage_share=(rank, world)``, ``allow_other=True``, ...). Raises MountError with the
+    The keyword arguments are ``packfs mount``'s options, by the same names with ``_`` for ``-``
+    (``cache_size="1G"``, ``stage="/dev/shm/x"``, ``stage_share=(node, nodes)``,
+    ``allow_other=True``, ...; docs/configuration.md): a misspelt one is a TypeError here, not a
+    failure of the command. Raises MountError with the
     binary's message if the mount fails, or if another dataset or other options are mounted at
     ``mountpoint``. Use it as a context manager, or call ``unmount()``. Also makes SIGTERM end
     the process through its ``with`` blocks and ``finally`` clauses (exit status 143), where no
     other handler is set.
     """
+    given = locals()
+    options = {name: given[name] for name in _MOUNT_OPTIONS}
     sources = _sources(source)
     flags = _options(options)
     wanted = {"sources": [os.path.abspath(s) if "://" not in s else s for s in sources],
@@ -333,6 +391,15 @@ def mount(source, mountpoint=None, timeout=600, **options):
         os.close(setup)
 
 
+#: ``mount``'s keyword-only parameters: the options of ``packfs mount``
+#: (python/tests/test_mount_and_catalog.py checks them against ``packfs mount --help``).
+_MOUNT_OPTIONS = [
+    name
+    for name, p in inspect.signature(mount).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+]
+
+
 def _attach(path, place, wanted):
     """The mount at ``path``, if it is the one ``wanted``; raises if it is another."""
     try:
@@ -367,7 +434,7 @@ def _mount_here(sources, flags, path, place):
         raise MountError(message or f"packfs mount failed ({child.returncode})", child.returncode)
 
 
-def status(mountpoint=None):
+def status(mountpoint: Optional[PathLike] = None) -> list:
     """``packfs status --json``: a list of records (mountpoint, state, stats file, counters),
     for every mount of this user, or for ``mountpoint``."""
     args = ["status", "--json"] + ([os.fspath(mountpoint)] if mountpoint is not None else [])
@@ -404,7 +471,7 @@ class Catalog:
     ``files`` holds File records in the mount's order (depth first, names sorted); a file's
     ``path`` is relative to the mount's root."""
 
-    def __init__(self, source, shares=None):
+    def __init__(self, source: Union[Sources, "Mount"], shares: Optional[int] = None) -> None:
         if isinstance(source, Mount):
             source = source.source
         args = ["ls", "--json"] + (["--shares", str(shares)] if shares else []) + _sources(source)
@@ -436,14 +503,14 @@ class Catalog:
             if collecting:
                 gc.enable()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.files)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[File]:
         return iter(self.files)
 
 
-def open_bytes(path):
+def open_bytes(path: PathLike) -> bytes:
     """The whole content of the file at ``path``, read with one large buffer and none of
     ``open()``'s text-mode questions (Python's default ``open`` asks the kernel whether the file
     is a terminal, a round trip to the daemon per file on a FUSE mount)."""

@@ -11,6 +11,8 @@ Both samplers take any map-style dataset whose items are files of the mount: tor
 ImageFolder or DatasetFolder (``.samples``), or a sequence of paths. Only this module imports torch.
 """
 
+from __future__ import annotations
+
 import io
 import itertools
 import math
@@ -21,12 +23,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from . import Catalog, Mount, open_bytes
+from typing import Any, Dict, Iterator, Optional, Union
+
+from . import Catalog, Mount, PathLike, open_bytes
 
 __all__ = ["ShareSampler", "ShardOrderedSampler", "pil_loader", "transfer_counts"]
 
 
-def pil_loader(path):
+def pil_loader(path: PathLike):
     """An RGB ``PIL.Image`` of the file at ``path``, as torchvision's default loader returns,
     read with one ``read`` and no ``isatty`` question (3x the files/s of ``open(path, "rb")``
     on a warm packfs mount: docs/training.md). Pass it as ``ImageFolder(root, loader=pil_loader)``."""
@@ -159,14 +163,14 @@ class _EpochSampler(Sampler):
             self.num_samples = math.ceil(self.total / num_replicas)
         self.total_size = self.num_samples * num_replicas
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_samples
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """As DistributedSampler's: call it before each epoch so each epoch has its own order."""
         self.epoch = epoch
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Where this rank is: the epoch and the indices its current iteration has yielded, with
         what fixes the order (seed, dataset size, world). ``load_state_dict`` resumes from there;
         torchdata's ``StatefulDataLoader`` calls both for a mid-epoch resume."""
@@ -180,7 +184,7 @@ class _EpochSampler(Sampler):
             "num_replicas": self.num_replicas,
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes from ``state_dict``: sets the epoch, and the next iteration yields what was left
         of it. On the same number of ranks, exactly the indices this rank had not yielded; on
         another number, see ``_resume_on``. The iteration after that is a whole epoch again."""
@@ -226,7 +230,7 @@ class _EpochSampler(Sampler):
     def _order(self, n, g):
         return torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         resume, self._resume = self._resume, None
         if resume is None:
             order, self._yielded = self.indices(), 0
@@ -343,19 +347,19 @@ class ShareSampler(_EpochSampler):
 
     def __init__(
         self,
-        dataset,
-        catalog,
-        root=None,
+        dataset: Any,
+        catalog: Union[Mount, Catalog],
+        root: Optional[PathLike] = None,
         *,
-        q=0.1,
-        num_replicas=None,
-        rank=None,
-        ranks_per_node=None,
-        shuffle=True,
-        seed=0,
-        drop_last=False,
-        world_size=None,
-    ):
+        q: float = 0.1,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        ranks_per_node: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        world_size: Optional[int] = None,
+    ) -> None:
         paths = _paths(dataset)
         super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
         if not 0.0 <= q <= 1.0:
@@ -383,7 +387,7 @@ class ShareSampler(_EpochSampler):
         target = round((1.0 - q) * self._per_node)
         return [min(len(s), target) for s in self._local]
 
-    def local_fraction(self):
+    def local_fraction(self) -> float:
         """The fraction of this node's samples that come from its share, every epoch (only which
         samples changes); each of its ranks is within one sample of it."""
         return self._keep()[self.node] / self._per_node if self._per_node else 1.0
@@ -444,19 +448,19 @@ class ShardOrderedSampler(_EpochSampler):
 
     def __init__(
         self,
-        dataset,
-        catalog,
-        root=None,
+        dataset: Any,
+        catalog: Union[Mount, Catalog],
+        root: Optional[PathLike] = None,
         *,
-        run_length=32,
-        buffer=16,
-        num_replicas=None,
-        rank=None,
-        shuffle=True,
-        seed=0,
-        drop_last=False,
-        world_size=None,
-    ):
+        run_length: int = 32,
+        buffer: int = 16,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        world_size: Optional[int] = None,
+    ) -> None:
         paths = _paths(dataset)
         super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
         if run_length < 1 or buffer < 1:

@@ -107,3 +107,42 @@ def test_the_catalog_lists_every_file_with_its_image_and_share(tree):
     assert by_path["cat/1.bin"].size == 1777
     with packfs.mount(shards) as m:
         assert [f.path for f in packfs.Catalog(m)] == [f.path for f in catalog]
+
+
+def test_mount_names_every_option_of_packfs_mount_and_refuses_others(tree):
+    """``mount``'s keyword-only parameters are ``packfs mount``'s options, every one (the help
+    is the binary's own list); a misspelt option is a TypeError in Python, before any command
+    runs, and typed checkers see the signature (py.typed)."""
+    import inspect
+    import re
+
+    help_text = subprocess.run(
+        [packfs.binary(), "mount", "--help"], capture_output=True, check=True
+    ).stdout.decode()
+    flags = set(re.findall(r"^\s+(?:-\w, )?--([a-z0-9-]+)", help_text, re.M))
+    # The daemon's own business, not a Python caller's: staying in the foreground would never
+    # return, and packfs.mount passes --users itself.
+    flags -= {"help", "foreground", "users"}
+    params = inspect.signature(packfs.mount).parameters
+    keyword_only = {
+        name.replace("_", "-")
+        for name, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert keyword_only == flags
+    assert all(p.annotation is not inspect.Parameter.empty for p in params.values())
+    assert os.path.exists(os.path.join(os.path.dirname(packfs.__file__), "py.typed"))
+    _, shards = tree
+    with pytest.raises(TypeError, match="cache_sise"):
+        packfs.mount(shards[0], cache_sise="16M")
+
+
+def test_boolean_and_counted_options_become_the_flags_the_binary_takes():
+    assert packfs._options({"ram_chunks": False, "verbose": 2, "allow_other": True}) == [
+        "--ram-chunks",
+        "false",
+        "--verbose",
+        "--verbose",
+        "--allow-other",
+    ]
+    assert packfs._options({"ram_chunks": None, "verbose": 0, "allow_other": False}) == []
