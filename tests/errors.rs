@@ -125,7 +125,8 @@ fn bad_shards_are_rejected_with_shard_and_offset() {
     // The mountpoint is still usable after all these failures.
     let m = Mount::new(&[&good], &mnt, &[]);
     assert_eq!(fs::read(m.dir.join("a.txt")).unwrap(), bytes(1, 1000));
-    let out = mount_cmd(&[&good], &mnt, &[], None);
+    // Another dataset over a live mount is refused (the same one is reused: tests/lifecycle.rs).
+    let out = mount_cmd(&[&corrupt], &mnt, &[], None);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("is already a mount point"),

@@ -166,9 +166,15 @@ impl Sources {
                 let (catalog, files) = self.images.as_ref().expect("catalog items have a catalog");
                 Ok(MemberFile::Catalog { catalog, files, id })
             }
-            Origin::Label(label) => Ok(MemberFile::Label(super::labels::text(label))),
+            Origin::Label(label) => Ok(MemberFile::Label(label_text(label))),
         }
     }
+}
+
+/// A label member's bytes (`pack --labels`): the class number in decimal, as WebDataset's
+/// decoder reads `.cls`.
+pub fn label_text(label: u32) -> Vec<u8> {
+    label.to_string().into_bytes()
 }
 
 /// An opened member.

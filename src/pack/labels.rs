@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::gather::{Item, ItemKind, Origin};
+use super::gather::{Item, ItemKind, Origin, label_text};
 use crate::archive::name::key_of;
 
 /// Splits `a/b/c` into `a/b` and `c` (`""` and `c` at the top).
@@ -58,17 +58,12 @@ pub fn members(items: &[Item], ext: &str) -> Vec<Item> {
             kind: ItemKind::File,
             mode: 0o644,
             mtime: file.mtime,
-            size: text(label).len() as u64,
+            size: label_text(label).len() as u64,
             origin: Origin::Label(label),
             key_len: 0,
         });
     }
     out
-}
-
-/// A label member's bytes: the class number in decimal, as WebDataset's decoder reads `.cls`.
-pub fn text(label: u32) -> Vec<u8> {
-    label.to_string().into_bytes()
 }
 
 #[cfg(test)]
