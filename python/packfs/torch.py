@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator, Optional, Union
 
 from . import Catalog, Mount, PathLike, open_bytes
 
-__all__ = ["ShareSampler", "ShardOrderedSampler", "pil_loader", "transfer_counts"]
+__all__ = ["ShareSampler", "ShardOrderedSampler", "pil_loader"]
 
 
 def pil_loader(path: PathLike):
@@ -261,7 +261,7 @@ def _trim(cells, counts, excess):
         excess -= 1
 
 
-def transfer_counts(give, need):
+def _transfer_counts(give, need):
     """How many samples node j hands node k this epoch (an N x N list of lists), given what each
     node gives away (``give[j]``) and what each still needs (``need[k]``), with equal sums.
 
@@ -421,7 +421,7 @@ class ShareSampler(_EpochSampler):
         pool, source = pool[grouped], source[grouped]
         give = torch.bincount(source, minlength=self.nodes).tolist()
         need = [self._per_node - k for k in keep]
-        counts = transfer_counts(give, need)
+        counts = _transfer_counts(give, need)
         starts = [0, *itertools.accumulate(give)]
         received = []
         for j in range(self.nodes):
