@@ -158,8 +158,12 @@ def test_ctrl_c_while_a_large_tar_gz_is_scanned_leaves_no_mount(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(0.8)
-    assert child.poll() is None, "the scan takes longer than this"
+    # As soon as the daemon runs (it scans for a second or more), while nothing is mounted yet.
+    deadline = time.monotonic() + 30
+    while not daemons_of(mnt):
+        assert child.poll() is None and time.monotonic() < deadline, "no daemon started"
+        time.sleep(0.005)
+    assert not mounted(mnt), "the scan ended too soon for this test"
     child.send_signal(signal.SIGINT)
     # The scan is cancelled: no mount appears at all (before, the mount was waited for, made and
     # then unmounted).
@@ -175,12 +179,15 @@ def test_ctrl_c_while_a_large_tar_gz_is_scanned_leaves_no_mount(tmp_path):
     assert not mounted(mnt)
     time.sleep(2)
     assert not mounted(mnt), "no mount appears once the scan is over"
-    daemons = [
+    assert daemons_of(mnt) == []
+
+
+def daemons_of(mnt):
+    return [
         pid
         for pid in os.listdir("/proc")
         if pid.isdigit() and str(mnt).encode() in _cmdline(pid) and b"--daemon-child" in _cmdline(pid)
     ]
-    assert daemons == []
 
 
 def _cmdline(pid):
