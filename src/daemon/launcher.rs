@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::MountError;
 
@@ -31,8 +33,20 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
             Ok(())
         });
     }
+    // Watching before the daemon exists: a signal between its spawn and the watch killed this
+    // process alone, and the daemon, in its own session, went on to mount.
+    let cancel = CancelOnSignal::watch();
+    if let Some(signal) = cancel.as_ref().and_then(CancelOnSignal::caught) {
+        cancel.as_ref().map(CancelOnSignal::stop);
+        return Err(MountError::Cancelled {
+            signal,
+            mountpoint: mountpoint.to_path_buf(),
+        });
+    }
     let mut child = cmd.spawn().map_err(MountError::Spawn)?;
-    let cancel = CancelOnSignal::watch(child.id());
+    if let Some(cancel) = &cancel {
+        cancel.started(child.id());
+    }
     let stderr = child.stderr.take().expect("piped");
     let mut out = std::io::stderr().lock();
     let mut ready = None;
@@ -79,33 +93,59 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
 /// would. Without this, a mount still scanning appeared after the user had given up on it.
 struct CancelOnSignal {
     handle: signal_hook::iterator::Handle,
-    caught: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    caught: Arc<AtomicI32>,
+    /// The daemon's pid once spawned (0 before).
+    daemon: Arc<AtomicI32>,
 }
 
 impl CancelOnSignal {
-    fn watch(daemon: u32) -> Option<CancelOnSignal> {
+    fn watch() -> Option<CancelOnSignal> {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).ok()?;
         let handle = signals.handle();
-        let caught = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
-        let seen = caught.clone();
+        let caught = Arc::new(AtomicI32::new(0));
+        let daemon = Arc::new(AtomicI32::new(0));
+        let (seen, pid) = (caught.clone(), daemon.clone());
         std::thread::Builder::new()
             .name("packfs-launcher-signals".into())
             .spawn(move || {
                 if let Some(signal) = signals.forever().next() {
-                    seen.store(signal, std::sync::atomic::Ordering::SeqCst);
-                    let daemon = nix::unistd::Pid::from_raw(daemon as i32);
-                    let _ = nix::sys::signal::kill(daemon, nix::sys::signal::Signal::SIGTERM);
+                    seen.store(signal, Ordering::SeqCst);
+                    stop_daemon(pid.load(Ordering::SeqCst));
                 }
             })
             .ok()?;
-        Some(CancelOnSignal { handle, caught })
+        Some(CancelOnSignal {
+            handle,
+            caught,
+            daemon,
+        })
+    }
+
+    /// The daemon is spawned: a signal caught before this stops it now (the signal thread saw
+    /// no pid yet). Both sides store, then load, so one of them sends the SIGTERM.
+    fn started(&self, pid: u32) {
+        self.daemon.store(pid as i32, Ordering::SeqCst);
+        if self.caught.load(Ordering::SeqCst) != 0 {
+            stop_daemon(pid as i32);
+        }
+    }
+
+    fn caught(&self) -> Option<i32> {
+        Some(self.caught.load(Ordering::SeqCst)).filter(|&s| s != 0)
     }
 
     /// Stops watching; the signal caught, if one was.
     fn stop(&self) -> Option<i32> {
         self.handle.close();
-        Some(self.caught.load(std::sync::atomic::Ordering::SeqCst)).filter(|&s| s != 0)
+        self.caught()
+    }
+}
+
+fn stop_daemon(pid: i32) {
+    if pid > 0 {
+        let daemon = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(daemon, nix::sys::signal::Signal::SIGTERM);
     }
 }
 
