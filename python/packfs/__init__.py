@@ -170,8 +170,8 @@ class _Place:
     a shared lock on it; the daemon, started with ``--users``, unmounts when none is left, however
     they ended) and ``.json`` (what is mounted there: sources and options)."""
 
-    def __init__(self, path):
-        base = _runtime_dir() / f"mount-{_digest(os.path.realpath(path))}"
+    def __init__(self, path, runtime_dir):
+        base = runtime_dir / f"mount-{_digest(os.path.realpath(path))}"
         self.lock, self.users, self.marker = (
             Path(f"{base}.lock"),
             Path(f"{base}.users"),
@@ -349,15 +349,16 @@ def mount(
     wanted = {"sources": [os.path.abspath(s) if "://" not in s else s for s in sources],
               "options": flags}
     own_dir = mountpoint is None
+    runtime_dir = _runtime_dir()
     if own_dir:
-        path = _runtime_dir() / f"mnt-{_digest(json.dumps(wanted, sort_keys=True))}"
+        path = runtime_dir / f"mnt-{_digest(json.dumps(wanted, sort_keys=True))}"
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
     else:
         path = Path(mountpoint)
-    place = _Place(path)
+    place = _Place(path, runtime_dir)
     _cleanup_on_sigterm()
     setup = _open_private(place.lock)
     users = None

@@ -36,8 +36,7 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
     // Watching before the daemon exists: a signal between its spawn and the watch killed this
     // process alone, and the daemon, in its own session, went on to mount.
     let cancel = CancelOnSignal::watch();
-    if let Some(signal) = cancel.as_ref().and_then(CancelOnSignal::caught) {
-        cancel.as_ref().map(CancelOnSignal::stop);
+    if let Some(signal) = cancel.as_ref().and_then(CancelOnSignal::stop_if_caught) {
         return Err(MountError::Cancelled {
             signal,
             mountpoint: mountpoint.to_path_buf(),
@@ -133,6 +132,11 @@ impl CancelOnSignal {
 
     fn caught(&self) -> Option<i32> {
         Some(self.caught.load(Ordering::SeqCst)).filter(|&s| s != 0)
+    }
+
+    /// Before the spawn: stops watching if a signal already came (nothing to stop yet).
+    fn stop_if_caught(&self) -> Option<i32> {
+        self.caught().and_then(|_| self.stop())
     }
 
     /// Stops watching; the signal caught, if one was.
