@@ -5,7 +5,7 @@ pub mod classes;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tracing::{info, warn};
 
@@ -212,10 +212,14 @@ pub fn build_settling_clashes(
 }
 
 /// Scans images in parallel; results keep the order of `paths`, and the first failing image (in
-/// that order) is the error reported.
+/// that order) is the error reported. `on_scan` hears of each image in turn, counts rising.
 pub fn scan_all(paths: &[PathBuf], on_scan: OnScan) -> Result<Vec<ScannedImage>, ArchiveError> {
-    let members = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
+    // Counted and told under one lock: counted apart, a later count could be told first, and
+    // the last thing a log said would be "1 of 2 images" after a scan of both.
+    let told = Mutex::new(ScanProgress {
+        images: paths.len() as u64,
+        ..ScanProgress::default()
+    });
     let next = AtomicUsize::new(0);
     let results: Vec<Mutex<Option<Result<ScannedImage, ArchiveError>>>> =
         paths.iter().map(|_| Mutex::new(None)).collect();
@@ -230,11 +234,12 @@ pub fn scan_all(paths: &[PathBuf], on_scan: OnScan) -> Result<Vec<ScannedImage>,
                     let found = result
                         .as_ref()
                         .map_or(0, |image| image.members.len() as u64);
-                    on_scan(ScanProgress {
-                        images_done: done.fetch_add(1, Ordering::Relaxed) + 1,
-                        images: paths.len() as u64,
-                        members: members.fetch_add(found, Ordering::Relaxed) + found,
-                    });
+                    {
+                        let mut told = told.lock().unwrap_or_else(|p| p.into_inner());
+                        told.images_done += 1;
+                        told.members += found;
+                        on_scan(*told);
+                    }
                     *results[i].lock().expect("not poisoned") = Some(result);
                 }
             });
@@ -258,5 +263,27 @@ pub fn show_paths<'a>(paths: impl ExactSizeIterator<Item = &'a std::path::Path>)
         shown.join(" ")
     } else {
         format!("{} ... {} ({n} images)", shown[0], shown[n - 1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log shows the last line it was told: told out of order, it said "1 of 2 images" after a
+    /// scan of both. The pause in the callback widens the gap a count told apart could slip into.
+    #[test]
+    fn scan_progress_is_told_in_order() {
+        let paths: Vec<PathBuf> = (0..64)
+            .map(|i| PathBuf::from(format!("/nonexistent/packfs-{i}.tar")))
+            .collect();
+        let heard = Mutex::new(Vec::new());
+        let on_scan = |p: ScanProgress| {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            heard.lock().unwrap().push(p.images_done);
+        };
+        assert!(scan_all(&paths, &on_scan).is_err());
+        let heard = heard.into_inner().unwrap();
+        assert_eq!(heard, (1..=64).collect::<Vec<u64>>());
     }
 }
