@@ -2,7 +2,10 @@
 //! each other in one direction (no cycle between the crate's top-level modules, nor between the
 //! parts of one module); only `fs` knows fuser and only `cli` knows clap; whether an image is a
 //! file or an object is told in `source/` alone; the file system's replies choose their errno
-//! in `fs/error.rs` and `fs/dispatch.rs` alone; no source file is over 600 lines.
+//! in `fs/error.rs` and `fs/dispatch.rs` alone; no source file is over 600 lines; what a request
+//! carries travels in its arguments, never in a thread-local (those hold scratch buffers and
+//! decoder state only). An import through a module's re-export (`pub use part::Name` in its
+//! `mod.rs`) counts as an import of the part that defines the name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -134,9 +137,44 @@ fn cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     None
 }
 
+/// What each module's root re-exports from its parts: `fs::FsOptions` -> `fs::options` for
+/// `pub use options::{FsOptions, ..}` in `fs/mod.rs` (`self::` and nested paths too).
+fn reexports(files: &[(PathBuf, Vec<String>, String)]) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for (path, module, text) in files {
+        let is_root = path.file_name().is_some_and(|n| n == "mod.rs");
+        if !is_root || module.len() != 1 {
+            continue;
+        }
+        let code = code_of(text);
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find("pub use ") {
+            rest = &rest[at + "pub use ".len()..];
+            let statement = &rest[..rest.find(';').unwrap_or(rest.len())];
+            let statement = statement.trim_start_matches("self::");
+            let Some((part, names)) = statement.split_once("::") else {
+                continue;
+            };
+            let names = names.trim().trim_start_matches('{').trim_end_matches('}');
+            for name in names.split(',') {
+                let name = name.split(" as ").last().unwrap_or("").trim();
+                let name = name.rsplit("::").next().unwrap_or("").trim();
+                if !name.is_empty() {
+                    map.insert(
+                        format!("{}::{name}", module[0]),
+                        format!("{}::{}", module[0], part.trim()),
+                    );
+                }
+            }
+        }
+    }
+    map
+}
+
 #[test]
 fn modules_import_each_other_in_one_direction() {
     let files = sources();
+    let reexported = reexports(&files);
     let tops: BTreeSet<String> = files
         .iter()
         .filter(|(_, m, _)| m.len() > 1 || !["lib", "main"].contains(&m[0].as_str()))
@@ -168,9 +206,13 @@ fn modules_import_each_other_in_one_direction() {
                     .entry(module[0].clone())
                     .or_default()
                     .insert(t[0].clone());
-            } else if module.len() > 1 && t.len() > 1 && t[1] != module[1] {
+            } else if module.len() > 1 && t.len() > 1 {
                 let part = |m: &[String]| format!("{}::{}", m[0], m[1]);
-                part_edges.entry(part(module)).or_default().insert(part(&t));
+                let to = part(&t);
+                let to = reexported.get(&to).cloned().unwrap_or(to);
+                if to != part(module) {
+                    part_edges.entry(part(module)).or_default().insert(to);
+                }
             }
         }
     }
@@ -215,12 +257,35 @@ fn each_concern_stays_in_its_module() {
                 "{shown}: chooses an errno outside fs/error.rs and fs/dispatch.rs"
             ));
         }
+        if let Some(cell) = thread_local_cell(&code) {
+            broken.push(format!(
+                "{shown}: a thread-local `{cell}` carries a value from one call to another; pass \
+                 it in the call (a read's context is its `tiers::ReadRequest`)"
+            ));
+        }
         let lines = text.lines().count();
         if lines > MAX_LINES {
             broken.push(format!("{shown}: {lines} lines (at most {MAX_LINES})"));
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// A `Cell` (not a `RefCell` of scratch) declared in a `thread_local!` block of `code`.
+fn thread_local_cell(code: &str) -> Option<String> {
+    let mut rest = code;
+    while let Some(at) = rest.find("thread_local!") {
+        rest = &rest[at..];
+        let block = &rest[..rest.find("\n}").unwrap_or(rest.len())];
+        for (i, _) in block.match_indices("Cell<") {
+            if !block[..i].ends_with("Ref") {
+                let end = block[i..].find('>').map_or(block.len(), |e| i + e + 1);
+                return Some(block[i..end].to_string());
+            }
+        }
+        rest = &rest["thread_local!".len()..];
+    }
+    None
 }
 
 #[test]
@@ -240,4 +305,19 @@ fn the_checks_see_what_they_look_for() {
     edges.insert("b".to_string(), BTreeSet::from(["a".to_string()]));
     assert!(cycle(&edges).is_some());
     assert_eq!(code_of("// crate::x\nlet y = 1;"), "\nlet y = 1;");
+    let context = "thread_local! {\n    static READER: Cell<u32> = const { Cell::new(0) };\n}";
+    assert_eq!(thread_local_cell(context).as_deref(), Some("Cell<u32>"));
+    let scratch = "thread_local! {\n    static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };\n}";
+    assert_eq!(thread_local_cell(scratch), None);
+    let root = (
+        PathBuf::from("src/fs/mod.rs"),
+        vec!["fs".to_string()],
+        "pub use options::{FsOptions, ReaddirPlus};\npub use self::core::Core;".to_string(),
+    );
+    let map = reexports(&[root]);
+    assert_eq!(
+        map.get("fs::ReaddirPlus").map(String::as_str),
+        Some("fs::options")
+    );
+    assert_eq!(map.get("fs::Core").map(String::as_str), Some("fs::core"));
 }

@@ -462,7 +462,13 @@ fn read(core: &Core, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>, Error
     let mut buf = Vec::new();
     while out.len() < len {
         let ask = (len - out.len()).min(128 * 1024) as u32;
-        let served = core.read(ino, offset + out.len() as u64, ask, &mut buf)?;
+        let served = core.read(
+            &packfs::tiers::ReadRequest::waiting(),
+            ino,
+            offset + out.len() as u64,
+            ask,
+            &mut buf,
+        )?;
         if served.bytes().is_empty() {
             break;
         }
@@ -532,7 +538,13 @@ fn compare(
                     shown(path)
                 );
                 prop_assert!(matches!(
-                    core.read(attr.ino, 0, 10, &mut Vec::new()),
+                    core.read(
+                        &packfs::tiers::ReadRequest::waiting(),
+                        attr.ino,
+                        0,
+                        10,
+                        &mut Vec::new()
+                    ),
                     Err(Error::IsDir)
                 ));
             }
@@ -543,7 +555,13 @@ fn compare(
                     prop_assert_eq!(attr.mtime, *mtime, "{}", shown(path));
                 }
                 prop_assert!(matches!(
-                    core.read(attr.ino, 0, 10, &mut Vec::new()),
+                    core.read(
+                        &packfs::tiers::ReadRequest::waiting(),
+                        attr.ino,
+                        0,
+                        10,
+                        &mut Vec::new()
+                    ),
                     Err(Error::NotFile)
                 ));
             }

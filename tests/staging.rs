@@ -552,7 +552,7 @@ fn chunks_reads_fetched_are_staged_without_a_second_source_read() {
     use packfs::source::read_at::ReadAt;
     use packfs::tiers::faults::{Fault, Faulty, Gate};
     use packfs::tiers::stage::{StageMode, run_copier};
-    use packfs::tiers::{Fetch, Images};
+    use packfs::tiers::{Fetch, Images, ReadRequest};
     use std::sync::Arc;
 
     const MIB: u64 = 1 << 20;
@@ -575,7 +575,13 @@ fn chunks_reads_fetched_are_staged_without_a_second_source_read() {
         let mut buf = vec![0u8; 4096];
         for chunk in 16..64 {
             images
-                .read_exact_at(0, chunk * MIB + 100, &mut buf, Fetch::Chunks)
+                .read_exact_at(
+                    &ReadRequest::waiting(),
+                    0,
+                    chunk * MIB + 100,
+                    &mut buf,
+                    Fetch::Chunks,
+                )
                 .unwrap();
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -740,7 +746,7 @@ fn epoch_while_staging(
 ) -> (u64, u64, Vec<(u64, u64)>) {
     use packfs::tiers::faults::{Fault, Faulty};
     use packfs::tiers::stage::{StageMode, run_copier};
-    use packfs::tiers::{Fetch, Images};
+    use packfs::tiers::{Fetch, Images, ReadRequest};
     use std::sync::Arc;
 
     const CHUNK: u64 = 256 << 10;
@@ -778,7 +784,7 @@ fn epoch_while_staging(
                     for &(at, len) in samples.iter().skip(r).step_by(readers) {
                         let mut buf = vec![0u8; len as usize];
                         images
-                            .read_exact_at(0, at, &mut buf, Fetch::Chunks)
+                            .read_exact_at(&ReadRequest::waiting(), 0, at, &mut buf, Fetch::Chunks)
                             .unwrap();
                         assert!(
                             buf == want[at as usize..(at + len) as usize],
@@ -864,8 +870,9 @@ fn staging_with_concurrent_readers_reads_each_chunk_of_the_source_once() {
 #[test]
 fn reads_store_their_chunks_when_the_stagers_queue_is_full() {
     use packfs::source::read_at::ReadAt;
+    use packfs::source::read_at::Wait;
     use packfs::tiers::stage::StageMode;
-    use packfs::tiers::{Fetch, Images};
+    use packfs::tiers::{Fetch, Images, ReadRequest};
     use std::sync::Arc;
 
     const MIB: u64 = 1 << 20;
@@ -882,7 +889,13 @@ fn reads_store_their_chunks_when_the_stagers_queue_is_full() {
     let mut buf = vec![0u8; 4096];
     for &i in &order {
         images
-            .read_exact_at(0, i * chunk + 100, &mut buf, Fetch::Chunks)
+            .read_exact_at(
+                &ReadRequest::waiting(),
+                0,
+                i * chunk + 100,
+                &mut buf,
+                Fetch::Chunks,
+            )
             .unwrap();
         assert_eq!(buf, plain[(i * chunk + 100) as usize..][..4096]);
     }
@@ -893,10 +906,85 @@ fn reads_store_their_chunks_when_the_stagers_queue_is_full() {
     let mut local = vec![0u8; 4096];
     for &i in &order[32..] {
         assert!(
-            stage.read(0, i as usize, 100, &mut local),
+            stage
+                .read(0, i as usize, 100, &mut local, Wait::May)
+                .unwrap(),
             "chunk {i}: {st:?}"
         );
     }
     assert_eq!(st.copied_from_reads, 8 * chunk, "{st:?}");
     assert_eq!(source.stats().bytes, size, "each chunk read once, whole");
+}
+
+/// A staged chunk out of the page cache is not damaged: a read that may not wait (a FUSE ring's
+/// queue thread) hands it to the read pool and the chunk stays staged. Before, the local read's
+/// "would block" counted as a failed read: the chunk was dropped, logged as an error and fetched
+/// from the source again, for every staged chunk the kernel had evicted.
+#[test]
+fn a_staged_chunk_out_of_the_page_cache_stays_staged() {
+    use packfs::source::read_at::{ReadAt, Wait};
+    use packfs::tiers::stage::StageMode;
+    use packfs::tiers::{Fetch, Images, ReadRequest};
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+    // The stager never runs here: its queue takes the first 32 chunks, reads store the rest.
+    let (chunk, chunks) = (2 * MIB, 34);
+    let size = chunk * chunks;
+    let plain = bytes(22, size as usize);
+    let data: Arc<dyn ReadAt> = Arc::new(plain.clone());
+    let (source, stage, dir) = staged_source(22, size, data, StageMode::Lazy, chunk);
+    let images = Images::new(source.clone(), 256 * MIB, chunk, true, Some(stage.clone()));
+    let mut buf = vec![0u8; 4096];
+    for i in (0..chunks).map(|k| k * 7 % chunks) {
+        let req = ReadRequest::waiting();
+        images
+            .read_exact_at(&req, 0, i * chunk, &mut buf, Fetch::Chunks)
+            .unwrap();
+    }
+    let stored = stage.stats().present_bytes;
+    assert_eq!(stored, 2 * chunk, "{:?}", stage.stats());
+    // Out of the page cache: written back, then dropped.
+    for entry in walkdir(dir.path()) {
+        let file = fs::File::open(&entry).unwrap();
+        file.sync_all().unwrap();
+        // SAFETY: a plain hint on a descriptor this test owns.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    let staged: Vec<u64> = (32..chunks)
+        .map(|k| (0..chunks).map(|j| j * 7 % chunks).nth(k as usize).unwrap())
+        .collect();
+    let mut local = vec![0u8; 4096];
+    for &i in &staged {
+        let err = stage
+            .read(0, i as usize, 100, &mut local, Wait::Never)
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    }
+    let st = stage.stats();
+    assert_eq!(st.present_bytes, stored, "kept: {st:?}");
+    assert_eq!(st.failed_checks, 0, "{st:?}");
+    for &i in &staged {
+        assert!(
+            stage
+                .read(0, i as usize, 100, &mut local, Wait::May)
+                .unwrap()
+        );
+        assert_eq!(local, plain[(i * chunk + 100) as usize..][..4096]);
+    }
+}
+
+/// The regular files under `dir`, at any depth.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(walkdir(&path));
+        } else if path.is_file() {
+            found.push(path);
+        }
+    }
+    found
 }

@@ -75,16 +75,14 @@ pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), 
         if e.kind() != Kind::File {
             continue;
         }
-        let layout = catalog.layout(e).expect("a scanned file's layout");
+        let member = tiers::Member::of(&catalog, id).expect("a scanned file's layout");
+        let req = tiers::ReadRequest::waiting();
         let tail = e.size.saturating_sub(READ_TAIL).max(READ_HEAD.min(e.size));
         for (from, to) in [(0, READ_HEAD.min(e.size)), (tail, e.size)] {
             let mut at = from;
             while at < to {
                 let len = (to - at).min(128 * 1024) as usize;
-                if files
-                    .read(id, e.image, layout, e.size, at, len, &mut buf)
-                    .is_err()
-                {
+                if files.read(&req, member, at, len, &mut buf).is_err() {
                     break;
                 }
                 at += len as u64;
@@ -148,9 +146,16 @@ pub fn run_index(bytes: &[u8]) {
                     continue;
                 };
                 let _ = layout.to_string();
+                let member = tiers::Member {
+                    entry: id,
+                    image: e.image,
+                    layout,
+                    size: e.size,
+                };
+                let req = tiers::ReadRequest::waiting();
                 for at in [0, e.size / 2, e.size.saturating_sub(5000)] {
                     let len = (e.size - at.min(e.size)).min(64 * 1024) as usize;
-                    let _ = files.read(id, e.image, layout, e.size, at, len, &mut buf);
+                    let _ = files.read(&req, member, at, len, &mut buf);
                 }
             }
         }

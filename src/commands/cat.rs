@@ -61,8 +61,11 @@ pub fn cat(catalog: Arc<Catalog>, path: &[u8], out: &mut dyn Write) -> Result<u6
     }
     let mut buf = Vec::new();
     let mut done = 0u64;
+    let req = tiers::ReadRequest::waiting();
     loop {
-        let served = core.read(ino, done, CHUNK, &mut buf).map_err(failed)?;
+        let served = core
+            .read(&req, ino, done, CHUNK, &mut buf)
+            .map_err(failed)?;
         let bytes = served.bytes();
         if bytes.is_empty() {
             break;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use crate::catalog::{Catalog, Kind, ROOT};
-use crate::tiers::FileReader;
+use crate::tiers::{FileReader, Member, ReadRequest};
 
 /// Bytes read per request, as the kernel would ask for them.
 const PIECE: usize = 1 << 20;
@@ -51,22 +51,16 @@ pub fn read_everything(
                 path: catalog.path_of(id),
                 error,
             };
-            let e = match catalog.entry(id) {
-                Ok(e) => e,
+            let member = match Member::of(catalog, id) {
+                Ok(member) => member,
                 Err(err) => return Some(failure(err.to_string())),
             };
-            let layout = match catalog.layout(e) {
-                Ok(layout) => layout,
-                Err(err) => return Some(failure(err.to_string())),
-            };
+            let req = ReadRequest::waiting();
             let mut offset = 0;
-            while offset < e.size {
-                let len = (e.size - offset).min(PIECE as u64) as usize;
-                let read = BUF.with_borrow_mut(|buf| {
-                    files
-                        .read(id, e.image, layout, e.size, offset, len, buf)
-                        .map(|_| ())
-                });
+            while offset < member.size {
+                let len = (member.size - offset).min(PIECE as u64) as usize;
+                let read = BUF
+                    .with_borrow_mut(|buf| files.read(&req, member, offset, len, buf).map(|_| ()));
                 if let Err(err) = read {
                     return Some(failure(err.to_string()));
                 }

@@ -139,11 +139,11 @@ enum Label {
 }
 
 fn read_member(catalog: &Catalog, files: &tiers::FileReader, id: u32) -> Result<Vec<u8>, String> {
-    let e = catalog.entry(id).map_err(|e| e.to_string())?;
-    let layout = catalog.layout(e).map_err(|e| e.to_string())?;
+    let member = tiers::Member::of(catalog, id).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
+    let req = tiers::ReadRequest::waiting();
     let served = files
-        .read(id, e.image, layout, e.size, 0, e.size as usize, &mut buf)
+        .read(&req, member, 0, member.size as usize, &mut buf)
         .map_err(|e| e.to_string())?;
     Ok(served.bytes().to_vec())
 }

@@ -19,10 +19,10 @@ use tracing::info;
 use super::attr::{NAME_MAX, STATFS_BSIZE, TTL, file_attr, file_type};
 use super::core::{Attr, DirEntry, Listing};
 use super::dispatch::{
-    AttrReply, DataReply, DirReply, Dispatch, EntryReply, Refused, Reply, StatfsReply,
+    AttrReply, DataReply, DirReply, Dispatch, EntryReply, ReadCall, Refused, Reply, StatfsReply,
 };
+use super::options::{FsOptions, ReaddirPlus};
 use super::reads::{ReadJob, Reads};
-use super::{FsOptions, ReaddirPlus};
 
 /// Asynchronous reads (readahead) the kernel keeps in flight. Above the number of reads that may
 /// be stuck in a slow region at once: at 64, 80 reads stalled in one region held every slot and
@@ -229,14 +229,14 @@ impl Filesystem for PackFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.reads.submit(ReadJob {
+        let call = ReadCall {
             ino: ino.0,
             offset,
             size,
-            reply,
             started: Instant::now(),
             reader: req.pid(),
-        });
+        };
+        self.reads.submit(ReadJob { call, reply });
     }
 
     fn readdir(

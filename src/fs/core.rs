@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use super::error::Error;
 use crate::catalog::{Catalog, Entry, EntryId, Kind};
-use crate::source::read_at;
-use crate::tiers::{FileReader, Served};
+use crate::source::read_at::Wait;
+use crate::tiers::{FileReader, Member, ReadRequest, Served};
 
 /// Inode numbers are entry ids + 1 (FUSE's root is 1, the catalog's root is entry 0).
 pub type Ino = u64;
@@ -197,6 +197,7 @@ impl Core {
     /// Reads up to `size` bytes at `offset` of file `ino` (fewer at its end, none past it).
     pub fn read<'b>(
         &self,
+        req: &ReadRequest,
         ino: Ino,
         offset: u64,
         size: u32,
@@ -212,11 +213,16 @@ impl Core {
             return Ok(Served::Buffer(&[]));
         }
         let len = (e.size - offset).min(size as u64) as usize;
-        let layout = self.catalog.layout(e)?;
+        let member = Member {
+            entry: id,
+            image: e.image,
+            layout: self.catalog.layout(e)?,
+            size: e.size,
+        };
         self.files
-            .read(id, e.image, layout, e.size, offset, len, buf)
+            .read(req, member, offset, len, buf)
             .map_err(|err| match err.error.kind() {
-                io::ErrorKind::WouldBlock if read_at::waiting_refused() => Error::WouldWait,
+                io::ErrorKind::WouldBlock if req.wait() == Wait::Never => Error::WouldWait,
                 _ => Error::Io {
                     image: self.files.images().source().image_path(e.image),
                     offset: err.image_offset,

@@ -15,8 +15,21 @@ use super::core::{Attr, Core, Ino, Listing};
 use super::error::{Error, guarded};
 use super::requests::{Op, Request, Requests};
 use super::trace::Trace;
-use crate::source::read_at;
-use crate::tiers::Served;
+use crate::source::read_at::Wait;
+use crate::tiers::{ReadRequest, Served};
+
+/// A read as a transport hands it over: what to read, when it came in (its latency includes any
+/// wait for a worker) and who asked.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadCall {
+    pub ino: Ino,
+    pub offset: u64,
+    pub size: u32,
+    pub started: Instant,
+    /// The process that asked (0 if not known): readers walking a shard in order are found per
+    /// process (`tiers::streams`).
+    pub reader: u32,
+}
 
 /// Every reply can fail with an errno.
 pub trait Reply {
@@ -283,62 +296,55 @@ impl Dispatch {
         }
     }
 
-    /// Answers a read of `size` bytes at `offset` of `ino`, assembled in `buf` where it must be.
-    pub fn read(
-        &self,
-        ino: Ino,
-        offset: u64,
-        size: u32,
-        started: Instant,
-        buf: &mut Vec<u8>,
-        reply: impl DataReply,
-    ) {
-        let answer = self.core_read(ino, offset, size, buf);
-        self.finish_read(ino, offset, size, started, answer, reply);
+    /// Answers a read, assembled in `buf` where it must be.
+    pub fn read(&self, call: ReadCall, buf: &mut Vec<u8>, reply: impl DataReply) {
+        let req = ReadRequest::new(call.reader, Wait::May);
+        let answer = self.core_read(&req, call, buf);
+        self.finish_read(&req, call, answer, reply);
     }
 
     fn core_read<'b>(
         &self,
-        ino: Ino,
-        offset: u64,
-        size: u32,
+        req: &ReadRequest,
+        call: ReadCall,
         buf: &'b mut Vec<u8>,
     ) -> Result<Served<'b>, Error> {
+        let ReadCall {
+            ino, offset, size, ..
+        } = call;
         guarded(
             || format!("read of {size} bytes at {offset} of inode {ino}"),
-            || self.core.read(ino, offset, size, buf),
+            || self.core.read(req, ino, offset, size, buf),
         )
     }
 
     fn finish_read(
         &self,
-        ino: Ino,
-        offset: u64,
-        size: u32,
-        started: Instant,
+        req: &ReadRequest,
+        call: ReadCall,
         answer: Result<Served, Error>,
         reply: impl DataReply,
     ) {
-        let req = Request::new(Op::Read, ino, started).at(offset, size);
-        self.finish(req, answer, reply, |reply, served| reply.served(served));
+        let done = Request::new(Op::Read, call.ino, call.started)
+            .at(call.offset, call.size)
+            .served_by(req.tiers());
+        self.finish(done, answer, reply, |reply, served| reply.served(served));
     }
 
     /// As `read`, but only from memory (page cache, RAM cache, staged copy): a read that would
     /// wait for storage is not answered, and its reply comes back for the read pool.
     pub fn read_without_waiting<R: DataReply>(
         &self,
-        ino: Ino,
-        offset: u64,
-        size: u32,
-        started: Instant,
+        call: ReadCall,
         buf: &mut Vec<u8>,
         reply: R,
     ) -> Result<(), R> {
-        let answer = read_at::without_waiting(|| self.core_read(ino, offset, size, buf));
+        let req = ReadRequest::new(call.reader, Wait::Never);
+        let answer = self.core_read(&req, call, buf);
         if let Err(Error::WouldWait) = &answer {
             return Err(reply);
         }
-        self.finish_read(ino, offset, size, started, answer, reply);
+        self.finish_read(&req, call, answer, reply);
         Ok(())
     }
 }

@@ -19,23 +19,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::warn;
 
-use super::core::Ino;
-use super::dispatch::{DataReply, Dispatch, Reply, SentData};
+use super::dispatch::{DataReply, Dispatch, ReadCall, Reply, SentData};
 use super::error::Error;
 use crate::tiers::budget::MemoryBudget;
-use crate::tiers::streams::as_reader;
 
 /// A read to answer through `reply`, whichever transport it came by.
 pub struct ReadJob<R> {
-    pub ino: Ino,
-    pub offset: u64,
-    pub size: u32,
+    pub call: ReadCall,
     pub reply: R,
-    /// When the request came in (its latency includes the wait for a worker).
-    pub started: Instant,
-    /// The process that asked (0 if not known): readers walking a shard in order are found per
-    /// process (`tiers::streams`).
-    pub reader: u32,
 }
 
 pub struct Reads {
@@ -198,12 +189,8 @@ impl Reads {
             return job.reply.error(Error::Stopping.errno());
         };
         let job = ReadJob {
-            ino: job.ino,
-            offset: job.offset,
-            size: job.size,
+            call: job.call,
             reply: SentData::new(job.reply),
-            started: job.started,
-            reader: job.reader,
         };
         if let Err(unsent) = pool.send(job) {
             return unsent.into_inner().reply.error(Error::Stopping.errno());
@@ -293,22 +280,14 @@ fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Dispatch>) -> std::io::Resu
 fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
     BUFFER.with_borrow_mut(|reply_buffer| {
         let buf = &mut reply_buffer.bytes;
-        let ReadJob {
-            ino,
-            offset,
-            size,
-            reply,
-            started,
-            reader,
-        } = job;
+        let ReadJob { call, reply } = job;
+        let size = call.size;
         // Held until the reply is sent: its buffer (or the unit it shares) is in use until then.
         let _room = reply_room().acquire_unless_stuck(size as u64, STALLED, reads_stalled);
         // The whole reply at once: grown by doubling, the smaller steps were freed into the
         // allocator's per-thread arenas, which kept them.
         buf.reserve_exact((size as usize).saturating_sub(buf.len()));
-        as_reader(reader, || {
-            server.read(ino, offset, size, started, buf, reply)
-        });
+        server.read(call, buf, reply);
         LAST_DONE_MS.fetch_max(STARTED.elapsed().as_millis() as u64, Ordering::Relaxed);
         reply_buffer.settle();
     });

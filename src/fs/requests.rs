@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::tiers::Tiers;
+
 /// The operations the dispatcher records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -66,6 +68,8 @@ pub struct Request<'a> {
     pub offset: u64,
     pub size: u32,
     pub started: Instant,
+    /// The tiers that served a read.
+    pub tiers: Tiers,
 }
 
 impl<'a> Request<'a> {
@@ -77,6 +81,7 @@ impl<'a> Request<'a> {
             offset: 0,
             size: 0,
             started,
+            tiers: Tiers::NONE,
         }
     }
 
@@ -85,6 +90,10 @@ impl<'a> Request<'a> {
             name: Some(name),
             ..self
         }
+    }
+
+    pub fn served_by(self, tiers: Tiers) -> Request<'a> {
+        Request { tiers, ..self }
     }
 
     pub fn at(self, offset: u64, size: u32) -> Request<'a> {

@@ -15,7 +15,7 @@ use tracing::warn;
 
 use super::PackError;
 use crate::catalog::{Catalog, EntryId, Kind, ROOT};
-use crate::tiers::FileReader;
+use crate::tiers::{self, FileReader};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ItemKind {
@@ -243,19 +243,16 @@ impl MemberFile<'_> {
                 buf.copy_from_slice(&text[at..at + len]);
             }
             MemberFile::Catalog { catalog, files, id } => {
-                let e = catalog
-                    .entry(*id)
+                let member = tiers::Member::of(catalog, *id)
                     .map_err(|e| PackError::Source(e.to_string()))?;
-                let layout = catalog
-                    .layout(e)
-                    .map_err(|e| PackError::Source(e.to_string()))?;
+                let req = tiers::ReadRequest::waiting();
                 let mut scratch = Vec::new();
                 let mut done = 0;
                 while done < len {
                     let n = (len - done).min(CATALOG_PIECE);
                     let at = offset + done as u64;
                     let served = files
-                        .read(*id, e.image, layout, e.size, at, n, &mut scratch)
+                        .read(&req, member, at, n, &mut scratch)
                         .map_err(|err| PackError::Read {
                             path: PathBuf::from(std::ffi::OsStr::from_bytes(&item.path)),
                             error: io::Error::other(err.to_string()),

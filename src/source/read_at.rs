@@ -6,32 +6,16 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-thread_local! {
-    static NO_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// Whether a read may wait for a device or the network. A FUSE ring's queue thread reads with
+/// `Never`, so that data already in memory is answered at once and a slow read never holds up
+/// the other requests of its CPU; the read pool retries what would have waited with `May`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    May,
+    Never,
 }
 
-/// Runs `f` with reads that would wait for a device or the network refused: a file read not in
-/// the page cache (`RWF_NOWAIT`), an object-store request, an injected stall. They fail with
-/// `WouldBlock`, and the caller retries where waiting is allowed. A FUSE ring queue reads this
-/// way, so that data already in memory is answered at once and a slow read never holds up the
-/// other requests of its CPU.
-pub fn without_waiting<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            NO_WAIT.set(self.0);
-        }
-    }
-    let _restore = Restore(NO_WAIT.replace(true));
-    f()
-}
-
-/// Whether this thread is inside `without_waiting`.
-pub fn waiting_refused() -> bool {
-    NO_WAIT.get()
-}
-
-/// The error of a read that would have waited, inside `without_waiting`.
+/// The error of a read that would have waited (`Wait::Never`).
 /// A bare kind, no message: made on every read the rings try first and must hand to the pool,
 /// so it must not allocate.
 pub fn would_block() -> io::Error {
@@ -43,11 +27,31 @@ pub trait ReadAt: Send + Sync {
     /// backing store may answer short); 0 means `offset` is at or past the end.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
 
+    /// As `read_at`, but only from what is at hand (memory, the page cache): a read that would
+    /// wait fails with `would_block()`. The default says every read would wait, so a store that
+    /// does not say otherwise is never read by a thread that must not block.
+    fn read_at_now(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+        Err(would_block())
+    }
+
+    /// `read_at` or `read_at_now`, as `wait` says.
+    fn read_with(&self, buf: &mut [u8], offset: u64, wait: Wait) -> io::Result<usize> {
+        match wait {
+            Wait::May => self.read_at(buf, offset),
+            Wait::Never => self.read_at_now(buf, offset),
+        }
+    }
+
     /// Fills `buf` from `offset`, retrying short and interrupted reads. Running out of data is an
     /// `UnexpectedEof` error: callers ask only for bytes the catalog promised.
-    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_exact_with(buf, offset, Wait::May)
+    }
+
+    /// `read_exact_at`, waiting or not as `wait` says.
+    fn read_exact_with(&self, mut buf: &mut [u8], mut offset: u64, wait: Wait) -> io::Result<()> {
         while !buf.is_empty() {
-            match self.read_at(buf, offset) {
+            match self.read_with(buf, offset, wait) {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -172,10 +176,11 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
 
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        if waiting_refused() {
-            return read_nowait(self, buf, offset);
-        }
         FileExt::read_at(self, buf, offset)
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        read_nowait(self, buf, offset)
     }
 
     /// fstat of the open descriptor: a file rewritten in place shows its new size and mtime; one
@@ -215,10 +220,18 @@ impl ReadAt for [u8] {
         buf[..n].copy_from_slice(&rest[..n]);
         Ok(n)
     }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.read_at(buf, offset)
+    }
 }
 
 impl ReadAt for Vec<u8> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.as_slice().read_at(buf, offset)
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.as_slice().read_at(buf, offset)
     }
 }
@@ -312,13 +325,24 @@ mod tests {
         std::fs::write(&path, b"in the page cache").unwrap();
         let file = File::open(&path).unwrap();
         let mut buf = [0u8; 6];
-        assert!(!waiting_refused());
-        let got = without_waiting(|| {
-            assert!(waiting_refused());
-            ReadAt::read_exact_at(&file, &mut buf, 3)
-        });
-        got.unwrap();
+        ReadAt::read_exact_with(&file, &mut buf, 3, Wait::Never).unwrap();
         assert_eq!(&buf, b"the pa");
-        assert!(!waiting_refused(), "restored after the closure");
+    }
+
+    /// A store that says nothing of reads at hand is never read by a thread that must not wait.
+    #[test]
+    fn a_store_that_cannot_read_at_once_would_block_by_default() {
+        struct Slow;
+        impl ReadAt for Slow {
+            fn read_at(&self, buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+                buf.fill(7);
+                Ok(buf.len())
+            }
+        }
+        let mut buf = [0u8; 4];
+        let err = Slow.read_exact_with(&mut buf, 0, Wait::Never).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        Slow.read_exact_with(&mut buf, 0, Wait::May).unwrap();
+        assert_eq!(buf, [7; 4]);
     }
 }

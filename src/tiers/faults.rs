@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::source::read_at::ReadAt;
+use crate::source::read_at::{ReadAt, Wait};
 
 /// What happens to a read that touches a fault's range.
 #[derive(Clone, Debug)]
@@ -66,18 +66,16 @@ impl Faulty {
     }
 }
 
-impl ReadAt for Faulty {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+impl Faulty {
+    fn read(&self, buf: &mut [u8], offset: u64, wait: Wait) -> io::Result<usize> {
         let asked = offset..offset.saturating_add(buf.len() as u64);
         let mut len = buf.len();
         for (range, fault) in &self.faults {
             if range.start >= asked.end || asked.start >= range.end {
                 continue;
             }
-            // A slow or stuck region is what a no-wait read must not wait for.
-            if matches!(fault, Fault::Latency(_) | Fault::Stall(_))
-                && crate::source::read_at::waiting_refused()
-            {
+            // A slow or stuck region is what a read that must not wait must not wait for.
+            if matches!(fault, Fault::Latency(_) | Fault::Stall(_)) && wait == Wait::Never {
                 return Err(crate::source::read_at::would_block());
             }
             self.injected.fetch_add(1, Ordering::Relaxed);
@@ -88,7 +86,17 @@ impl ReadAt for Faulty {
                 Fault::Stall(gate) => gate.wait(),
             }
         }
-        self.inner.read_at(&mut buf[..len], offset)
+        self.inner.read_with(&mut buf[..len], offset, wait)
+    }
+}
+
+impl ReadAt for Faulty {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.read(buf, offset, Wait::May)
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.read(buf, offset, Wait::Never)
     }
 
     fn current(&self) -> Option<io::Result<crate::source::read_at::Stamp>> {
@@ -152,12 +160,13 @@ mod tests {
             }
         });
         let mut buf = [0u8; 50];
-        let err = crate::source::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 120))
+        let err = faulty
+            .read_exact_with(&mut buf, 120, Wait::Never)
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
         assert_eq!(faulty.injected(), 0, "a refusal is not an injected fault");
         // Outside the region, and once allowed to wait, reads go on.
-        crate::source::read_at::without_waiting(|| faulty.read_exact_at(&mut buf, 0)).unwrap();
+        faulty.read_exact_with(&mut buf, 0, Wait::Never).unwrap();
         opener.join().unwrap();
         faulty.read_exact_at(&mut buf, 120).unwrap();
     }

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::images::{Fetch, Images};
-use super::ram_cache::Decoded;
+use super::ram_cache::{Decoded, Room};
+use super::request::{ReadRequest, Tiers};
 use crate::archive::layout::{Layout, check_crc};
 use crate::archive::plan::{Piece, Unit, WholeCrc};
+use crate::catalog::{Catalog, CatalogError};
 use crate::source::read_at::ReadAt;
 
 /// A failed read: the image offset it failed at (for the log) and why.
@@ -99,10 +101,35 @@ fn bad_crc(at: u64, why: &str) -> ReadError {
     }
 }
 
-/// One image seen through the tiers, exactly as asked: what a unit decodes from.
+/// A file to read: its catalog entry, and where and how its `size` bytes lie (`layout` in
+/// `image`).
+#[derive(Clone, Copy, Debug)]
+pub struct Member<'a> {
+    pub entry: u32,
+    pub image: u32,
+    pub layout: Layout<'a>,
+    pub size: u64,
+}
+
+impl<'a> Member<'a> {
+    /// The file with catalog entry `id`.
+    pub fn of(catalog: &'a Catalog, id: u32) -> Result<Member<'a>, CatalogError> {
+        let e = catalog.entry(id)?;
+        Ok(Member {
+            entry: id,
+            image: e.image,
+            layout: catalog.layout(e)?,
+            size: e.size,
+        })
+    }
+}
+
+/// One image seen through the tiers, exactly as asked, for one request: what a unit decodes
+/// from. The decoders know only `ReadAt`; the request rides along here.
 struct ImageBytes<'a> {
     images: &'a Images,
     image: u32,
+    req: &'a ReadRequest,
 }
 
 impl ReadAt for ImageBytes<'_> {
@@ -110,7 +137,7 @@ impl ReadAt for ImageBytes<'_> {
         let size = self.images.image_size(self.image);
         let n = (size.saturating_sub(offset)).min(buf.len() as u64) as usize;
         self.images
-            .read_exact_at(self.image, offset, &mut buf[..n], Fetch::Exact)?;
+            .read_exact_at(self.req, self.image, offset, &mut buf[..n], Fetch::Exact)?;
         Ok(n)
     }
 }
@@ -129,19 +156,22 @@ impl FileReader {
         &self.images
     }
 
-    /// Reads `len` bytes at `offset` of the file `file` (its catalog entry), of `size` bytes laid
-    /// out as `layout` in `image` (the range lies inside the file).
-    #[allow(clippy::too_many_arguments)]
+    /// Reads `len` bytes at `offset` of `file` (the range lies inside it), for `req`: which tiers
+    /// served it is in `req.tiers()` after.
     pub fn read<'b>(
         &self,
-        file: u32,
-        image: u32,
-        layout: Layout,
-        size: u64,
+        req: &ReadRequest,
+        file: Member<'_>,
         offset: u64,
         len: usize,
         buf: &'b mut Vec<u8>,
     ) -> Result<Served<'b>, ReadError> {
+        let Member {
+            entry: file,
+            image,
+            layout,
+            size,
+        } = file;
         // Bytes of `buf` that hold this read. The buffer keeps its length between reads and is
         // only overwritten: clearing it first (resize with zeros) was 10% of the daemon's CPU
         // in an epoch on the simulated parallel file system (docs/benchmarks.md).
@@ -153,7 +183,7 @@ impl FileReader {
             })?;
             match piece {
                 Piece::Decoded { unit, from, len: n } => {
-                    let block = self.decode(image, unit)?;
+                    let block = self.decode(req, image, unit)?;
                     if block.get(from..from + n).is_none() {
                         return Err(ReadError {
                             image_offset: unit.at,
@@ -181,10 +211,10 @@ impl FileReader {
                 Piece::Stored { at, len: n, crc } => {
                     let whole = crc.filter(|c| c.at == at && c.len == n as u64);
                     if let Some(member) = crc.filter(|_| whole.is_none()) {
-                        self.check_whole(file, image, member)?;
+                        self.check_whole(req, file, image, member)?;
                     }
                     self.images
-                        .read_exact_at(image, at, room(buf, filled, n), Fetch::Chunks)
+                        .read_exact_at(req, image, at, room(buf, filled, n), Fetch::Chunks)
                         .map_err(failed(at))?;
                     if let Some(member) = whole {
                         let outcome = check_crc(&buf[filled..filled + n], Some(member.crc));
@@ -200,7 +230,13 @@ impl FileReader {
     /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon
     /// lifetime, reading it in bounded pieces (no more memory than one piece). Files larger than
     /// `CHECK_LIMIT` are checked only when a read covers them whole.
-    fn check_whole(&self, file: u32, image: u32, member: WholeCrc) -> Result<(), ReadError> {
+    fn check_whole(
+        &self,
+        req: &ReadRequest,
+        file: u32,
+        image: u32,
+        member: WholeCrc,
+    ) -> Result<(), ReadError> {
         if member.len > CHECK_LIMIT {
             return Ok(());
         }
@@ -221,7 +257,7 @@ impl FileReader {
                 piece.resize(n, 0);
                 let at = member.at + done;
                 self.images
-                    .read_exact_at(image, at, piece, Fetch::Exact)
+                    .read_exact_at(req, image, at, piece, Fetch::Exact)
                     .map_err(failed(at))?;
                 hasher.update(piece);
                 done += n as u64;
@@ -256,14 +292,19 @@ impl FileReader {
     }
 
     /// A unit's decoded bytes, decoded once per cache lifetime.
-    fn decode(&self, image: u32, unit: Unit) -> Result<Decoded, ReadError> {
+    fn decode(&self, req: &ReadRequest, image: u32, unit: Unit) -> Result<Decoded, ReadError> {
         let images = &*self.images;
-        images
+        let room = Room::for_read(req.wait());
+        let (block, loaded) = images
             .ram()
-            .get_or_load(image, unit.key(), unit.memory(), || {
-                unit.decode(&ImageBytes { images, image })
+            .fetch(image, unit.key(), unit.memory(), room, || {
+                unit.decode(&ImageBytes { images, image, req })
             })
-            .map_err(failed(unit.at))
+            .map_err(failed(unit.at))?;
+        if !loaded {
+            req.served_by(Tiers::RAM);
+        }
+        Ok(block)
     }
 }
 

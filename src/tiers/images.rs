@@ -13,8 +13,10 @@ use super::Source;
 use super::budget::MemoryBudget;
 use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, RamStats, Room};
 use super::read_ahead::ReadAhead;
+use super::request::{ReadRequest, Tiers};
 use super::stage::{ForRead, Shared, Stage, chunk_len};
 use super::streams::Streams;
+use crate::source::read_at::Wait;
 
 /// How a read wants its bytes fetched when they are not staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,9 +135,10 @@ impl Images {
         }
     }
 
-    /// Fills `buf` from `offset` of `image`.
+    /// Fills `buf` from `offset` of `image`, for `req`.
     pub fn read_exact_at(
         &self,
+        req: &ReadRequest,
         image: u32,
         offset: u64,
         buf: &mut [u8],
@@ -153,11 +156,13 @@ impl Images {
         let streaming = wants_chunks
             && !self.chunked
             && !staging
-            && self.streams.note(image, offset, buf.len() as u64);
+            && self
+                .streams
+                .note(req.reader(), image, offset, buf.len() as u64);
         let chunked = wants_chunks && (self.chunked || staging || streaming);
         // Nothing local can hold these bytes: one read of exactly them, not one per chunk.
         if kept.is_none() && !chunked {
-            return self.read_source(image, offset, buf);
+            return self.read_source(req, image, offset, buf);
         }
         let mut done = 0;
         while done < buf.len() {
@@ -167,21 +172,21 @@ impl Images {
             let dst = &mut buf[done..done + n];
             done += n;
             let stage = self.stage.as_deref();
-            if self.read_staged(stage, image, i, within, dst) {
+            if self.read_staged(req, stage, image, i, within, dst)? {
                 continue;
             }
             // While the stage copies this image, each chunk is read whole once: by the read
             // that claims it (and hands it to the stager) or by the stager (`claim_for_read`).
             let how = match stage {
-                Some(s) if chunked && staging => s.claim_for_read(image, i as usize),
+                Some(s) if chunked && staging => s.claim_for_read(image, i as usize, req.wait()),
                 _ if chunked => ForRead::Fetch,
                 _ => ForRead::Exact,
             };
             let fetched = match (how, stage) {
-                (ForRead::Fetch | ForRead::Store, _) => Some(self.chunk(image, i)),
+                (ForRead::Fetch | ForRead::Store, _) => Some(self.chunk(req, image, i)),
                 (ForRead::Shared, Some(s)) => match s.shared(image, i as usize) {
                     Shared::Bytes(chunk) => Some(Ok((chunk, false))),
-                    Shared::Fetching => Some(self.chunk(image, i)),
+                    Shared::Fetching => Some(self.chunk(req, image, i)),
                     Shared::Gone => None,
                 },
                 _ => None,
@@ -189,15 +194,16 @@ impl Images {
             let Some(fetched) = fetched else {
                 // Not this read's to fetch whole (the stager has it, or lags): local by now, in
                 // memory (a read fetched it), or exactly these bytes.
-                if chunked && self.read_staged(stage, image, i, within, dst) {
+                if chunked && self.read_staged(req, stage, image, i, within, dst)? {
                     continue;
                 }
                 if let Some(chunk) = self.in_memory(image, i).filter(|_| chunked) {
                     dst.copy_from_slice(&chunk[within as usize..within as usize + n]);
                     self.ram_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    req.served_by(Tiers::RAM);
                     continue;
                 }
-                self.read_source(image, pos, dst)?;
+                self.read_source(req, image, pos, dst)?;
                 if let Some(stage) = stage {
                     stage.offer(image, i as usize);
                 }
@@ -205,23 +211,29 @@ impl Images {
             };
             // The claim, if this read holds one (`claim_for_read` said Fetch or Store).
             let claim = stage.filter(|_| staging);
-            let Ok((chunk, loaded)) = fetched else {
-                if let Some(stage) = claim {
-                    stage.settle(image, i as usize, how, None);
+            let (chunk, loaded) = match fetched {
+                Ok(fetched) => fetched,
+                Err(e) => {
+                    if let Some(stage) = claim {
+                        stage.settle(image, i as usize, how, None);
+                    }
+                    if e.kind() == io::ErrorKind::WouldBlock && req.wait() == Wait::Never {
+                        return Err(e);
+                    }
+                    // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
+                    // these bytes, so an error is this read's own.
+                    self.read_source(req, image, pos, dst)?;
+                    continue;
                 }
-                // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
-                // these bytes, so an error is this read's own.
-                self.read_source(image, pos, dst)?;
-                continue;
             };
             let from = within as usize;
             dst.copy_from_slice(&chunk[from..from + n]);
-            let tier = if loaded {
-                &self.source_bytes
-            } else {
-                &self.ram_bytes
+            let (tier, counter) = match loaded {
+                true => (Tiers::SOURCE, &self.source_bytes),
+                false => (Tiers::RAM, &self.ram_bytes),
             };
-            tier.fetch_add(n as u64, Ordering::Relaxed);
+            req.served_by(tier);
+            counter.fetch_add(n as u64, Ordering::Relaxed);
             if let Some(stage) = claim {
                 stage.settle(image, i as usize, how, Some(&chunk));
             }
@@ -231,7 +243,7 @@ impl Images {
 
     /// Chunk `i` of `image` whole, from the read-ahead window, the RAM tier or the source; and
     /// whether this call read it from the source.
-    fn chunk(&self, image: u32, i: u64) -> io::Result<(Decoded, bool)> {
+    fn chunk(&self, req: &ReadRequest, image: u32, i: u64) -> io::Result<(Decoded, bool)> {
         let start = i * self.chunk_size;
         let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
         // The chunks just fetched (ahead or by a reader) are kept until read, past the RAM
@@ -243,9 +255,9 @@ impl Images {
         {
             return Ok((chunk, false));
         }
-        let fetched = self
-            .ram
-            .fetch_chunk(&self.source, image, start, len, Room::Wait)?;
+        let fetched =
+            self.ram
+                .fetch_chunk(&self.source, image, start, len, Room::for_read(req.wait()))?;
         if let (Some(ahead), (chunk, true)) = (&self.read_ahead, &fetched) {
             ahead.pin(image, start, chunk.clone());
             let chunks = self.image_size(image).div_ceil(self.chunk_size);
@@ -267,24 +279,35 @@ impl Images {
     /// Fills `dst` from the staged copy of chunk `i` if it is there, counting it.
     fn read_staged(
         &self,
+        req: &ReadRequest,
         stage: Option<&Stage>,
         image: u32,
         i: u64,
         within: u64,
         dst: &mut [u8],
-    ) -> bool {
-        if !stage.is_some_and(|s| s.read(image, i as usize, within, dst)) {
-            return false;
+    ) -> io::Result<bool> {
+        let Some(stage) = stage else {
+            return Ok(false);
+        };
+        if !stage.read(image, i as usize, within, dst, req.wait())? {
+            return Ok(false);
         }
         self.staged_bytes
             .fetch_add(dst.len() as u64, Ordering::Relaxed);
-        super::served_by::mark(super::served_by::STAGE);
-        true
+        req.served_by(Tiers::STAGE);
+        Ok(true)
     }
 
     /// Exactly `buf.len()` bytes at `offset`, from the source.
-    fn read_source(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.source.read_exact_at(image, offset, buf)?;
+    fn read_source(
+        &self,
+        req: &ReadRequest,
+        image: u32,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        req.served_by(Tiers::SOURCE);
+        self.source.read_exact_at(image, offset, buf, req.wait())?;
         self.source_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())

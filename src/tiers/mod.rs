@@ -11,7 +11,7 @@ mod file_reader;
 mod images;
 mod ram_cache;
 mod read_ahead;
-pub mod served_by;
+mod request;
 mod source;
 pub mod stage;
 pub mod streams;
@@ -19,9 +19,10 @@ pub mod streams;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use file_reader::{FileReader, ReadError, Served};
+pub use file_reader::{FileReader, Member, ReadError, Served};
 pub use images::{Fetch, Images, TierStats};
 pub use ram_cache::{Decoded, RamCache, RamStats};
+pub use request::{ReadRequest, Tiers};
 pub use source::{SameBytes, Source, SourceError, SourceImage, SourceStats};
 use stage::{Stage, StageError, StageOptions};
 

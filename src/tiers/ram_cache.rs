@@ -15,6 +15,7 @@ use quick_cache::sync::{Cache, DefaultLifecycle, GuardResult};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, Weighter};
 
 use super::budget::{MemoryBudget, Permit};
+use crate::source::read_at::Wait;
 
 /// A decoded block or member, shared with the readers that are copying out of it.
 pub type Decoded = Arc<Held>;
@@ -60,6 +61,19 @@ pub enum Room {
     /// Give up with `WouldBlock` if the budget has no room now for a load of its own; another
     /// thread's load of the same value is joined (read-ahead: a hint).
     IfFree,
+    /// Wait for nothing: not for room, not for another thread's load of the value (a read that
+    /// may not wait, `Wait::Never`).
+    Now,
+}
+
+impl Room {
+    /// The room a reader's own miss waits for.
+    pub fn for_read(wait: Wait) -> Room {
+        match wait {
+            Wait::May => Room::Wait,
+            Wait::Never => Room::Now,
+        }
+    }
 }
 
 /// Key: (image, offset of the encoded bytes in the image), or for a raw chunk of the image
@@ -183,7 +197,7 @@ impl RamCache {
         load: impl FnOnce() -> io::Result<Vec<u8>>,
     ) -> io::Result<(Decoded, bool)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if crate::source::read_at::waiting_refused() {
+        if room == Room::Now {
             return self.fetch_without_waiting(image, offset, reserve, load);
         }
         let mut loaded = false;
@@ -193,7 +207,7 @@ impl RamCache {
             // room for a load of its own is what it never waits for.
             let permit = match room {
                 Room::Wait => self.memory.acquire(reserve),
-                Room::IfFree => self
+                Room::IfFree | Room::Now => self
                     .memory
                     .try_acquire(reserve)
                     .ok_or_else(crate::source::read_at::would_block)?,
@@ -207,13 +221,11 @@ impl RamCache {
         })?;
         if loaded {
             self.peak.fetch_max(self.cache.weight(), Ordering::Relaxed);
-        } else {
-            super::served_by::mark(super::served_by::RAM);
         }
         Ok((value, loaded))
     }
 
-    /// `fetch` inside `read_at::without_waiting`: a unit another thread is loading is not waited
+    /// `fetch` for a read that may not wait: a unit another thread is loading is not waited
     /// for, nor room in the memory budget (`WouldBlock`); one nobody loads is loaded here if the
     /// budget has room now.
     fn fetch_without_waiting(
@@ -227,10 +239,7 @@ impl RamCache {
             .cache
             .get_value_or_guard(&(image, offset), Some(std::time::Duration::ZERO))
         {
-            GuardResult::Value(value) => {
-                super::served_by::mark(super::served_by::RAM);
-                Ok((value, false))
-            }
+            GuardResult::Value(value) => Ok((value, false)),
             GuardResult::Timeout => Err(crate::source::read_at::would_block()),
             GuardResult::Guard(guard) => {
                 // No room drops the guard, as a failed load does: waiting loaders then load
@@ -260,18 +269,20 @@ impl RamCache {
         len: u64,
         room: Room,
     ) -> io::Result<(Decoded, bool)> {
+        let wait = match room {
+            Room::Now => Wait::Never,
+            Room::Wait | Room::IfFree => Wait::May,
+        };
         self.fetch(image, CHUNK_TAG | start, len, room, || {
             let mut bytes = vec![0u8; len as usize];
-            source.read_exact_at(image, start, &mut bytes)?;
+            source.read_exact_at(image, start, &mut bytes, wait)?;
             Ok(bytes)
         })
     }
 
     /// The value for `(image, offset)` if it is held now; never loads.
     pub fn get(&self, image: u32, offset: u64) -> Option<Decoded> {
-        let value = self.cache.get(&(image, offset))?;
-        super::served_by::mark(super::served_by::RAM);
-        Some(value)
+        self.cache.get(&(image, offset))
     }
 
     /// Whether `(image, offset)` is held now (without touching its recency).

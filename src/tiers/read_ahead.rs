@@ -26,6 +26,7 @@ use crossbeam_channel::{Sender, TrySendError, bounded};
 use super::Source;
 use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, Room};
 use super::stage::{ForRead, Stage, chunk_len};
+use crate::source::read_at::Wait;
 
 /// Chunks fetched ahead of a sequential reader.
 const DEPTH: u64 = 2;
@@ -127,7 +128,7 @@ impl ReadAhead {
                         // neither the stager nor a read has it, then handed to the stager (or
                         // stored here when its queue is full).
                         let staging = stage.as_deref().filter(|s| s.keeps(image) && !s.stopped());
-                        let how = staging.map(|s| s.claim_for_read(image, i as usize));
+                        let how = staging.map(|s| s.claim_for_read(image, i as usize, Wait::May));
                         if how.is_some_and(|h| !matches!(h, ForRead::Fetch | ForRead::Store)) {
                             continue;
                         }

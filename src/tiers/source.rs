@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::catalog::ImageInfo;
 use crate::source::ImageLocation;
 use crate::source::fingerprint::stamp_differences;
-use crate::source::read_at::{ReadAt, Stamp};
+use crate::source::read_at::{ReadAt, Stamp, Wait};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -185,10 +185,15 @@ impl Source {
 
     /// Fills `buf` from `offset` of `image`. A short file (an image truncated after it was scanned)
     /// is an `UnexpectedEof` error rather than a short read: the catalog promised these bytes.
-    pub fn read_exact_at(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    pub fn read_exact_at(
+        &self,
+        image: u32,
+        offset: u64,
+        buf: &mut [u8],
+        wait: Wait,
+    ) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        super::served_by::mark(super::served_by::SOURCE);
-        self.read_checked(image, offset, buf)?;
+        self.read_checked(image, offset, buf, wait)?;
         self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -196,7 +201,7 @@ impl Source {
     /// The same read for the stager, counted apart from the mount's reads.
     pub fn read_for_stage(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.stage_reads.fetch_add(1, Ordering::Relaxed);
-        self.read_checked(image, offset, buf)?;
+        self.read_checked(image, offset, buf, Wait::May)?;
         self.stage_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -204,12 +209,17 @@ impl Source {
 
     /// A read of an image not known to have changed; a failed read checks at once whether the
     /// image changed (a rewrite that shortened it fails reads before the next periodic check).
-    fn read_checked(&self, image: u32, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// A read that would have waited failed for no fault of the image: no check (it was a stat
+    /// to the parallel file system for every read a ring handed to its pool).
+    fn read_checked(&self, image: u32, offset: u64, buf: &mut [u8], wait: Wait) -> io::Result<()> {
         if self.has_changed(image) {
             return Err(self.changed_error(image));
         }
-        let read = self.data(image)?.read_exact_at(buf, offset);
-        if read.is_err() && self.check_image(image) {
+        let read = self.data(image)?.read_exact_with(buf, offset, wait);
+        let failed = read
+            .as_ref()
+            .is_err_and(|e| e.kind() != io::ErrorKind::WouldBlock);
+        if failed && self.check_image(image) {
             return Err(self.changed_error(image));
         }
         read
@@ -337,5 +347,56 @@ fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
                 same_bytes,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An image that cannot read at once, and counts how often it is asked what it is now.
+    struct Remote {
+        stats: AtomicU64,
+    }
+
+    impl ReadAt for Remote {
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+            buf.fill(1);
+            Ok(buf.len())
+        }
+
+        fn current(&self) -> Option<io::Result<Stamp>> {
+            self.stats.fetch_add(1, Ordering::Relaxed);
+            Some(Ok(Stamp {
+                size: 100,
+                mtime: 1,
+                mtime_nsec: 0,
+            }))
+        }
+    }
+
+    /// A read that would have waited says nothing of the image: it was a stat to the parallel
+    /// file system for every read a FUSE ring handed to its pool.
+    #[test]
+    fn a_read_that_would_wait_does_not_stat_the_image() {
+        let data = Arc::new(Remote {
+            stats: AtomicU64::new(0),
+        });
+        let source = Source::new(vec![SourceImage {
+            path: PathBuf::from("remote.tar"),
+            data: data.clone(),
+            size: 100,
+        }]);
+        let before = data.stats.load(Ordering::Relaxed);
+        let mut buf = [0u8; 10];
+        for _ in 0..5 {
+            let err = source
+                .read_exact_at(0, 0, &mut buf, Wait::Never)
+                .unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        }
+        assert_eq!(data.stats.load(Ordering::Relaxed), before);
+        source.read_exact_at(0, 0, &mut buf, Wait::May).unwrap();
+        assert_eq!(buf, [1; 10]);
     }
 }

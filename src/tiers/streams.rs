@@ -13,11 +13,11 @@
 //! run in the least recently used slot: random readers stay exact, and a stream that jumps is
 //! abandoned (its chunks stay in the cache until evicted).
 //!
-//! Runs belong to a reader (the process that asked, as the file system tells it: `as_reader`), so
+//! Runs belong to a reader (the process that asked, as the file system tells it: the read's
+//! `ReadRequest`), so
 //! DataLoader workers each walking their own slice of one shard are each found; where the reader
 //! is not known (0), the image's reads are one reader's.
 
-use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,25 +33,6 @@ const BEHIND: u64 = 1 << 20;
 /// Files in a row before a run is a stream: three files read in order are a pattern, one or two
 /// are chance.
 const RUN: u32 = 3;
-
-thread_local! {
-    /// The reader whose request this thread serves (0: not known).
-    static READER: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Runs `f` on behalf of `reader` (a process id): its reads extend that reader's runs.
-pub fn as_reader<T>(reader: u32, f: impl FnOnce() -> T) -> T {
-    // The same guard as `read_at::without_waiting`'s: sharing it through `util` would make
-    // `source` and `util` import each other (tests/layout.rs).
-    struct Restore(u32);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            READER.set(self.0);
-        }
-    }
-    let _restore = Restore(READER.replace(reader));
-    f()
-}
 
 #[derive(Clone, Copy, Default)]
 struct Run {
@@ -86,12 +67,12 @@ impl Streams {
         }
     }
 
-    /// Notes a read of `len` bytes at `offset` of `image`; whether it belongs to a stream.
-    pub fn note(&self, image: u32, offset: u64, len: u64) -> bool {
+    /// Notes a read by `reader` of `len` bytes at `offset` of `image`; whether it belongs to a
+    /// stream.
+    pub fn note(&self, reader: u32, image: u32, offset: u64, len: u64) -> bool {
         let Some(slots) = self.images.get(image as usize) else {
             return false;
         };
-        let reader = READER.get();
         let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.clock += 1;
         let now = slots.clock;
@@ -176,14 +157,14 @@ mod tests {
     fn files_read_in_archive_order_become_a_stream_and_random_ones_do_not() {
         let files = tar_layout(&[3000, 110_000, 800, 40_000, 5, 70_000, 2_000_000, 100]);
         let s = Streams::new(2);
-        let streamed: Vec<bool> = files.iter().map(|&(at, n)| s.note(0, at, n)).collect();
+        let streamed: Vec<bool> = files.iter().map(|&(at, n)| s.note(0, 0, at, n)).collect();
         assert_eq!(streamed, [false, false, true, true, true, true, true, true]);
         assert_eq!(s.detected(), 1);
         // The same files in a scattered order, on another image: never a stream.
         let s = Streams::new(2);
         for k in [5, 1, 7, 3, 0, 6, 2, 4] {
             let (at, n) = files[k];
-            assert!(!s.note(1, at, n), "file {k}");
+            assert!(!s.note(0, 1, at, n), "file {k}");
         }
         assert_eq!(s.detected(), 0);
     }
@@ -196,15 +177,15 @@ mod tests {
         let s = Streams::new(1);
         for k in [7, 8, 2, 6, 1, 9, 5, 3, 0, 4] {
             let (at, n) = f[k];
-            assert!(!s.note(0, at, n), "file {k}");
+            assert!(!s.note(0, 0, at, n), "file {k}");
         }
         assert_eq!(s.detected(), 0);
         // Readers interleaved on one image, not told apart, are not found (each stays exact).
         let far = 1 << 30;
         let a = tar_layout(&[10_000; 20]);
         for &(at, n) in &a {
-            assert!(!s.note(0, at, n));
-            assert!(!s.note(0, far + at, n));
+            assert!(!s.note(0, 0, at, n));
+            assert!(!s.note(0, 0, far + at, n));
         }
     }
 
@@ -218,10 +199,10 @@ mod tests {
         for k in 0..50 {
             for w in 0..8u32 {
                 let (at, n) = files[w as usize * 50 + k];
-                streamed[w as usize] += as_reader(100 + w, || s.note(0, at, n)) as u32;
+                streamed[w as usize] += s.note(100 + w, 0, at, n) as u32;
             }
             let (at, n) = files[(k * 137) % 400];
-            streamed[8] += as_reader(7, || s.note(0, at + 4096, n - 4096)) as u32;
+            streamed[8] += s.note(7, 0, at + 4096, n - 4096) as u32;
         }
         assert_eq!(
             &streamed[..8],
@@ -236,10 +217,10 @@ mod tests {
     fn one_large_file_read_in_order_is_not_a_stream() {
         let s = Streams::new(1);
         for k in 0..64u64 {
-            assert!(!s.note(0, 512 + k * 131_072, 131_072), "request {k}");
+            assert!(!s.note(0, 0, 512 + k * 131_072, 131_072), "request {k}");
         }
         // Its requests arriving a little out of order do not start new runs either.
-        assert!(!s.note(0, 512 + 10 * 131_072, 131_072));
+        assert!(!s.note(0, 0, 512 + 10 * 131_072, 131_072));
         assert_eq!(s.detected(), 0);
     }
 
@@ -253,7 +234,7 @@ mod tests {
             let spread = sorted.windows(2).all(|w| w[1] - w[0] > 4 * (GAP + BEHIND));
             prop_assume!(spread);
             for &o in &offsets {
-                prop_assert!(!s.note(0, o, 4096));
+                prop_assert!(!s.note(0, 0, o, 4096));
             }
         }
     }

@@ -17,10 +17,9 @@ use tracing::{debug, warn};
 use super::answer::answer;
 use super::wire::*;
 use super::{MAX_PAYLOAD, Server};
-use crate::fs::dispatch::{DataReply, Reply};
+use crate::fs::dispatch::{DataReply, ReadCall, Reply};
 use crate::fs::error::Error;
 use crate::fs::reads::ReadJob;
-use crate::tiers::streams::as_reader;
 use crate::tiers::{Decoded, Served};
 use crate::util::le::{put16, put32, put64, u32_at, u64_at};
 
@@ -470,31 +469,17 @@ impl<'a> Queue<'a> {
     /// Answers a read here if its bytes are in memory (page cache, RAM cache, staged copy),
     /// assembled in the entry's payload buffer itself (no copy); otherwise hands it to the read
     /// pool, which answers through `RingReply`.
-    fn read(
-        &mut self,
-        i: usize,
-        ino: u64,
-        offset: u64,
-        size: u32,
-        started: Instant,
-        reader: u32,
-    ) -> io::Result<()> {
+    fn read(&mut self, i: usize, call: ReadCall) -> io::Result<()> {
         let server = self.server;
         let e = &mut self.entries[i];
         let registered = e.payload.as_ptr();
         // The dispatcher answers every read it returns Ok for; were one left unanswered, it
         // fails as a read the pool dropped does.
         let mut answered = InPayload::Failed(Error::Stopping.errno());
-        let tried = as_reader(reader, || {
-            server.dispatch.read_without_waiting(
-                ino,
-                offset,
-                size,
-                started,
-                &mut e.payload,
-                PayloadReply(&mut answered),
-            )
-        });
+        let tried =
+            server
+                .dispatch
+                .read_without_waiting(call, &mut e.payload, PayloadReply(&mut answered));
         debug_assert_eq!(registered, e.payload.as_ptr(), "the payload moved");
         if tried.is_ok() {
             let (error, len) = answered.into_payload(&mut e.payload);
@@ -510,14 +495,7 @@ impl<'a> Queue<'a> {
             answered: false,
         };
         self.pending += 1;
-        self.server.reads.hand_off(ReadJob {
-            ino,
-            offset,
-            size,
-            reply,
-            started,
-            reader,
-        });
+        self.server.reads.hand_off(ReadJob { call, reply });
         self.grow_if_short()
     }
 
@@ -535,7 +513,14 @@ impl<'a> Queue<'a> {
         if h.opcode == READ && op_in.len() >= 20 {
             let offset = u64_at(op_in, 8);
             let size = u32_at(op_in, 16).min(e.payload.len() as u32);
-            return self.read(i, h.nodeid, offset, size, started, h.pid);
+            let call = ReadCall {
+                ino: h.nodeid,
+                offset,
+                size,
+                started,
+                reader: h.pid,
+            };
+            return self.read(i, call);
         }
         // The fixed arguments are at most 40 bytes (READDIR's): copied out of the header, which
         // the reply overwrites, without an allocation.

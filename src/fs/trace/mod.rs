@@ -24,7 +24,6 @@ pub use event::{Event, MetaArgs, RequestArgs, TRACE_END};
 
 use super::requests::{Op, Request};
 use crate::catalog::Catalog;
-use crate::tiers::served_by;
 
 /// Records waiting for the writer at most: 64 K x 64 bytes.
 const QUEUE: usize = 64 * 1024;
@@ -44,7 +43,7 @@ struct Record {
     start_ns: u64,
     dur_ns: u64,
     tid: u32,
-    tiers: u8,
+    tiers: crate::tiers::Tiers,
 }
 
 /// What the writer receives: requests, then `End` when the mount is over (the observer, and so
@@ -96,7 +95,7 @@ impl Trace {
         })
     }
 
-    /// Queues one answered request; takes this thread's tier marks.
+    /// Queues one answered request.
     pub fn record(&self, req: &Request, result: Result<u32, i32>) {
         let started = req.started;
         let start_ns = started.saturating_duration_since(self.epoch).as_nanos() as u64;
@@ -110,7 +109,7 @@ impl Trace {
             start_ns,
             dur_ns: started.elapsed().as_nanos() as u64,
             tid: TID.with(|t| *t),
-            tiers: served_by::take(),
+            tiers: req.tiers,
         };
         if let Err(TrySendError::Full(_)) = self.tx.try_send(Msg::Request(record)) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -235,7 +234,7 @@ impl Writer {
             Ok(bytes) => (Some(bytes), None),
             Err(errno) => (None, Some(errno)),
         };
-        let tier = (r.op == Op::Read).then(|| Cow::Borrowed(served_by::names(r.tiers)));
+        let tier = (r.op == Op::Read).then(|| Cow::Borrowed(r.tiers.names()));
         let event = Event::Request {
             name: Cow::Borrowed(r.op.name()),
             cat: Cow::Borrowed("fuse"),

@@ -62,14 +62,11 @@ impl ReadAt for RemoteObject {
         if offset >= self.meta.size {
             return Ok(0);
         }
-        // A request to the store always waits for the network.
-        if crate::source::read_at::waiting_refused() {
-            return Err(crate::source::read_at::would_block());
-        }
         let n = (self.meta.size - offset).min(buf.len() as u64) as usize;
         client::client().get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
         Ok(n)
     }
+    // No `read_at_now`: a request to the store always waits for the network.
     // No `current()`: a HEAD per image every few seconds would cost requests on every node for
     // nothing; a replaced object is caught by If-Match on the next read instead.
 }

@@ -8,12 +8,12 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::state_file::StateFile;
 use crate::source::Fingerprint;
+use crate::source::read_at::{ReadAt, Wait};
 
 pub const ABSENT: u64 = 0;
 /// Queued for the stager by a read that touched it.
@@ -120,8 +120,9 @@ impl StagedImage {
     }
 
     /// Reads local bytes of chunk `i` from `within` it.
-    pub fn read_local(&self, i: usize, within: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.data.read_exact_at(buf, self.chunk_start(i) + within)
+    pub fn read_local(&self, i: usize, within: u64, buf: &mut [u8], wait: Wait) -> io::Result<()> {
+        self.data
+            .read_exact_with(buf, self.chunk_start(i) + within, wait)
     }
 
     /// Frees the local bytes of chunk `i` (the file keeps its size).

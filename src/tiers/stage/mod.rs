@@ -32,6 +32,7 @@ use super::Source;
 use super::budget::MemoryBudget;
 use super::ram_cache::Decoded;
 use crate::catalog::ImageInfo;
+use crate::source::read_at::Wait;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -338,23 +339,31 @@ impl Stage {
 
     /// Fills `dst` from the local copy of chunk `i` of `image`, starting `within` the chunk;
     /// false when the chunk is not staged, or fails its check (then it is dropped and refetched).
-    pub fn read(&self, image: u32, i: usize, within: u64, dst: &mut [u8]) -> bool {
+    /// A read that may not wait (`Wait::Never`) and finds the chunk out of the page cache fails
+    /// with `WouldBlock`, the chunk kept: it is not damaged, only not in memory.
+    pub fn read(
+        &self,
+        image: u32,
+        i: usize,
+        within: u64,
+        dst: &mut [u8],
+        wait: Wait,
+    ) -> std::io::Result<bool> {
         let Some(Some(img)) = self.images.get(image as usize) else {
-            return false;
+            return Ok(false);
         };
         let before = img.word(i);
         match state(before) {
             VERIFIED => {
-                if let Err(e) = img.read_local(i, within, dst) {
-                    self.local_read_failed(img, i, before, e);
-                    return false;
+                if let Err(e) = img.read_local(i, within, dst, wait) {
+                    return self.local_read_failed(img, i, before, e);
                 }
                 if !still_local(before, img.word(i)) {
-                    return false;
+                    return Ok(false);
                 }
             }
             PRESENT => {
-                let ok = CHECK_BUF.with_borrow_mut(|piece| {
+                let ok = CHECK_BUF.with_borrow_mut(|piece| -> std::io::Result<bool> {
                     // Read back in pieces, hashed as they pass, and `dst` filled from the same
                     // pieces, so what is served is what was checked. A whole chunk per reading
                     // thread (32 MiB under 32 readers) was memory outside the budget.
@@ -363,9 +372,8 @@ impl Stage {
                     let mut at = 0;
                     while at < len {
                         piece.resize((len - at).min(CHECK_PIECE) as usize, 0);
-                        if let Err(e) = img.read_local(i, at, piece) {
-                            self.local_read_failed(img, i, before, e);
-                            return false;
+                        if let Err(e) = img.read_local(i, at, piece, wait) {
+                            return self.local_read_failed(img, i, before, e);
                         }
                         hasher.update(piece);
                         let end = at + piece.len() as u64;
@@ -379,29 +387,29 @@ impl Stage {
                     let got = hasher.digest();
                     let want = img.chunks[i].sum.load(Ordering::SeqCst);
                     if !still_local(before, img.word(i)) {
-                        return false;
+                        return Ok(false);
                     }
                     if got != want {
                         self.failed_check(img, i, before, got, want);
-                        return false;
+                        return Ok(false);
                     }
                     if img.swap(i, before, with_state(before, VERIFIED)) {
                         self.verified_chunks.fetch_add(1, Ordering::Relaxed);
                     }
-                    true
-                });
+                    Ok(true)
+                })?;
                 if !ok {
-                    return false;
+                    return Ok(false);
                 }
             }
-            _ => return false,
+            _ => return Ok(false),
         }
         // Recency only matters where chunks get evicted; elsewhere spare the shared counter.
         if self.opts.mode == StageMode::Lazy && self.opts.budget.is_some() {
             let now = self.tick.fetch_add(1, Ordering::Relaxed);
             img.chunks[i].last_use.store(now, Ordering::Relaxed);
         }
-        true
+        Ok(true)
     }
 
     /// Tells the stager that a read touched chunk `i` of `image`, which is not staged, and read
@@ -450,7 +458,19 @@ impl Stage {
         self.pending.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn local_read_failed(&self, img: &StagedImage, i: usize, word: u64, e: std::io::Error) {
+    /// A staged chunk that could not be read back is dropped (and served from the source), but
+    /// one that is only out of memory for a read that may not wait is kept: that read goes to
+    /// the read pool. Dropped, every such chunk was logged as an error and fetched again.
+    fn local_read_failed(
+        &self,
+        img: &StagedImage,
+        i: usize,
+        word: u64,
+        e: std::io::Error,
+    ) -> std::io::Result<bool> {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
         error!(
             "cannot read staged chunk {i} of {} from {} at offset {}: {e}; reading it from the source",
             img.source_path.display(),
@@ -458,6 +478,7 @@ impl Stage {
             img.chunk_start(i)
         );
         self.drop_chunk(img, i, word);
+        Ok(false)
     }
 
     fn failed_check(&self, img: &StagedImage, i: usize, word: u64, got: u64, want: u64) {

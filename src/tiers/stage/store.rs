@@ -14,12 +14,13 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::image::{self, ABSENT, BUSY, PRESENT, StagedImage, state, with_state};
 use super::{Decoded, ForRead, Shared, Stage};
+use crate::source::read_at::Wait;
 
 impl Stage {
     /// Decides how a read gets chunk `i` of `image` (kept by this stage, staging not stopped) when
     /// it wants the chunk whole: each chunk is read from the source once, by a read or by the
-    /// stager, never by both.
-    pub fn claim_for_read(&self, image: u32, i: usize) -> ForRead {
+    /// stager, never by both. A read that may not wait never stores a chunk itself.
+    pub fn claim_for_read(&self, image: u32, i: usize, wait: Wait) -> ForRead {
         let Some(Some(img)) = self.images.get(image as usize) else {
             return ForRead::Exact;
         };
@@ -27,7 +28,7 @@ impl Stage {
         if state(word) == image::ABSENT && !self.stopped() {
             // Through the stager's queue if it has room, else stored by this read; but not by a
             // read that must not wait (a ring's queue thread): a write to local storage may.
-            let may_store = !crate::source::read_at::waiting_refused();
+            let may_store = wait == Wait::May;
             let (how, next) = match self.admit() {
                 true => (ForRead::Fetch, image::QUEUED),
                 false if may_store && self.has_room_for(img.chunk_len(i)) => (ForRead::Store, BUSY),

@@ -1,0 +1,98 @@
+//! What one read asks of the tiers, besides its bytes: who reads (so a reader's walk through an
+//! image is found among others'), whether it may wait for storage, and, filled in as it goes,
+//! which tiers served it. Built once by the caller (the file system's dispatcher, a command) and
+//! passed down by reference to the source: nothing about a read travels beside its arguments.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::source::read_at::Wait;
+
+/// The tiers that served a read: a bit set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tiers(u8);
+
+impl Tiers {
+    pub const NONE: Tiers = Tiers(0);
+    pub const SOURCE: Tiers = Tiers(1);
+    pub const RAM: Tiers = Tiers(2);
+    pub const STAGE: Tiers = Tiers(4);
+
+    pub fn with(self, other: Tiers) -> Tiers {
+        Tiers(self.0 | other.0)
+    }
+
+    /// The names of the tiers, `+`-joined (`ram+source`); `none` for a read that needed no
+    /// bytes (past the end of a file, or an empty one).
+    pub fn names(self) -> &'static str {
+        match self.0 & 7 {
+            0 => "none",
+            1 => "source",
+            2 => "ram",
+            4 => "stage",
+            3 => "ram+source",
+            5 => "stage+source",
+            6 => "stage+ram",
+            _ => "stage+ram+source",
+        }
+    }
+}
+
+/// One read's context, passed by reference (the decoders' image view holds one, and must be
+/// `Sync`: hence an atomic for the tiers, touched a few times per read, relaxed).
+#[derive(Debug)]
+pub struct ReadRequest {
+    /// The process that reads, as the file system tells it (0: not known).
+    reader: u32,
+    wait: Wait,
+    served: AtomicU8,
+}
+
+impl ReadRequest {
+    pub fn new(reader: u32, wait: Wait) -> ReadRequest {
+        ReadRequest {
+            reader,
+            wait,
+            served: AtomicU8::new(0),
+        }
+    }
+
+    /// A command's read (`cat`, `verify`, a scan's class list): no reader to tell apart, and it
+    /// may wait.
+    pub fn waiting() -> ReadRequest {
+        ReadRequest::new(0, Wait::May)
+    }
+
+    pub fn reader(&self) -> u32 {
+        self.reader
+    }
+
+    pub fn wait(&self) -> Wait {
+        self.wait
+    }
+
+    /// Notes that `tier` served some of the bytes.
+    pub fn served_by(&self, tier: Tiers) {
+        self.served.fetch_or(tier.0, Ordering::Relaxed);
+    }
+
+    /// The tiers that served the read so far.
+    pub fn tiers(&self) -> Tiers {
+        Tiers(self.served.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_accumulate_in_the_request() {
+        let req = ReadRequest::waiting();
+        assert_eq!(req.tiers().names(), "none");
+        req.served_by(Tiers::RAM);
+        req.served_by(Tiers::SOURCE);
+        assert_eq!(req.tiers().names(), "ram+source");
+        req.served_by(Tiers::STAGE);
+        assert_eq!(req.tiers().names(), "stage+ram+source");
+    }
+}
