@@ -527,6 +527,9 @@ fn reads_are_exact_once_staging_stopped() {
     let before = wait_stats(&stats, 10, "staging to stop", |s| {
         status(s).starts_with("stopped")
     });
+    let counters: serde_json::Value = serde_json::from_str(&before).unwrap();
+    assert_eq!(counters["stage"]["state"], "stopped", "{before}");
+    assert_eq!(counters["stage"]["stopped"], "budget", "{before}");
     let mut served = 0;
     for (i, name) in names.iter().enumerate().step_by(20) {
         let data = fs::read(m.dir.join(name)).unwrap();

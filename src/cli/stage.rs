@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
-use packfs::tiers::stage::{Stage, StageMode, run_copier};
+use packfs::tiers::stage::{Stage, StageMode, StopReason, run_copier};
 
 use super::args::Images;
 use super::progress::staging_bar;
@@ -51,7 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         after.copied_bytes as f64 / secs.max(1e-3) / 1e6
     );
     if after.present_bytes < after.total_bytes {
-        let budget_only = after.status.contains("stage budget");
+        let budget_only = after.stopped == Some(StopReason::Budget);
         if !budget_only {
             bail!(
                 "staging incomplete ({}); a mount with --stage {} serves the rest from the source",

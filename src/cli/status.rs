@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use packfs::daemon::status::{self, MountStatus};
-use serde_json::Value;
+use packfs::daemon::status::{self, MountState, MountStatus};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -61,7 +60,10 @@ fn show(args: &Args) -> anyhow::Result<()> {
 
 /// A health check (`packfs status MNT || alert`) fails on a stale mount.
 fn stale_is_an_error(mounts: &[MountStatus]) -> anyhow::Result<()> {
-    let stale = mounts.iter().filter(|m| m.state == "stale").count();
+    let stale = mounts
+        .iter()
+        .filter(|m| m.state == MountState::Stale)
+        .count();
     if stale > 0 {
         anyhow::bail!("{stale} stale mount(s): clean with `packfs umount MOUNTPOINT`");
     }
@@ -77,28 +79,27 @@ fn render(m: &MountStatus) -> String {
         .map(|uid| format!(", user {}", packfs::daemon::user_name(uid)))
         .unwrap_or_default();
     let Some(c) = &m.counters else {
-        let _ = writeln!(
-            out,
-            "{}  {}{owner}",
-            m.mountpoint.display(),
-            m.state.to_uppercase()
-        );
+        let state = match m.state {
+            MountState::Live => "LIVE",
+            MountState::Stale => "STALE",
+            MountState::Unknown => "UNKNOWN",
+        };
+        let _ = writeln!(out, "{}  {state}{owner}", m.mountpoint.display());
         let _ = writeln!(out, "  source    {}", m.source);
         if let Some(problem) = &m.problem {
             let _ = writeln!(out, "  problem   {problem}");
         }
         return out;
     };
-    let num = |v: &Value, key: &str| v.get(key).and_then(Value::as_f64).unwrap_or(0.0);
-    let int = |v: &Value, key: &str| num(v, key) as u64;
+    let about = &c.about;
     let _ = writeln!(
         out,
         "{}  live, pid {}, up {}{owner}{}{}",
         m.mountpoint.display(),
-        int(c, "pid"),
-        duration(num(c, "uptime_s")),
-        match c.get("transport").and_then(Value::as_str) {
-            Some("uring") => ", FUSE over io_uring",
+        c.pid,
+        duration(c.uptime_s),
+        match about.transport.as_str() {
+            "uring" => ", FUSE over io_uring",
             _ => "",
         },
         // The daemon rewrites its counters every second: say how old these are.
@@ -106,32 +107,31 @@ fn render(m: &MountStatus) -> String {
             .map(|age| format!("; counters as of {age:.1} s ago"))
             .unwrap_or_default()
     );
+    let dataset = match about.dataset.as_str() {
+        "" => m.source.as_str(),
+        named => named,
+    };
     let _ = writeln!(
         out,
-        "  dataset   {}: {} image(s), {} files, {}",
-        c["dataset"].as_str().unwrap_or(&m.source),
-        int(c, "images"),
-        int(c, "files"),
-        human(int(c, "bytes"))
+        "  dataset   {dataset}: {} image(s), {} files, {}",
+        about.images,
+        about.files,
+        human(about.bytes)
     );
-    let skipped = int(c, "skipped_members");
-    if skipped > 0 {
-        let damaged = match int(c, "damaged_headers") {
+    if about.skipped_members > 0 {
+        let damaged = match about.damaged_headers {
             0 => String::new(),
             n => format!(", {n} of them behind a damaged tar header"),
         };
         let _ = writeln!(
             out,
-            "  skipped   {skipped} member(s) left out at scan{damaged}: the scan's warnings \
-             (`packfs ls IMAGE`) name each"
+            "  skipped   {} member(s) left out at scan{damaged}: the scan's warnings \
+             (`packfs ls IMAGE`) name each",
+            about.skipped_members
         );
     }
-    let served = &c["served"];
-    let (ram, staged, source) = (
-        int(served, "ram_bytes"),
-        int(served, "staged_bytes"),
-        int(served, "source_bytes"),
-    );
+    let served = &c.served;
+    let (ram, staged, source) = (served.ram_bytes, served.staged_bytes, served.source_bytes);
     let _ = writeln!(
         out,
         "  served    {} (page-cache misses): {} from RAM, {} staged, {} from the images ({} reads)",
@@ -139,108 +139,105 @@ fn render(m: &MountStatus) -> String {
         human(ram),
         human(staged),
         human(source),
-        int(&c["source"], "reads")
+        c.source.reads
     );
-    if int(served, "streams") > 0 {
+    if served.streams > 0 {
         let _ = writeln!(
             out,
             "  in order  {} reader(s) walking an image in order, read in chunks with read-ahead: \
              {}, {} chunks fetched ahead",
-            int(served, "streams"),
-            human(int(served, "streamed_bytes")),
-            int(served, "read_ahead_chunks")
+            served.streams,
+            human(served.streamed_bytes),
+            served.read_ahead_chunks
         );
     }
-    let ram_c = &c["ram"];
-    let (hits, loads) = (int(ram_c, "hits"), int(ram_c, "loads"));
+    let cache = &c.ram;
     let _ = writeln!(
         out,
         "  cache     {} of {} (peak {}), {} hits, {} loads",
-        human(int(ram_c, "held")),
-        human(int(ram_c, "budget")),
-        human(int(ram_c, "peak")),
-        hits,
-        loads
+        human(cache.held),
+        human(cache.budget),
+        human(cache.peak),
+        cache.hits,
+        cache.loads
     );
-    let memory = &ram_c["memory"];
+    let memory = &cache.memory;
     let _ = writeln!(
         out,
         "  memory    {} of {} held (peak {}), {} waits for room",
-        human(int(memory, "held")),
-        human(int(memory, "total")),
-        human(int(memory, "peak")),
-        int(memory, "waits")
+        human(memory.held),
+        human(memory.total),
+        human(memory.peak),
+        memory.waits
     );
-    if let Some(st) = c.get("stage").filter(|s| !s.is_null()) {
-        let total = int(st, "total_bytes").max(1);
-        let present = int(st, "present_bytes");
+    if let Some(st) = &c.stage {
         let _ = writeln!(
             out,
             "  staging   {} in {}: {}% ({} of {}), {} checked chunks, {} failed checks",
-            st["status"].as_str().unwrap_or("?"),
-            st["dir"].as_str().unwrap_or("?"),
-            present * 100 / total,
-            human(present),
-            human(int(st, "total_bytes")),
-            int(st, "verified_chunks"),
-            int(st, "failed_checks")
+            st.status,
+            st.dir,
+            st.present_bytes * 100 / st.total_bytes.max(1),
+            human(st.present_bytes),
+            human(st.total_bytes),
+            st.verified_chunks,
+            st.failed_checks
         );
     }
-    for store in c["remote"].as_array().into_iter().flatten() {
+    for store in &c.remote {
         let _ = writeln!(
             out,
             "  store     {}: {} requests, {}, {} retries, {} failed",
-            store["store"].as_str().unwrap_or("?"),
-            int(store, "requests"),
-            human(int(store, "bytes")),
-            int(store, "retries"),
-            int(store, "errors")
+            store.store,
+            store.requests,
+            human(store.bytes),
+            store.retries,
+            store.errors
         );
     }
-    if let Some(cred) = c["credentials"].as_object() {
+    if let Some(cred) = &c.credentials {
         let _ = writeln!(
             out,
             "  creds     {}{}: renewed {} times, {} failed fetches",
-            cred["from"].as_str().unwrap_or("?"),
-            cred["expires"]
-                .as_str()
+            cred.from,
+            cred.expires
+                .as_deref()
                 .map_or(String::new(), |t| format!(", valid until {t}")),
-            cred["renewals"].as_u64().unwrap_or(0),
-            cred["failures"].as_u64().unwrap_or(0)
+            cred.renewals,
+            cred.failures
         );
     }
-    let errors = int(c, "errors");
     let _ = writeln!(
         out,
-        "  errors    {errors}{}",
-        if errors > 0 {
+        "  errors    {}{}",
+        c.errors,
+        if c.errors > 0 {
             " (the log says which files and why)"
         } else {
             ""
         }
     );
-    if let Some(reqs) = c["requests"].as_object().filter(|r| !r.is_empty()) {
+    if !c.requests.is_empty() {
         let _ = writeln!(
             out,
             "  requests  {:<12} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}",
             "", "count", "errors", "p50", "p90", "p99", "max"
         );
-        for (op, f) in reqs {
+        for (op, f) in &c.requests {
             let _ = writeln!(
                 out,
                 "            {:<12} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}",
                 op,
-                int(f, "count"),
-                int(f, "errors"),
-                micros(num(f, "p50_us")),
-                micros(num(f, "p90_us")),
-                micros(num(f, "p99_us")),
-                micros(num(f, "max_us"))
+                f.count,
+                f.errors,
+                micros(f.p50_us),
+                micros(f.p90_us),
+                micros(f.p99_us),
+                micros(f.max_us)
             );
         }
     }
-    let _ = writeln!(out, "  log       {}", c["log"].as_str().unwrap_or("?"));
-    if let Some(trace) = c["trace"].as_str() {
+    let _ = writeln!(out, "  log       {}", about.log);
+    if let Some(trace) = &about.trace {
         let _ = writeln!(out, "  trace     {trace}");
     }
     if let Some(path) = &m.stats_file {

@@ -7,6 +7,7 @@ mod launcher;
 pub mod mounts;
 pub mod owners;
 mod preflight;
+mod prometheus;
 mod serve;
 pub mod stats;
 pub mod status;

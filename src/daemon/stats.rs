@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::fs::requests::Requests;
+use crate::fs::requests::{OpFigures, Requests};
 use crate::tiers::stage::StageStats;
 use crate::tiers::{FileReader, RamStats, SourceStats, TierStats};
+use indexmap::IndexMap;
 
 const PERIOD: Duration = Duration::from_secs(1);
 
@@ -116,6 +117,7 @@ pub fn alive(pid: i64) -> bool {
 /// What a mount is, fixed while it runs: written into every snapshot, so `packfs status` needs
 /// nothing but the stats file.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct About {
     pub version: String,
     /// The index or first image, and how many more (the source column of /proc/mounts).
@@ -134,17 +136,17 @@ pub struct About {
     pub uid: u32,
     /// How FUSE requests reach the daemon: `classic` or `uring` (the one in use, after any
     /// fallback).
-    #[serde(default)]
     pub transport: String,
     /// Members the scan (or `packfs index`) left out with a warning; of those, damaged tar headers.
-    #[serde(default)]
     pub skipped_members: u64,
-    #[serde(default)]
     pub damaged_headers: u64,
 }
 
-/// Every counter of a mount at one moment (docs/metrics.md says what each means).
-#[derive(Clone, Debug, Serialize)]
+/// Every counter of a mount at one moment (docs/metrics.md says what each means). Written by the
+/// daemon and read back, typed, by `packfs status`; a field a file lacks (another version's)
+/// reads as its default.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Counters {
     /// As text (lossy for a non-UTF-8 path, which JSON cannot carry).
     pub mountpoint: String,
@@ -163,8 +165,9 @@ pub struct Counters {
     /// The S3 credentials: where from, until when, renewals (absent without S3).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials: Option<crate::source::remote::CredentialStats>,
-    /// FUSE requests by operation: count, errors, bytes and latency percentiles.
-    pub requests: serde_json::Map<String, serde_json::Value>,
+    /// FUSE requests by operation (in `Op::ALL` order): count, errors, bytes and latency
+    /// percentiles.
+    pub requests: IndexMap<String, OpFigures>,
     /// Requests answered with an error (not counting "no such file" and refused ioctls).
     pub errors: u64,
     /// Requests that came through FUSE-over-io_uring rings (0 with the classic transport).
@@ -181,12 +184,11 @@ pub struct Sources {
 impl Counters {
     pub fn of(src: &Sources, mountpoint: &Path, started: Instant) -> Counters {
         let images = src.files.images();
-        let mut requests = serde_json::Map::new();
+        let mut requests = IndexMap::new();
         let mut errors = 0;
         for (op, figures) in src.requests.figures() {
             errors += figures.errors;
-            let value = serde_json::to_value(figures).expect("figures serialize");
-            requests.insert(op.name().to_string(), value);
+            requests.insert(op.name().to_string(), figures);
         }
         Counters {
             mountpoint: mountpoint.to_string_lossy().into_owned(),
@@ -211,184 +213,6 @@ impl Counters {
         text
     }
 
-    /// The counters in Prometheus' text format, for node_exporter's textfile collector (one file
-    /// per mount beside the stats file; docs/metrics.md).
-    pub fn to_prometheus(&self) -> String {
-        use std::fmt::Write;
-        let mp = prometheus_label(&self.mountpoint);
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
-            let _ = writeln!(
-                out,
-                "# HELP packfs_{name} {help}\n# TYPE packfs_{name} {kind}"
-            );
-            for (labels, value) in samples {
-                let _ = writeln!(out, "packfs_{name}{{mountpoint=\"{mp}\"{labels}}} {value}");
-            }
-        };
-        let one = |v: u64| vec![(String::new(), v as f64)];
-        family("up", "gauge", "1 while the mount's daemon runs.", &one(1));
-        family(
-            "uptime_seconds",
-            "gauge",
-            "Seconds since the mount started.",
-            &[(String::new(), self.uptime_s)],
-        );
-        family(
-            "files",
-            "gauge",
-            "Regular files in the mount.",
-            &one(self.about.files),
-        );
-        family(
-            "images",
-            "gauge",
-            "Images the mount serves.",
-            &one(self.about.images),
-        );
-        let tiers = [
-            ("ram", self.served.ram_bytes),
-            ("stage", self.served.staged_bytes),
-            ("source", self.served.source_bytes),
-        ];
-        let by_tier: Vec<_> = tiers
-            .iter()
-            .map(|(t, v)| (format!(",tier=\"{t}\""), *v as f64))
-            .collect();
-        family(
-            "served_bytes_total",
-            "counter",
-            "Bytes delivered to readers, by the tier that had them.",
-            &by_tier,
-        );
-        family(
-            "source_reads_total",
-            "counter",
-            "Reads issued on the images for the mount.",
-            &one(self.source.reads),
-        );
-        family(
-            "source_read_bytes_total",
-            "counter",
-            "Bytes read from the images for the mount.",
-            &one(self.source.bytes),
-        );
-        family(
-            "ram_cache_bytes",
-            "gauge",
-            "Bytes held by the RAM cache.",
-            &one(self.ram.held),
-        );
-        family(
-            "ram_cache_budget_bytes",
-            "gauge",
-            "The RAM cache's budget.",
-            &one(self.ram.budget),
-        );
-        let per_store =
-            |value: fn(&crate::source::remote::StoreStats) -> u64| -> Vec<(String, f64)> {
-                self.remote
-                    .iter()
-                    .map(|s| {
-                        let store = prometheus_label(&s.store);
-                        (format!(",store=\"{store}\""), value(s) as f64)
-                    })
-                    .collect()
-            };
-        if let Some(c) = &self.credentials {
-            family(
-                "remote_credential_renewals_total",
-                "counter",
-                "S3 credentials fetched again (before expiry, or after a store refused them).",
-                &one(c.renewals),
-            );
-            family(
-                "remote_credential_failures_total",
-                "counter",
-                "Fetches of S3 credentials that failed.",
-                &one(c.failures),
-            );
-        }
-        if !self.remote.is_empty() {
-            family(
-                "remote_requests_total",
-                "counter",
-                "Requests sent to an object store or HTTP server (retries included), by store.",
-                &per_store(|s| s.requests),
-            );
-            family(
-                "remote_bytes_total",
-                "counter",
-                "Bytes received from an object store or HTTP server, by store.",
-                &per_store(|s| s.bytes),
-            );
-            family(
-                "remote_retries_total",
-                "counter",
-                "Requests retried after a 5xx, 429, timeout or dropped connection, by store.",
-                &per_store(|s| s.retries),
-            );
-            family(
-                "remote_errors_total",
-                "counter",
-                "Requests that failed for good (the read failed with EIO), by store.",
-                &per_store(|s| s.errors),
-            );
-        }
-        let per_op = |key: &str| -> Vec<(String, f64)> {
-            self.requests
-                .iter()
-                .map(|(op, f)| (format!(",op=\"{op}\""), f[key].as_f64().unwrap_or(0.0)))
-                .collect()
-        };
-        family(
-            "requests_total",
-            "counter",
-            "FUSE requests answered, by operation.",
-            &per_op("count"),
-        );
-        family(
-            "request_errors_total",
-            "counter",
-            "FUSE requests answered with an error, by operation.",
-            &per_op("errors"),
-        );
-        let mut quantiles = Vec::new();
-        for (op, f) in &self.requests {
-            for (q, key) in [("0.5", "p50_us"), ("0.9", "p90_us"), ("0.99", "p99_us")] {
-                let seconds = f[key].as_f64().unwrap_or(0.0) / 1e6;
-                quantiles.push((format!(",op=\"{op}\",quantile=\"{q}\""), seconds));
-            }
-        }
-        family(
-            "request_latency_seconds",
-            "gauge",
-            "Request latency quantiles since the mount started, by operation.",
-            &quantiles,
-        );
-        if let Some(st) = &self.stage {
-            family(
-                "stage_present_bytes",
-                "gauge",
-                "Bytes staged and complete on local storage.",
-                &one(st.present_bytes),
-            );
-            family(
-                "stage_total_bytes",
-                "gauge",
-                "Bytes to stage.",
-                &one(st.total_bytes),
-            );
-            family(
-                "stage_failed_checks_total",
-                "counter",
-                "Staged chunks that failed their check.",
-                &one(st.failed_checks),
-            );
-        }
-        out
-    }
-
     /// One log line per group, `title key=value ...`, with the same names as the JSON.
     pub fn log(&self) {
         info!("source operations {}", fields(&self.source));
@@ -401,14 +225,6 @@ impl Counters {
             info!("staging in {}: {} {}", st.dir, st.status, fields(st));
         }
     }
-}
-
-/// A label value with `\`, `"` and newlines escaped, as the text format wants.
-fn prometheus_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The numeric fields of a group as `key=value` pairs.
@@ -572,6 +388,11 @@ mod tests {
         assert_eq!(parsed["requests"]["read"]["count"], 1);
         assert_eq!(parsed["requests"]["read"]["bytes"], 10);
         assert_eq!(parsed["errors"], 1);
+        // `packfs status` reads back, typed, what the daemon wrote, field for field.
+        let back: Counters = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.requests["read"].count, 1);
+        assert_eq!(back.ram.budget, 1 << 20);
+        assert_eq!(back.to_json(), json);
         let counters = Counters::of(&src, odd, Instant::now());
         let prom = counters.to_prometheus();
         assert!(
@@ -580,7 +401,6 @@ mod tests {
         );
         assert!(prom.contains("# TYPE packfs_served_bytes_total counter\n"));
         assert!(prom.contains("tier=\"source\"} 0\n"));
-        assert_eq!(prometheus_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
     /// `packfs mount && packfs status MNT` in a prologue: the counters are there when the ready
     /// line is (the first file used to be written by the thread, a moment later).

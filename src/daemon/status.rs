@@ -7,7 +7,19 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::mounts::{self, MountEntry};
-use super::stats;
+use super::stats::{self, Counters};
+
+/// Whether a mount answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountState {
+    /// Its daemon runs and writes its counters.
+    Live,
+    /// Its daemon is gone: every access fails until it is unmounted.
+    Stale,
+    /// No counters found, and it does not look dead (another user's, or an old packfs).
+    Unknown,
+}
 
 /// One mount as `packfs status` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -17,13 +29,12 @@ pub struct MountStatus {
     pub source: String,
     /// The user who mounted it.
     pub owner_uid: Option<u32>,
-    /// `live`, `stale` or `unknown`.
-    pub state: &'static str,
+    pub state: MountState,
     /// What is wrong, and what to do, when not live.
     pub problem: Option<String>,
     pub stats_file: Option<PathBuf>,
     /// The stats file's contents (docs/metrics.md), when live.
-    pub counters: Option<serde_json::Value>,
+    pub counters: Option<Counters>,
     /// How long ago the daemon wrote them (it rewrites them every second).
     pub counters_age_s: Option<f64>,
 }
@@ -66,7 +77,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
         mountpoint: m.mount_point.clone(),
         source: m.source.clone(),
         owner_uid: m.fuse_owner(),
-        state: "live",
+        state: MountState::Live,
         problem: None,
         stats_file: None,
         counters: None,
@@ -85,7 +96,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
         .iter()
         .find_map(|p| read_counters(p, owner).map(|c| (p.clone(), c)));
     if let Some((path, counters)) = found {
-        let pid = counters.get("pid").and_then(|p| p.as_i64()).unwrap_or(0);
+        let pid = counters.pid as i64;
         status.stats_file = Some(path);
         if pid > 0 && stats::alive(pid) {
             status.counters_age_s = status.stats_file.as_deref().and_then(age_of);
@@ -94,11 +105,11 @@ fn status_of(m: &MountEntry) -> MountStatus {
         }
     }
     if super::preflight::is_dead(&m.mount_point) || status.stats_file.is_some() {
-        status.state = "stale";
+        status.state = MountState::Stale;
         status.problem = Some(stale);
         return status;
     }
-    status.state = "unknown";
+    status.state = MountState::Unknown;
     status.problem = Some(format!(
         "no counters found for it (looked in {}): its daemon may be another user's (root sees \
          all), or from a packfs before 0.2",
@@ -121,7 +132,7 @@ fn age_of(path: &Path) -> Option<f64> {
 /// The counters in a stats file, if it is the mount owner's (or root's) and nobody else can
 /// write it: another user could make `/tmp/packfs-UID` before its user, to show root made-up
 /// counters for that user's mount.
-fn read_counters(path: &Path, owner: u32) -> Option<serde_json::Value> {
+fn read_counters(path: &Path, owner: u32) -> Option<Counters> {
     use std::os::unix::fs::MetadataExt;
     let mut file = crate::util::safe_file::no_follow()
         .read(true)

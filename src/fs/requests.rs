@@ -170,7 +170,8 @@ impl Default for Requests {
 }
 
 /// The figures of one operation, as `packfs status` and the stats file show them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct OpFigures {
     pub count: u64,
     pub errors: u64,

@@ -69,7 +69,8 @@ impl State {
 }
 
 /// What the budget has done, for `packfs status`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BudgetStats {
     pub total: u64,
     pub held: u64,

@@ -28,7 +28,8 @@ pub enum Fetch {
 }
 
 /// Bytes delivered to readers by each tier (page-cache misses of the mount).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct TierStats {
     pub ram_bytes: u64,
     /// Source chunks fetched ahead of sequential readers.

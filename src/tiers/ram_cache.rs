@@ -100,7 +100,8 @@ impl Weighter<Key, Decoded> for ByAllocation {
 }
 
 /// What the cache did since it was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RamStats {
     pub budget: u64,
     /// Bytes held now, and the most seen after any insertion.

@@ -19,7 +19,8 @@ use crate::source::read_at::{ReadAt, Stamp, Wait};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SourceStats {
     pub opens: u64,
     pub reads: u64,

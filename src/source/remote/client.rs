@@ -51,7 +51,8 @@ pub struct StoreCounters {
 }
 
 /// The counters as numbers, for the stats file.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct StoreStats {
     pub store: String,
     pub requests: u64,

@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::super::budget::Permit;
 use super::super::ram_cache::Held;
 use super::image::{ABSENT, BUSY, QUEUED, StagedImage, is_local, state, with_state};
-use super::{Offer, Stage, StageMode};
+use super::{Offer, Stage, StageMode, StageState, StopReason};
 
 /// Source bytes read per request when copying runs of chunks (large sequential reads are what
 /// parallel filesystems serve best).
@@ -141,16 +141,19 @@ pub fn run(stage: &Stage, until_done: bool, progress: Option<Progress>) {
 impl Copier<'_> {
     fn walk_and_take_offers(&mut self, until_done: bool) {
         let stage = self.stage;
-        self.stage.set_status(match stage.opts.mode {
-            StageMode::Eager => "copying",
-            StageMode::Lazy => "lazy: copying chunks as reads touch them",
-        });
+        self.stage.set_status(
+            StageState::Copying,
+            match stage.opts.mode {
+                StageMode::Eager => "copying",
+                StageMode::Lazy => "lazy: copying chunks as reads touch them",
+            },
+        );
         loop {
             if stage.shutdown.load(Ordering::Relaxed) || stage.stopped() {
                 break;
             }
             if !stage.dir_present() {
-                stage.stop(format!(
+                stage.stop(StopReason::DirectoryGone, format!(
                     "stage directory {} vanished; staging stopped, unstaged chunks are read from the source",
                     stage.dir().display()
                 ));
@@ -193,11 +196,14 @@ impl Copier<'_> {
             "staging complete in {secs:.1} s ({:.0} MB/s)",
             copied as f64 / secs.max(1e-3) / 1e6
         );
-        s.set_status(if self.unreadable.is_empty() {
-            "complete"
-        } else {
-            "complete except chunks the source could not deliver"
-        });
+        s.set_status(
+            StageState::Complete,
+            if self.unreadable.is_empty() {
+                "complete"
+            } else {
+                "complete except chunks the source could not deliver"
+            },
+        );
     }
 
     /// Copies the next run of absent chunks at or after the cursor; false when the walk found
@@ -450,7 +456,7 @@ impl Sink<'_> {
         let s = self.stage;
         match s.opts.budget {
             Some(budget) if s.present_bytes.load(Ordering::Relaxed) + len > budget => {
-                s.stop(format!(
+                s.stop(StopReason::Budget, format!(
                     "stage budget of {budget} bytes reached in {}; the rest is read from the source",
                     s.dir().display()
                 ));

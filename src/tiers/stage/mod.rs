@@ -9,6 +9,7 @@
 mod copier;
 mod image;
 mod lock;
+mod state;
 mod state_file;
 mod store;
 
@@ -27,6 +28,8 @@ pub use copier::run as run_copier;
 pub use image::chunk_len;
 use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, is_local, state, with_state};
 pub use lock::{DirLock, LockError};
+use state::Status;
+pub use state::{StageState, StageStats, StopReason};
 
 use super::Source;
 use super::budget::MemoryBudget;
@@ -34,7 +37,7 @@ use super::ram_cache::Decoded;
 use crate::catalog::ImageInfo;
 use crate::source::read_at::Wait;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StageMode {
     /// Copy every assigned image, front to back, as fast as allowed.
@@ -108,30 +111,6 @@ pub enum StageError {
         dir: PathBuf,
         error: std::io::Error,
     },
-}
-
-/// Staging figures, for the log and the stats file.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct StageStats {
-    /// As text (lossy for a non-UTF-8 path, which JSON cannot carry).
-    pub dir: String,
-    pub mode: Option<StageMode>,
-    pub images: u64,
-    pub total_bytes: u64,
-    /// Bytes complete on local storage now.
-    pub present_bytes: u64,
-    /// Bytes written to local storage by this process.
-    pub copied_bytes: u64,
-    /// Of those, bytes that reads had already fetched (no second source read).
-    pub copied_from_reads: u64,
-    /// Reads that wanted a chunk whole, found the stager's queue full and the stage without room
-    /// for them to store it (or could not wait to): they read exactly, and the chunk is read
-    /// again when it is staged.
-    pub lagged_reads: u64,
-    pub verified_chunks: u64,
-    pub failed_checks: u64,
-    pub evicted_bytes: u64,
-    pub status: String,
 }
 
 /// A chunk that a read touched, for the stager; with its bytes when the read fetched them whole.
@@ -211,7 +190,7 @@ pub struct Stage {
     /// Set once staging gave up (disk full, directory gone); reads keep going.
     stopped: AtomicBool,
     shutdown: AtomicBool,
-    status: Mutex<String>,
+    status: Mutex<Status>,
     /// The mount's memory budget, which the stager's runs draw from (none for `packfs stage`,
     /// whose runs are its only memory).
     memory: OnceLock<Arc<MemoryBudget>>,
@@ -310,7 +289,11 @@ impl Stage {
             evicted_bytes: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
-            status: Mutex::new("starting".into()),
+            status: Mutex::new(Status {
+                state: StageState::Starting,
+                stopped: None,
+                text: "starting".into(),
+            }),
             memory: OnceLock::new(),
             opts,
         })
@@ -518,17 +501,23 @@ impl Stage {
     }
 
     /// Stops staging for good (reads of staged chunks go on).
-    fn stop(&self, why: String) {
+    fn stop(&self, reason: StopReason, why: String) {
         if !self.stopped.swap(true, Ordering::SeqCst) {
             warn!("{why}");
-            *self.status.lock().expect("status lock") = format!("stopped: {why}");
+            *self.status.lock().expect("status lock") = Status {
+                state: StageState::Stopped,
+                stopped: Some(reason),
+                text: format!("stopped: {why}"),
+            };
         }
     }
 
-    fn set_status(&self, status: &str) {
+    /// A new state, unless staging stopped (that is for good).
+    fn set_status(&self, state: StageState, text: &str) {
         let mut s = self.status.lock().expect("status lock");
-        if !s.starts_with("stopped") && *s != status {
-            *s = status.to_string();
+        if s.state != StageState::Stopped && s.text != text {
+            s.state = state;
+            s.text = text.to_string();
         }
     }
 
@@ -552,6 +541,7 @@ impl Stage {
     }
 
     pub fn stats(&self) -> StageStats {
+        let status = self.status.lock().expect("status lock");
         StageStats {
             dir: self.opts.dir.to_string_lossy().into_owned(),
             mode: Some(self.opts.mode),
@@ -564,7 +554,9 @@ impl Stage {
             verified_chunks: self.verified_chunks.load(Ordering::Relaxed),
             failed_checks: self.failed_checks.load(Ordering::Relaxed),
             evicted_bytes: self.evicted_bytes.load(Ordering::Relaxed),
-            status: self.status.lock().expect("status lock").clone(),
+            state: status.state,
+            stopped: status.stopped,
+            status: status.text.clone(),
         }
     }
 }

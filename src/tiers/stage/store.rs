@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::image::{self, ABSENT, BUSY, PRESENT, StagedImage, state, with_state};
-use super::{Decoded, ForRead, Shared, Stage};
+use super::{Decoded, ForRead, Shared, Stage, StopReason};
 use crate::source::read_at::Wait;
 
 impl Stage {
@@ -172,14 +172,20 @@ impl Stage {
 
     fn local_write_failed(&self, e: io::Error) {
         let dir = self.dir().display();
-        let why = match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
-                "stage directory {dir} is full ({e}); staging stopped, unstaged chunks are read from the source"
+        let (reason, why) = match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => (
+                StopReason::DirectoryFull,
+                format!(
+                    "stage directory {dir} is full ({e}); staging stopped, unstaged chunks are read from the source"
+                ),
             ),
-            _ => format!(
-                "cannot write to stage directory {dir} ({e}); staging stopped, unstaged chunks are read from the source"
+            _ => (
+                StopReason::WriteFailed,
+                format!(
+                    "cannot write to stage directory {dir} ({e}); staging stopped, unstaged chunks are read from the source"
+                ),
             ),
         };
-        self.stop(why);
+        self.stop(reason, why);
     }
 }

@@ -41,7 +41,8 @@ impl std::fmt::Debug for Creds {
 }
 
 /// What `packfs status` and the stats file show of the credentials: never what they are.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CredentialStats {
     /// Where they come from ("EC2 instance metadata (http://169.254.169.254)").
     pub from: String,

@@ -1,0 +1,203 @@
+//! The counters in Prometheus' text format, for node_exporter's textfile collector: one file per
+//! mount beside the stats file (docs/metrics.md says what each family means).
+
+use super::stats::Counters;
+use crate::fs::requests::OpFigures;
+
+impl Counters {
+    /// The counters in Prometheus' text format, for node_exporter's textfile collector (one file
+    /// per mount beside the stats file; docs/metrics.md).
+    pub fn to_prometheus(&self) -> String {
+        use std::fmt::Write;
+        let mp = prometheus_label(&self.mountpoint);
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+            let _ = writeln!(
+                out,
+                "# HELP packfs_{name} {help}\n# TYPE packfs_{name} {kind}"
+            );
+            for (labels, value) in samples {
+                let _ = writeln!(out, "packfs_{name}{{mountpoint=\"{mp}\"{labels}}} {value}");
+            }
+        };
+        let one = |v: u64| vec![(String::new(), v as f64)];
+        family("up", "gauge", "1 while the mount's daemon runs.", &one(1));
+        family(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the mount started.",
+            &[(String::new(), self.uptime_s)],
+        );
+        family(
+            "files",
+            "gauge",
+            "Regular files in the mount.",
+            &one(self.about.files),
+        );
+        family(
+            "images",
+            "gauge",
+            "Images the mount serves.",
+            &one(self.about.images),
+        );
+        let tiers = [
+            ("ram", self.served.ram_bytes),
+            ("stage", self.served.staged_bytes),
+            ("source", self.served.source_bytes),
+        ];
+        let by_tier: Vec<_> = tiers
+            .iter()
+            .map(|(t, v)| (format!(",tier=\"{t}\""), *v as f64))
+            .collect();
+        family(
+            "served_bytes_total",
+            "counter",
+            "Bytes delivered to readers, by the tier that had them.",
+            &by_tier,
+        );
+        family(
+            "source_reads_total",
+            "counter",
+            "Reads issued on the images for the mount.",
+            &one(self.source.reads),
+        );
+        family(
+            "source_read_bytes_total",
+            "counter",
+            "Bytes read from the images for the mount.",
+            &one(self.source.bytes),
+        );
+        family(
+            "ram_cache_bytes",
+            "gauge",
+            "Bytes held by the RAM cache.",
+            &one(self.ram.held),
+        );
+        family(
+            "ram_cache_budget_bytes",
+            "gauge",
+            "The RAM cache's budget.",
+            &one(self.ram.budget),
+        );
+        let per_store =
+            |value: fn(&crate::source::remote::StoreStats) -> u64| -> Vec<(String, f64)> {
+                self.remote
+                    .iter()
+                    .map(|s| {
+                        let store = prometheus_label(&s.store);
+                        (format!(",store=\"{store}\""), value(s) as f64)
+                    })
+                    .collect()
+            };
+        if let Some(c) = &self.credentials {
+            family(
+                "remote_credential_renewals_total",
+                "counter",
+                "S3 credentials fetched again (before expiry, or after a store refused them).",
+                &one(c.renewals),
+            );
+            family(
+                "remote_credential_failures_total",
+                "counter",
+                "Fetches of S3 credentials that failed.",
+                &one(c.failures),
+            );
+        }
+        if !self.remote.is_empty() {
+            family(
+                "remote_requests_total",
+                "counter",
+                "Requests sent to an object store or HTTP server (retries included), by store.",
+                &per_store(|s| s.requests),
+            );
+            family(
+                "remote_bytes_total",
+                "counter",
+                "Bytes received from an object store or HTTP server, by store.",
+                &per_store(|s| s.bytes),
+            );
+            family(
+                "remote_retries_total",
+                "counter",
+                "Requests retried after a 5xx, 429, timeout or dropped connection, by store.",
+                &per_store(|s| s.retries),
+            );
+            family(
+                "remote_errors_total",
+                "counter",
+                "Requests that failed for good (the read failed with EIO), by store.",
+                &per_store(|s| s.errors),
+            );
+        }
+        let per_op = |key: fn(&OpFigures) -> f64| -> Vec<(String, f64)> {
+            self.requests
+                .iter()
+                .map(|(op, f)| (format!(",op=\"{op}\""), key(f)))
+                .collect()
+        };
+        family(
+            "requests_total",
+            "counter",
+            "FUSE requests answered, by operation.",
+            &per_op(|f| f.count as f64),
+        );
+        family(
+            "request_errors_total",
+            "counter",
+            "FUSE requests answered with an error, by operation.",
+            &per_op(|f| f.errors as f64),
+        );
+        let mut quantiles = Vec::new();
+        for (op, f) in &self.requests {
+            for (q, us) in [("0.5", f.p50_us), ("0.9", f.p90_us), ("0.99", f.p99_us)] {
+                let seconds = us / 1e6;
+                quantiles.push((format!(",op=\"{op}\",quantile=\"{q}\""), seconds));
+            }
+        }
+        family(
+            "request_latency_seconds",
+            "gauge",
+            "Request latency quantiles since the mount started, by operation.",
+            &quantiles,
+        );
+        if let Some(st) = &self.stage {
+            family(
+                "stage_present_bytes",
+                "gauge",
+                "Bytes staged and complete on local storage.",
+                &one(st.present_bytes),
+            );
+            family(
+                "stage_total_bytes",
+                "gauge",
+                "Bytes to stage.",
+                &one(st.total_bytes),
+            );
+            family(
+                "stage_failed_checks_total",
+                "counter",
+                "Staged chunks that failed their check.",
+                &one(st.failed_checks),
+            );
+        }
+        out
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the text format wants.
+fn prometheus_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prometheus_label;
+
+    #[test]
+    fn labels_escape_what_the_text_format_wants_escaped() {
+        assert_eq!(prometheus_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
