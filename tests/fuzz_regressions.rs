@@ -55,26 +55,28 @@ fn tar_inputs() {
 #[test]
 fn gzip_inputs() {
     replay("scan_gzip", |b| {
-        common::run(b, packfs::archive::tar::scan_gzip)
+        common::run(b, packfs::archive::tar::GZIP_TAR.scan)
     });
 }
 
 #[test]
 fn zstd_inputs() {
     replay("scan_zstd", |b| {
-        common::run(b, packfs::archive::tar::scan_zstd)
+        common::run(b, packfs::archive::tar::ZSTD_TAR.scan)
     });
 }
 
 #[test]
 fn xz_inputs() {
-    replay("scan_xz", |b| common::run(b, packfs::archive::tar::scan_xz));
+    replay("scan_xz", |b| {
+        common::run(b, packfs::archive::tar::XZ_TAR.scan)
+    });
 }
 
 #[test]
 fn bzip2_inputs() {
     replay("scan_bzip2", |b| {
-        common::run(b, packfs::archive::tar::scan_bzip2)
+        common::run(b, packfs::archive::tar::BZIP2_TAR.scan)
     });
 }
 

@@ -6,5 +6,5 @@
 mod common;
 
 libfuzzer_sys::fuzz_target!(|bytes: &[u8]| {
-    common::run(bytes, packfs::archive::tar::scan_bzip2);
+    common::run(bytes, packfs::archive::tar::BZIP2_TAR.scan);
 });

@@ -7,12 +7,13 @@
 
 mod clashes;
 pub mod codec;
-mod format;
+pub mod format;
 pub mod framed;
 pub mod inflate;
 pub mod layout;
 pub mod name;
 pub mod plan;
+pub mod registry;
 pub mod sparse_map;
 pub mod spill;
 pub mod squashfs;
@@ -28,9 +29,10 @@ use tracing::warn;
 use crate::source::Fingerprint;
 use crate::source::read_at::ReadAt;
 
-pub use format::{Format, INDEX_MAGIC};
+pub use format::{INDEX_MAGIC, ImageFormat, Probe};
 pub use layout::Layout;
 pub use plan::Encoding;
+pub use registry::Registry;
 
 /// What a member is, after format-specific types are folded away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,6 +252,16 @@ pub fn scan(
     file: &dyn ReadAt,
     fingerprint: Fingerprint,
 ) -> Result<ScannedImage, ArchiveError> {
+    scan_with(Registry::standard(), path, file, fingerprint)
+}
+
+/// `scan`, with the formats of `registry`.
+pub fn scan_with(
+    registry: &Registry,
+    path: &Path,
+    file: &dyn ReadAt,
+    fingerprint: Fingerprint,
+) -> Result<ScannedImage, ArchiveError> {
     let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
     if image.size == 0 {
         // As GNU tar ("This does not look like a tar archive"): a 0-byte file is most often a
@@ -261,37 +273,10 @@ pub fn scan(
              or copy it again",
         ));
     }
-    match Format::detect(file, image.size).map_err(|e| ArchiveError::io(path, e))? {
-        Format::Zip => zip::scan(file, &mut image)?,
-        Format::Squashfs => squashfs::scan(file, &mut image)?,
-        Format::Tar => tar::scan(file, &mut image)?,
-        Format::PackfsIndex => return Err(ArchiveError::IsIndex { image: image.path }),
-        Format::PackManifest => {
-            return Err(ArchiveError::malformed(
-                path,
-                0,
-                "the JSON manifest `packfs pack` writes beside its shards, not an image: mount \
-                 the index it names (\"index\": NAME.packfs-index) or the shards (NAME-*.tar)",
-            ));
-        }
-        Format::Compressed(c) if c.name == "gzip" => tar::scan_gzip(file, &mut image)?,
-        Format::Compressed(c) if c.name == "zstd" => tar::scan_zstd(file, &mut image)?,
-        Format::Compressed(c) if c.name == "xz" => tar::scan_xz(file, &mut image)?,
-        Format::Compressed(c) if c.name == "bzip2" => tar::scan_bzip2(file, &mut image)?,
-        Format::Compressed(c) => {
-            return Err(ArchiveError::malformed(
-                path,
-                0,
-                format!(
-                    "a {}-compressed file; packfs reads tar (plain, or compressed with gzip, zstd, \
-                     xz or bzip2), zip and squashfs images: decompress it once (`{} {}`) and give the .tar",
-                    c.name,
-                    c.command,
-                    path.display()
-                ),
-            ));
-        }
-    }
+    let format = registry
+        .detect(file, image.size)
+        .map_err(|e| ArchiveError::io(path, e))?;
+    (format.scan)(file, &mut image)?;
     image.summarize_skips();
     if image.members.is_empty() {
         tracing::warn!(

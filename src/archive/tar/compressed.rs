@@ -9,6 +9,7 @@ use tracing::{debug, warn};
 
 use super::stream::{Chunks, Decoded};
 use super::walk;
+use crate::archive::format::ImageFormat;
 use crate::archive::framed::{self, BlockIndexer};
 use crate::archive::inflate::{self, Indexer, InflateError, Wrapper};
 use crate::archive::{ArchiveError, ScannedImage};
@@ -92,6 +93,36 @@ const BZIP2: Compressed = Compressed {
     check: "bzip2 -t",
     suffix: ".tar.bz2",
     decompress: "bzip2 -dk",
+};
+
+/// The compressed tars, for the format registry, each known by its stream's magic.
+pub const GZIP_TAR: ImageFormat = ImageFormat {
+    what: "a gzip-compressed tar",
+    detect: |p| Ok(p.head.starts_with(b"\x1f\x8b")),
+    scan: scan_gzip,
+};
+
+pub const ZSTD_TAR: ImageFormat = ImageFormat {
+    what: "a zstd-compressed tar",
+    // A zstd stream may open with a skippable frame (pzstd writes one before each frame).
+    detect: |p| {
+        let h = p.head;
+        let skippable = h.len() >= 4 && h[1..4] == [0x2A, 0x4D, 0x18] && h[0] & 0xF0 == 0x50;
+        Ok(h.starts_with(b"\x28\xb5\x2f\xfd") || skippable)
+    },
+    scan: scan_zstd,
+};
+
+pub const XZ_TAR: ImageFormat = ImageFormat {
+    what: "an xz-compressed tar",
+    detect: |p| Ok(p.head.starts_with(b"\xfd7zXZ\x00")),
+    scan: scan_xz,
+};
+
+pub const BZIP2_TAR: ImageFormat = ImageFormat {
+    what: "a bzip2-compressed tar",
+    detect: |p| Ok(p.head.starts_with(b"BZh")),
+    scan: scan_bzip2,
 };
 
 /// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and

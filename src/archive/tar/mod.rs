@@ -16,7 +16,7 @@ use tracing::debug;
 
 mod compressed;
 mod fields;
-pub use compressed::{scan_bzip2, scan_gzip, scan_xz, scan_zstd};
+pub use compressed::{BZIP2_TAR, GZIP_TAR, XZ_TAR, ZSTD_TAR};
 mod sparse;
 mod stream;
 

@@ -83,14 +83,11 @@ pub fn check_replaceable(dest: &Path, force: bool) -> Result<(), IndexError> {
     } else if !meta.is_file() {
         "not a regular file".to_string()
     } else {
-        use crate::archive::Format;
-        let format =
-            crate::source::read_at::open_regular(dest).and_then(|f| Format::detect(&f, meta.len()));
+        let format = crate::source::read_at::open_regular(dest)
+            .and_then(|f| crate::archive::Registry::standard().detect(&f, meta.len()));
         match format {
-            Ok(Format::Zip) => "a zip image".into(),
-            Ok(Format::Squashfs) => "a squashfs image".into(),
-            Ok(Format::Compressed(c)) => format!("a {} file", c.name),
-            // Anything else would be scanned as tar.
+            // What no format claims would be scanned as tar.
+            Ok(f) if f.what != crate::archive::registry::TAR.what => f.what.to_string(),
             _ => format!("a file of {} bytes (a tar image?)", meta.len()),
         }
     };
