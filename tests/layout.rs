@@ -234,6 +234,12 @@ fn each_concern_stays_in_its_module() {
         if code.contains("clap::") && top != "cli" && top != "main" {
             broken.push(format!("{shown}: clap outside cli/"));
         }
+        if code.contains("set_var(") && top != "main" {
+            broken.push(format!(
+                "{shown}: sets an environment variable; pass the value (the stores take \
+                 `source::remote::configure`)"
+            ));
+        }
         if code.contains("is_url") && top != "source" {
             broken.push(format!("{shown}: tells a URL from a path outside source/"));
         }

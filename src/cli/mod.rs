@@ -158,11 +158,10 @@ pub fn mount_helper_args() -> Result<Option<Vec<std::ffi::OsString>>, std::proce
 
 /// Runs the command; `argv` is what it was parsed from (a mount re-executes itself with it).
 pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
-    if let Some(url) = &cli.endpoint_url {
-        // SAFETY: set before any thread starts; the store client reads it on first use, and a
-        // daemon started from here inherits it.
-        unsafe { std::env::set_var("AWS_ENDPOINT_URL_S3", url) };
-    }
+    // Before any store is used; a daemon started from here parses the same argument.
+    packfs::source::remote::configure(packfs::source::remote::StoreOptions {
+        endpoint: cli.endpoint_url.clone(),
+    });
     match cli.command {
         Command::Mount(args) => mount::run(args, cli.quiet, argv),
         Command::Pack(args) => pack::run(args),

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tracing::warn;
@@ -75,18 +75,6 @@ pub struct Client {
     stores: Mutex<HashMap<String, Arc<StoreCounters>>>,
 }
 
-static CLIENT: OnceLock<Client> = OnceLock::new();
-
-/// The process's client, made on first use from the environment.
-pub fn client() -> &'static Client {
-    CLIENT.get_or_init(|| Client::new(S3Config::from_env(), Limits::from_env()))
-}
-
-/// The client, if a store was used at all.
-pub fn existing() -> Option<&'static Client> {
-    CLIENT.get()
-}
-
 /// How one attempt ended, when it did not succeed.
 enum Failure {
     /// Worth another attempt: 5xx, 429, a timeout, a dropped connection, a short body.
@@ -96,7 +84,7 @@ enum Failure {
 }
 
 impl Client {
-    fn new(mut s3: S3Config, limits: Limits) -> Client {
+    pub(super) fn new(mut s3: S3Config, limits: Limits) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(limits.timeout))

@@ -86,6 +86,11 @@ impl Limits {
 impl S3Config {
     /// From the environment and the AWS configuration files, as the AWS CLI resolves them.
     pub fn from_env() -> S3Config {
+        S3Config::resolve(None)
+    }
+
+    /// As `from_env`, with `endpoint` (the mount's `--endpoint-url`) before any other.
+    pub fn resolve(endpoint: Option<String>) -> S3Config {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let home = env("HOME").map(PathBuf::from);
         let file = |var: &str, rel: &str| {
@@ -104,7 +109,7 @@ impl S3Config {
             &profile_name,
             home,
         );
-        let endpoint = lookup.endpoint("S3");
+        let endpoint = endpoint.or_else(|| lookup.endpoint("S3"));
         let path_style = match env("PACKFS_S3_ADDRESSING").as_deref() {
             Some("virtual") => false,
             Some("path") => true,

@@ -8,14 +8,19 @@ pub mod config;
 mod credentials;
 mod location;
 pub mod redact;
+pub mod store;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use client::{ObjectMeta, StoreStats};
 pub use credentials::CredentialStats;
 pub(super) use location::is_url;
 pub use location::{BadUrl, Location};
+#[cfg(any(test, feature = "testing"))]
+pub use store::MemoryStore;
+pub use store::{ObjectStore, StoreOptions, configure};
 
 use super::Fingerprint;
 use super::read_at::ReadAt;
@@ -23,16 +28,22 @@ use super::read_at::ReadAt;
 /// An object opened for range reads: each read is one GET, refused if the object's ETag changed
 /// since it was opened.
 pub struct RemoteObject {
+    store: Arc<dyn ObjectStore>,
     loc: Location,
     meta: ObjectMeta,
 }
 
 impl RemoteObject {
-    /// HEADs the object at `path` (a URL).
+    /// HEADs the object at `path` (a URL) in the network's stores.
     pub fn open(path: &Path) -> io::Result<RemoteObject> {
+        RemoteObject::open_in(store::network(), path)
+    }
+
+    /// HEADs the object at `path` in `store`.
+    pub fn open_in(store: Arc<dyn ObjectStore>, path: &Path) -> io::Result<RemoteObject> {
         let loc = parse(path)?;
-        let meta = client::client().head(&loc)?;
-        Ok(RemoteObject { loc, meta })
+        let meta = store.head(&loc)?;
+        Ok(RemoteObject { store, loc, meta })
     }
 
     /// The object's size when it was opened.
@@ -63,7 +74,8 @@ impl ReadAt for RemoteObject {
             return Ok(0);
         }
         let n = (self.meta.size - offset).min(buf.len() as u64) as usize;
-        client::client().get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
+        self.store
+            .get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
         Ok(n)
     }
     // No `read_at_now`: a request to the store always waits for the network.
@@ -81,6 +93,11 @@ fn parse(path: &Path) -> io::Result<Location> {
 /// The images a URL pattern names once braces are expanded: itself, or for an `s3://` glob the
 /// matching keys of the bucket (listed under the pattern's literal prefix), in key order.
 pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
+    expand_glob_in(&*store::network(), word)
+}
+
+/// `expand_glob`, listing `store`.
+pub fn expand_glob_in(store: &dyn ObjectStore, word: &str) -> io::Result<Vec<PathBuf>> {
     let loc = Location::parse(word)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let Location::S3 { bucket, key } = loc else {
@@ -101,8 +118,8 @@ pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
         require_literal_separator: true,
         ..Default::default()
     };
-    Ok(client::client()
-        .list(&bucket, literal, |k| pattern.matches_with(k, options))?
+    Ok(store
+        .list(&bucket, literal, &|k| pattern.matches_with(k, options))?
         .into_iter()
         .map(|k| PathBuf::from(format!("s3://{bucket}/{k}")))
         .collect())
@@ -120,10 +137,66 @@ pub(crate) fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
 
 /// The S3 credentials of this process, once a request needed them.
 pub fn credential_stats() -> Option<CredentialStats> {
-    client::existing()?.credential_stats()
+    store::existing()?.credential_stats()
 }
 
 /// Every store's request counters so far in this process.
 pub fn stats() -> Vec<StoreStats> {
-    client::client().stats()
+    store::existing().map_or_else(Vec::new, |c| c.stats())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::read_at::Wait;
+
+    fn store_with(objects: &[(&str, &[u8])]) -> Arc<MemoryStore> {
+        let store = Arc::new(MemoryStore::default());
+        for (url, bytes) in objects {
+            store.put(url, bytes.to_vec());
+        }
+        store
+    }
+
+    /// An object is read in ranges from whatever store holds it; one replaced since it was
+    /// opened fails rather than serve other bytes.
+    #[test]
+    fn an_object_reads_from_its_store_and_fails_once_replaced() {
+        let store = store_with(&[("s3://b/shard-0.tar", b"0123456789")]);
+        let object = RemoteObject::open_in(store.clone(), Path::new("s3://b/shard-0.tar")).unwrap();
+        assert_eq!(object.size(), 10);
+        let mut buf = [0u8; 4];
+        object.read_exact_at(&mut buf, 3).unwrap();
+        assert_eq!(&buf, b"3456");
+        // A store request always waits for the network: never made by a thread that must not.
+        let err = object
+            .read_exact_with(&mut buf, 3, Wait::Never)
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        store.put("s3://b/shard-0.tar", b"abcdefghij".to_vec());
+        let err = object.read_exact_at(&mut buf, 3).unwrap_err();
+        assert!(err.to_string().contains("replaced"), "{err}");
+        let missing = RemoteObject::open_in(store, Path::new("s3://b/none.tar"));
+        assert_eq!(missing.err().unwrap().kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_glob_lists_the_matching_keys_in_order() {
+        let store = store_with(&[
+            ("s3://b/train/shard-1.tar", b"x"),
+            ("s3://b/train/shard-0.tar", b"x"),
+            ("s3://b/train/sub/shard-2.tar", b"x"),
+            ("s3://b/val/shard-0.tar", b"x"),
+        ]);
+        let found = expand_glob_in(&*store, "s3://b/train/shard-*.tar").unwrap();
+        assert_eq!(
+            found,
+            [
+                PathBuf::from("s3://b/train/shard-0.tar"),
+                PathBuf::from("s3://b/train/shard-1.tar")
+            ]
+        );
+        let err = expand_glob_in(&*store, "https://host/shard-*.tar").unwrap_err();
+        assert!(err.to_string().contains("brace range"), "{err}");
+    }
 }

@@ -1,0 +1,178 @@
+//! The seam between objects and the network: what a reader asks of a store (HEAD, a ranged GET
+//! that fails if the object changed, a listing). The process's network client (`client`, S3 and
+//! HTTP) is one implementation, built from the mount's options; `MemoryStore` is another, so unit
+//! tests swap the store instead of starting a server (integration tests run a real one).
+
+use std::io;
+use std::sync::{Arc, OnceLock};
+
+use super::client::{Client, ObjectMeta};
+use super::config::{Limits, S3Config};
+use super::location::Location;
+
+pub trait ObjectStore: Send + Sync {
+    /// The object's size, ETag and modification time.
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta>;
+
+    /// Fills `buf` from `offset` of the object; fails, saying the object was replaced, if its
+    /// ETag is no longer `if_match`.
+    fn get_range(
+        &self,
+        loc: &Location,
+        offset: u64,
+        buf: &mut [u8],
+        if_match: Option<&str>,
+    ) -> io::Result<()>;
+
+    /// Keys of `bucket` that start with `prefix` and that `keep` takes, in key order.
+    fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> io::Result<Vec<String>>;
+}
+
+impl ObjectStore for Client {
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        Client::head(self, loc)
+    }
+
+    fn get_range(
+        &self,
+        loc: &Location,
+        offset: u64,
+        buf: &mut [u8],
+        if_match: Option<&str>,
+    ) -> io::Result<()> {
+        Client::get_range(self, loc, offset, buf, if_match)
+    }
+
+    fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> io::Result<Vec<String>> {
+        Client::list(self, bucket, prefix, keep)
+    }
+}
+
+/// What the mount's options say of the stores, set once before the first request (the
+/// command line's `--endpoint-url`); the rest comes from the environment and the AWS profile.
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    pub endpoint: Option<String>,
+}
+
+static OPTIONS: OnceLock<StoreOptions> = OnceLock::new();
+static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
+
+/// Sets the stores' options; false if a store was already used (they can no longer change).
+pub fn configure(options: StoreOptions) -> bool {
+    CLIENT.get().is_none() && OPTIONS.set(options).is_ok()
+}
+
+/// The process's network client, made on first use.
+pub(super) fn client() -> &'static Arc<Client> {
+    CLIENT.get_or_init(|| {
+        let endpoint = OPTIONS.get().and_then(|o| o.endpoint.clone());
+        Arc::new(Client::new(S3Config::resolve(endpoint), Limits::from_env()))
+    })
+}
+
+/// The client, if a store was used at all.
+pub(super) fn existing() -> Option<&'static Arc<Client>> {
+    CLIENT.get()
+}
+
+/// The store objects are read from: the network client.
+pub fn network() -> Arc<dyn ObjectStore> {
+    client().clone()
+}
+
+/// Objects held in memory, for unit tests: put, replaced (a new ETag), read and listed as a store
+/// would, refusing a read of an object replaced since it was opened.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Default)]
+pub struct MemoryStore {
+    /// By URL: the bytes, and a version that is the ETag.
+    objects: std::sync::Mutex<std::collections::BTreeMap<String, Stored>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+type Stored = (Arc<Vec<u8>>, u64);
+
+#[cfg(any(test, feature = "testing"))]
+impl MemoryStore {
+    /// Puts (or replaces) the object `url` names.
+    pub fn put(&self, url: &str, bytes: Vec<u8>) {
+        let mut objects = self.objects.lock().expect("not poisoned");
+        let version = objects.get(url).map_or(1, |(_, v)| v + 1);
+        objects.insert(url.to_string(), (Arc::new(bytes), version));
+    }
+
+    fn get(&self, loc: &Location) -> io::Result<Stored> {
+        let objects = self.objects.lock().expect("not poisoned");
+        objects.get(&loc.to_string()).cloned().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{loc}: no such object (404)"),
+            )
+        })
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl ObjectStore for MemoryStore {
+    fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        let (bytes, version) = self.get(loc)?;
+        Ok(ObjectMeta {
+            size: bytes.len() as u64,
+            etag: Some(format!("\"v{version}\"")),
+            mtime: version as i64,
+        })
+    }
+
+    fn get_range(
+        &self,
+        loc: &Location,
+        offset: u64,
+        buf: &mut [u8],
+        if_match: Option<&str>,
+    ) -> io::Result<()> {
+        let (bytes, version) = self.get(loc)?;
+        if if_match.is_some_and(|etag| etag != format!("\"v{version}\"")) {
+            return Err(io::Error::other(format!(
+                "{loc} was replaced since it was opened (its ETag changed)"
+            )));
+        }
+        let range = usize::try_from(offset)
+            .ok()
+            .and_then(|at| bytes.get(at..at.checked_add(buf.len())?))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{loc}: the object ends before offset {offset} (416)"),
+                )
+            })?;
+        buf.copy_from_slice(range);
+        Ok(())
+    }
+
+    fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> io::Result<Vec<String>> {
+        let under = format!("s3://{bucket}/");
+        let objects = self.objects.lock().expect("not poisoned");
+        Ok(objects
+            .keys()
+            .filter_map(|url| url.strip_prefix(&under))
+            .filter(|key| key.starts_with(prefix) && keep(key))
+            .map(String::from)
+            .collect())
+    }
+}
