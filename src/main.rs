@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Whatever a message quotes (a URL with a password, say), no secret reaches the terminal.
             let message = format!("{e:#}");
-            let redact = packfs::source::remote::redact::urls;
+            let redact = packfs::util::redact::urls;
             eprintln!("packfs: error: {}", redact(&message));
             for hint in cli::hints::for_error(&e) {
                 eprintln!("packfs: {}", redact(&hint));

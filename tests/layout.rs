@@ -1,7 +1,8 @@
 //! The layout's rules, checked on the source text (docs/design.md, "Module map"): modules import
 //! each other in one direction (no cycle between the crate's top-level modules, nor between the
 //! parts of one module); only `fs` knows fuser and only `cli` knows clap; whether an image is a
-//! file or an object is told in `source/` alone; the file system's replies choose their errno
+//! file or an object is told in `source/` alone, and a location is read from its name only there
+//! and where an index is read back (`catalog/index/`); `util/` imports nothing else of the crate; the file system's replies choose their errno
 //! in `fs/error.rs` and `fs/dispatch.rs` alone; no source file is over 600 lines; what a request
 //! carries travels in its arguments, never in a thread-local (those hold scratch buffers and
 //! decoder state only). An import through a module's re-export (`pub use part::Name` in its
@@ -66,7 +67,8 @@ fn named_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     while let Some(at) = rest.find(prefix) {
         let before = rest[..at].chars().last();
         rest = &rest[at + prefix.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+        // Part of a longer name, or the start of a string literal (a test's log target).
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '"') {
             continue;
         }
         let path: String = rest
@@ -239,6 +241,28 @@ fn each_concern_stays_in_its_module() {
                 "{shown}: sets an environment variable; pass the value (the stores take \
                  `source::remote::configure`)"
             ));
+        }
+        // Locations are typed from where they are given (`ImageLocation::from_arg`) or read back
+        // from an index on: reading one from its name again elsewhere is the text it was.
+        let reads_names =
+            top == "source" || module.starts_with(&["catalog".into(), "index".into()]);
+        if code.contains("ImageLocation::new(") && !reads_names {
+            broken.push(format!(
+                "{shown}: reads a location from its name outside source/ and catalog/index/; \
+                 carry the ImageLocation"
+            ));
+        }
+        if top == "util" {
+            let names_others = ["crate::", "packfs::"].iter().any(|prefix| {
+                named_after(&code, prefix)
+                    .iter()
+                    .any(|path| path.first().is_some_and(|m| m != "util"))
+            });
+            if names_others {
+                broken.push(format!(
+                    "{shown}: util/ is the ground floor, and imports nothing else of the crate"
+                ));
+            }
         }
         if code.contains("is_url") && top != "source" {
             broken.push(format!("{shown}: tells a URL from a path outside source/"));

@@ -713,8 +713,11 @@ fn check_image(
     tally: &Tally,
 ) -> Result<(), TestCaseError> {
     let (pick, ranges, fault_picks) = (v.pick, &v.ranges, &v.faults);
-    let mut scanned = packfs::dataset::scan_all(&[image.to_path_buf()], &packfs::dataset::quiet)
-        .map_err(|e| fail(e.to_string()))?;
+    let mut scanned = packfs::dataset::scan_all(
+        &[packfs::source::ImageLocation::File(image.to_path_buf())],
+        &packfs::dataset::quiet,
+    )
+    .map_err(|e| fail(e.to_string()))?;
     let built = packfs::dataset::build_settling_clashes(&mut scanned, DuplicatePolicy::Error)
         .map_err(|e| fail(e.to_string()))?;
     prop_assert_eq!(scanned[0].skipped, *left_out, "members left out");

@@ -733,7 +733,7 @@ fn staged_source(
         chunk_size,
     };
     let infos = [ImageInfo {
-        path,
+        location: packfs::source::ImageLocation::File(path),
         fingerprint,
         stream: None,
     }];

@@ -38,7 +38,10 @@ pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), 
     let file = memory_file(bytes);
     let fingerprint = Fingerprint::of(&file).expect("fingerprint of a memory file");
     let path = PathBuf::from("fuzz-image");
-    let mut image = ScannedImage::new(path.clone(), fingerprint);
+    let mut image = ScannedImage::new(
+        packfs::source::ImageLocation::File(path.clone()),
+        fingerprint,
+    );
     if scan(&file, &mut image).is_err() {
         return;
     }
@@ -116,7 +119,7 @@ pub fn run_index(bytes: &[u8]) {
         .map(|info| {
             let data: Arc<dyn ReadAt> = pattern().clone();
             SourceImage {
-                path: info.path.clone(),
+                path: info.path().to_path_buf(),
                 data,
                 size: info.fingerprint.size,
             }

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
-use crate::source::Fingerprint;
 use crate::source::read_at::ReadAt;
+use crate::source::{Fingerprint, ImageLocation};
 
 pub use format::{INDEX_MAGIC, ImageFormat, Probe};
 pub use layout::Layout;
@@ -78,7 +78,9 @@ pub struct Member {
 /// The result of scanning one image.
 #[derive(Debug)]
 pub struct ScannedImage {
+    /// Its name, for messages (`location`'s).
     pub path: PathBuf,
+    pub location: ImageLocation,
     /// Image size in bytes at scan time.
     pub size: u64,
     /// Taken before the scan, so a later check catches a change made during it too.
@@ -113,9 +115,10 @@ const NAMED_SKIPS: u64 = 5;
 
 impl ScannedImage {
     /// An empty scan of the image at `path`, fingerprinted as `fingerprint`.
-    pub fn new(path: PathBuf, fingerprint: Fingerprint) -> ScannedImage {
+    pub fn new(location: ImageLocation, fingerprint: Fingerprint) -> ScannedImage {
         ScannedImage {
-            path,
+            path: location.name().to_path_buf(),
+            location,
             size: fingerprint.size,
             fingerprint,
             members: Vec::new(),
@@ -244,25 +247,25 @@ impl ArchiveError {
     }
 }
 
-/// Scans the image named `path` (a file's path or an object's URL, for messages and the
-/// catalog), whose bytes `file` reads and whose fingerprint is `fingerprint`, detecting its
-/// format from its content.
+/// Scans the image at `location`, whose bytes `file` reads and whose fingerprint is
+/// `fingerprint`, detecting its format from its content.
 pub fn scan(
-    path: &Path,
+    location: &ImageLocation,
     file: &dyn ReadAt,
     fingerprint: Fingerprint,
 ) -> Result<ScannedImage, ArchiveError> {
-    scan_with(Registry::standard(), path, file, fingerprint)
+    scan_with(Registry::standard(), location, file, fingerprint)
 }
 
 /// `scan`, with the formats of `registry`.
 pub fn scan_with(
     registry: &Registry,
-    path: &Path,
+    location: &ImageLocation,
     file: &dyn ReadAt,
     fingerprint: Fingerprint,
 ) -> Result<ScannedImage, ArchiveError> {
-    let mut image = ScannedImage::new(path.to_path_buf(), fingerprint);
+    let mut image = ScannedImage::new(location.clone(), fingerprint);
+    let path = location.name();
     if image.size == 0 {
         // As GNU tar ("This does not look like a tar archive"): a 0-byte file is most often a
         // download or copy that failed, not an empty dataset.
@@ -301,7 +304,8 @@ mod tests {
 
     #[test]
     fn a_member_lost_in_silence_is_described() {
-        let mut image = ScannedImage::new("s.tar".into(), Fingerprint::default());
+        let location = ImageLocation::File("s.tar".into());
+        let mut image = ScannedImage::new(location, Fingerprint::default());
         assert_eq!(image.unaccounted(), None);
         image.headers = 4;
         image.merged = 1;

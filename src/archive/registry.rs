@@ -207,7 +207,7 @@ mod tests {
     #[test]
     fn a_registered_format_is_scanned_by_its_own_scanner() {
         let bytes = b"TOY1hello, toy".to_vec();
-        let path = std::path::Path::new("a.toy");
+        let path = &crate::source::ImageLocation::File("a.toy".into());
         let registry = Registry::empty().with(TOY);
         let image = scan_with(&registry, path, &bytes, fingerprint(bytes.len())).unwrap();
         assert_eq!(image.members.len(), 1);

@@ -366,7 +366,7 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
             tail.push(Segment { start, map, file });
         }
         infos.push(ImageInfo {
-            path: image.path.clone(),
+            location: image.location.clone(),
             fingerprint: image.fingerprint,
             stream: image.stream.map(|table| start + table.at),
         });
@@ -395,7 +395,8 @@ mod tests {
     use crate::catalog::{CatalogError, Kind, ROOT};
 
     fn image(name: &str, members: &[(&str, MemberKind)]) -> ScannedImage {
-        let mut img = ScannedImage::new(PathBuf::from(name), Default::default());
+        let location = crate::source::ImageLocation::File(PathBuf::from(name));
+        let mut img = ScannedImage::new(location, Default::default());
         for (i, (path, kind)) in members.iter().enumerate() {
             let start = img.strings.len();
             img.strings.extend_from_slice(path.as_bytes());

@@ -11,7 +11,7 @@ mod entry;
 pub mod index;
 mod store;
 
-use std::path::PathBuf;
+use std::path::Path;
 
 pub use build::{BuildError, DuplicatePolicy, build};
 pub use check::Problem;
@@ -20,17 +20,25 @@ pub use store::CatalogError;
 use store::Store;
 
 use crate::archive::layout::{Layout, read_checkpoints};
-use crate::source::Fingerprint;
+use crate::source::{Fingerprint, ImageLocation};
 
 /// An image (shard) the catalog refers to by position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageInfo {
-    pub path: PathBuf,
+    /// Where it is: a file, or an object (parsed once, when given or read from an index).
+    pub location: ImageLocation,
     /// As recorded when the image was scanned; checked again when the image is opened.
     pub fingerprint: Fingerprint,
     /// For a compressed image (a `.tar.gz`), where the checkpoint table of its decoded stream
     /// starts in the names arena: member offsets are in that stream.
     pub stream: Option<u64>,
+}
+
+impl ImageInfo {
+    /// Its name (the file's path, or the object's URL), for messages and the index.
+    pub fn path(&self) -> &Path {
+        self.location.name()
+    }
 }
 
 /// Index of an entry in the catalog; the root is 0.
@@ -132,7 +140,7 @@ impl Catalog {
             CatalogError::Invalid(format!(
                 "in image {}: the file's record at offset {} {why} (the index is damaged or \
                  crafted)",
-                image.path.display(),
+                image.path().display(),
                 entry.offset
             ))
         };
@@ -162,7 +170,7 @@ impl Catalog {
         layout
             .check_extent(entry.size, image.fingerprint.size)
             .map_err(|what| {
-                CatalogError::Invalid(format!("in image {}: {what}", image.path.display()))
+                CatalogError::Invalid(format!("in image {}: {what}", image.path().display()))
             })?;
         Ok(layout)
     }

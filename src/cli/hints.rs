@@ -5,10 +5,10 @@ use packfs::commands::cat::CatError;
 use packfs::commands::demo::DemoError;
 use packfs::daemon::MountError;
 use packfs::dataset::DatasetError;
+use packfs::dataset::expand::as_patterns;
 use packfs::pack::PackError;
 use packfs::source::fingerprint::show_time;
 use packfs::tiers::{OpenError, SameBytes, SourceError, StaleIndex};
-use packfs::util::expand::as_patterns;
 
 /// The hints for `error`, one line each (none for most errors).
 pub fn for_error(error: &anyhow::Error) -> Vec<String> {

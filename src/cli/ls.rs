@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if args.extents && e.kind() == Kind::File {
             let layout = catalog.layout(e)?;
-            let image = catalog.images()[e.image as usize].path.display();
+            let image = catalog.images()[e.image as usize].path().display();
             write!(out, "\t{image} {layout}")?;
         }
         out.write_all(end)?;

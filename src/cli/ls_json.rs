@@ -28,7 +28,7 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
     for (i, image) in catalog.images().iter().enumerate() {
         line.clear();
         write!(line, "{{\"kind\":\"image\",\"image\":{i}")?;
-        field(&mut line, "path", image.path.as_os_str().as_bytes());
+        field(&mut line, "path", image.path().as_os_str().as_bytes());
         write!(line, ",\"size\":{}", image.fingerprint.size)?;
         if let Some(world) = shares {
             let share = packfs::tiers::stage::share_of(i, world);

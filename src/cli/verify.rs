@@ -40,9 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let shown = catalog
         .index_path()
         .map(|p| p.display().to_string())
-        .unwrap_or_else(|| {
-            packfs::dataset::show_paths(catalog.images().iter().map(|i| i.path.as_path()))
-        });
+        .unwrap_or_else(|| packfs::dataset::show_paths(catalog.images().iter().map(|i| i.path())));
     let damaged = catalog.verify_all();
     if damaged > 0 {
         bail!("index {shown}: {damaged} damaged chunk(s); rebuild it with `packfs index`");

@@ -279,10 +279,7 @@ fn unmount_when_idle(
 
 /// The tier stack the request asks for; the stage directory is held in this mount's name.
 fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> TierOptions {
-    let remote = catalog
-        .images()
-        .iter()
-        .any(|i| crate::source::ImageLocation::new(&i.path).is_object());
+    let remote = catalog.images().iter().any(|i| i.location.is_object());
     // Whole chunks from a store pay off only while they stay in RAM until their neighbours are
     // read: measured with 441 MB of shards behind a 64 MiB cache, shuffled reads fetched 9.6x the
     // bytes in as many requests as samples (docs/benchmarks/object-store.md).

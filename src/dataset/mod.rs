@@ -2,6 +2,7 @@
 //! in parallel and merge them.
 
 pub mod classes;
+pub mod expand;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -14,7 +15,7 @@ use crate::catalog::index::{self, IndexError};
 use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
 use crate::source::{ArgError, ImageLocation};
 use crate::tiers::{Source, SourceError};
-use crate::util::expand::{ExpandError, expand_images};
+use expand::{ExpandError, expand_images};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
 const SCAN_THREADS: usize = 8;
@@ -79,19 +80,16 @@ pub type OnScan<'a> = &'a (dyn Fn(ScanProgress) + Sync);
 /// For callers that show nothing.
 pub fn quiet(_: ScanProgress) {}
 
-/// Expands `patterns` into image paths (absolute, so a daemon may change directory).
-pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
+/// Expands `patterns` into image locations (files made absolute, so a daemon may change
+/// directory): what the user named is parsed here, once.
+pub fn image_locations(patterns: &[String]) -> Result<Vec<ImageLocation>, DatasetError> {
     let paths = expand_images(patterns)?;
     if paths.is_empty() {
         return Err(DatasetError::NoImages);
     }
     paths
         .into_iter()
-        .map(|p| {
-            ImageLocation::from_arg(&p)
-                .map(ImageLocation::into_name)
-                .map_err(DatasetError::BadLocation)
-        })
+        .map(|p| ImageLocation::from_arg(&p).map_err(DatasetError::BadLocation))
         .collect()
 }
 
@@ -99,26 +97,26 @@ pub fn image_paths(patterns: &[String]) -> Result<Vec<PathBuf>, DatasetError> {
 /// daemon's to reach): `packfs mount` runs it before it forks, so a wrong path fails at once, in
 /// the launching process, with the path as given.
 pub fn check_local_images(sources: &[String]) -> Result<(), DatasetError> {
-    for path in image_paths(sources)? {
-        if let ImageLocation::File(file) = ImageLocation::new(&path) {
+    for location in image_locations(sources)? {
+        if let ImageLocation::File(file) = location {
             crate::source::read_at::open_regular(&file).map_err(|e| ArchiveError::io(&file, e))?;
         }
     }
     Ok(())
 }
 
-/// Opens the image named `path` (a file, or an object by URL) and scans it.
-pub fn scan_image(path: &Path) -> Result<ScannedImage, ArchiveError> {
-    let (data, fingerprint) = ImageLocation::new(path)
+/// Opens the image at `location` (a file, or an object by URL) and scans it.
+pub fn scan_image(location: &ImageLocation) -> Result<ScannedImage, ArchiveError> {
+    let (data, fingerprint) = location
         .open_for_scan()
-        .map_err(|e| ArchiveError::io(path, e))?;
-    archive::scan(path, &*data, fingerprint)
+        .map_err(|e| ArchiveError::io(location.name(), e))?;
+    archive::scan(location, &*data, fingerprint)
 }
 
-/// The one index among `paths`, if they are exactly one index file.
-fn the_index(paths: &[PathBuf]) -> Option<&Path> {
-    match paths {
-        [one] if index::is_index(one) => Some(one),
+/// The one index among `images`, if they are exactly one index file.
+fn the_index(images: &[ImageLocation]) -> Option<&Path> {
+    match images {
+        [one] if index::is_index(one.name()) => Some(one.name()),
         _ => None,
     }
 }
@@ -126,7 +124,7 @@ fn the_index(paths: &[PathBuf]) -> Option<&Path> {
 /// The catalog of `sources`: one index file, mapped; or images, scanned and merged (an index
 /// among images fails the scan with a message saying so).
 pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
-    let paths = image_paths(sources)?;
+    let paths = image_locations(sources)?;
     if let Some(path) = the_index(&paths) {
         if merge.classes.is_some() {
             return Err(DatasetError::LayoutOfIndex {
@@ -150,7 +148,7 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
 
 /// Scans all images (several at once) and merges them into one catalog.
 pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
-    load_paths(&image_paths(patterns)?, merge, on_scan)
+    load_paths(&image_locations(patterns)?, merge, on_scan)
 }
 
 /// The images of `patterns` opened for reading without a catalog (for staging): as one index
@@ -159,7 +157,7 @@ pub fn open_images(
     patterns: &[String],
     images_dir: Option<&std::path::Path>,
 ) -> Result<(Source, Vec<ImageInfo>), DatasetError> {
-    let paths = image_paths(patterns)?;
+    let paths = image_locations(patterns)?;
     if let Some(path) = the_index(&paths) {
         let infos = index::open_with(path, images_dir)?.images().to_vec();
         return Ok((Source::open(&infos)?, infos));
@@ -167,7 +165,11 @@ pub fn open_images(
     Ok(Source::open_as_is(&paths)?)
 }
 
-fn load_paths(paths: &[PathBuf], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
+fn load_paths(
+    paths: &[ImageLocation],
+    merge: &Merge,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
     let mut scanned = scan_all(paths, on_scan)?;
     let scan_secs = started.elapsed().as_secs_f64();
@@ -213,7 +215,10 @@ pub fn build_settling_clashes(
 
 /// Scans images in parallel; results keep the order of `paths`, and the first failing image (in
 /// that order) is the error reported. `on_scan` hears of each image in turn, counts rising.
-pub fn scan_all(paths: &[PathBuf], on_scan: OnScan) -> Result<Vec<ScannedImage>, ArchiveError> {
+pub fn scan_all(
+    paths: &[ImageLocation],
+    on_scan: OnScan,
+) -> Result<Vec<ScannedImage>, ArchiveError> {
     // Counted and told under one lock: counted apart, a later count could be told first, and
     // the last thing a log said would be "1 of 2 images" after a scan of both.
     let told = Mutex::new(ScanProgress {
@@ -274,8 +279,8 @@ mod tests {
     /// scan of both. The pause in the callback widens the gap a count told apart could slip into.
     #[test]
     fn scan_progress_is_told_in_order() {
-        let paths: Vec<PathBuf> = (0..64)
-            .map(|i| PathBuf::from(format!("/nonexistent/packfs-{i}.tar")))
+        let paths: Vec<ImageLocation> = (0..64)
+            .map(|i| ImageLocation::File(format!("/nonexistent/packfs-{i}.tar").into()))
             .collect();
         let heard = Mutex::new(Vec::new());
         let on_scan = |p: ScanProgress| {

@@ -84,7 +84,7 @@ pub(super) fn default_name(sources: &Sources) -> Result<String, PackError> {
     let (catalog, _) = sources.images.as_ref().expect("at least one source");
     let first = catalog
         .index_path()
-        .or_else(|| catalog.images().first().map(|i| i.path.as_path()))
+        .or_else(|| catalog.images().first().map(|i| i.path()))
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -169,7 +169,7 @@ pub(super) fn check_outputs(
         let inputs: Vec<PathBuf> = catalog
             .images()
             .iter()
-            .filter_map(|i| i.path.canonicalize().ok())
+            .filter_map(|i| i.path().canonicalize().ok())
             .chain(catalog.index_path().and_then(|p| p.canonicalize().ok()))
             .collect();
         let outputs = plans

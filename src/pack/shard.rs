@@ -16,6 +16,7 @@ use super::tar_writer;
 use crate::archive::layout::crc_record;
 use crate::archive::{Encoding, Member, MemberKind, ScannedImage};
 use crate::source::Fingerprint;
+use crate::source::ImageLocation;
 
 /// Members read at once, ahead of the writer: at most this many bytes or members per batch.
 const BATCH_BYTES: u64 = 8 << 20;
@@ -229,7 +230,7 @@ impl Writer<'_> {
         }
         .map_err(|e| io_err(e.error))?;
         let fingerprint = Fingerprint::of(&file).map_err(io_err)?;
-        let mut image = ScannedImage::new(plan.path.clone(), fingerprint);
+        let mut image = ScannedImage::new(ImageLocation::File(plan.path.clone()), fingerprint);
         // In a compressed shard, offsets are in the decoded tar and each frame checks itself.
         let compressed = frames.is_some();
         for (i, header_at, data_at, crc) in members {
@@ -249,7 +250,8 @@ impl Writer<'_> {
             path: plan.path.clone(),
             why,
         };
-        let scanned = crate::dataset::scan_image(&plan.path).map_err(|e| differs(e.to_string()))?;
+        let scanned = crate::dataset::scan_image(&ImageLocation::File(plan.path.clone()))
+            .map_err(|e| differs(e.to_string()))?;
         if scanned.members.len() != plan.members.len() {
             return Err(differs(format!(
                 "it has {} members, this pack plans {}",
@@ -271,7 +273,8 @@ impl Writer<'_> {
                 path: plan.path.clone(),
                 error,
             })?;
-        let mut image = ScannedImage::new(plan.path.clone(), scanned.fingerprint);
+        let mut image =
+            ScannedImage::new(ImageLocation::File(plan.path.clone()), scanned.fingerprint);
         let mut data = Vec::new();
         for (m, &i) in scanned.members.iter().zip(&plan.members) {
             let item = &self.items[i as usize];

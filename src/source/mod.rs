@@ -38,6 +38,11 @@ impl ImageLocation {
         }
     }
 
+    /// Whether a user's word names an object (a URL) rather than a file, before it is expanded.
+    pub fn names_object(word: &str) -> bool {
+        remote::is_url(Path::new(word))
+    }
+
     /// A location as given by a user (an argument, a pattern's match): a URL must parse, and a
     /// file path is made absolute, so a daemon may change directory.
     pub fn from_arg(name: &Path) -> Result<ImageLocation, ArgError> {

@@ -94,7 +94,11 @@ pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenErr
         let stale = match (&error, catalog.index_path()) {
             (SourceError::Changed { .. }, Some(index)) => Some(StaleIndex {
                 index: index.to_path_buf(),
-                images: catalog.images().iter().map(|i| i.path.clone()).collect(),
+                images: catalog
+                    .images()
+                    .iter()
+                    .map(|i| i.path().to_path_buf())
+                    .collect(),
             }),
             _ => None,
         };

@@ -112,15 +112,18 @@ impl Source {
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
-    pub fn open_as_is(paths: &[PathBuf]) -> Result<(Source, Vec<ImageInfo>), SourceError> {
-        let opened = open_parallel(paths, |path| {
+    pub fn open_as_is(
+        locations: &[ImageLocation],
+    ) -> Result<(Source, Vec<ImageInfo>), SourceError> {
+        let opened = open_parallel(locations, |location| {
+            let path = location.name().to_path_buf();
             let open_error = |error| SourceError::Open {
                 path: path.clone(),
                 error,
             };
-            let (data, fingerprint) = ImageLocation::new(path).open().map_err(open_error)?;
+            let (data, fingerprint) = location.open().map_err(open_error)?;
             let info = ImageInfo {
-                path: path.clone(),
+                location: location.clone(),
                 fingerprint,
                 stream: None,
             };
@@ -325,8 +328,8 @@ fn open_parallel<I: Sync, T: Send>(
 }
 
 fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
-    let path = info.path.clone();
-    let (data, now) = match ImageLocation::new(&path).open() {
+    let path = info.path().to_path_buf();
+    let (data, now) = match info.location.open() {
         Ok(v) => v,
         Err(error) => return Err(SourceError::Open { path, error }),
     };
@@ -335,7 +338,7 @@ fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
         None => Ok(image(path, data, now.size)),
         Some(what) => {
             let same = (was.size, was.head, was.tail) == (now.size, now.head, now.tail);
-            let same_bytes = same.then(|| match ImageLocation::new(&path).is_object() {
+            let same_bytes = same.then(|| match info.location.is_object() {
                 true => SameBytes::Reuploaded,
                 false => SameBytes::Copied {
                     mtime: was.mtime,

@@ -4,7 +4,7 @@
 //! syslog/journald when none is given, or a file beside its stats file on a node without either.
 //!
 //! No line holds a secret, at any level: every writer passes its lines through
-//! `remote::redact::urls` (a presigned URL's key id, token and signature, a URL's password), and
+//! `util::redact::urls` (a presigned URL's key id, token and signature, a URL's password), and
 //! other crates (the HTTP client and TLS log whole requests at debug) are held to warnings.
 //! A log file is capped: past `LOG_FILE_LIMIT` it is renamed to `NAME.1` and started anew.
 
@@ -164,7 +164,7 @@ impl<W: Write> Write for Redacting<W> {
         // Borrowed, not copied, when the line is UTF-8 (always, from the formatter).
         let text = String::from_utf8_lossy(buf);
         self.0
-            .write_all(crate::source::remote::redact::urls(&text).as_bytes())?;
+            .write_all(crate::util::redact::urls(&text).as_bytes())?;
         Ok(buf.len())
     }
 
@@ -252,7 +252,7 @@ impl<S: tracing::Subscriber> Layer<S> for Syslog {
             Level::INFO => libc::LOG_INFO,
             _ => libc::LOG_DEBUG,
         };
-        let line = crate::source::remote::redact::urls(&line.0).replace('\0', "\\0");
+        let line = crate::util::redact::urls(&line.0).replace('\0', "\\0");
         let Ok(text) = std::ffi::CString::new(line) else {
             return;
         };

@@ -1,11 +1,11 @@
-//! Small utilities every layer may use: little-endian record fields (`le`), sizes as users write
-//! them (`size`), files packfs writes
-//! without following links (`safe_file`), brace and glob expansion of image arguments (`expand`),
-//! and the log's setup (`logging`).
+//! Small utilities every layer may use, the ground floor (they import nothing else of the
+//! crate): little-endian record fields (`le`), sizes as users write them (`size`), files packfs
+//! writes without following links (`safe_file`), secrets taken out of URLs in any text
+//! (`redact`), and the log's setup (`logging`).
 
-pub mod expand;
 pub mod le;
 pub mod logging;
+pub mod redact;
 pub mod safe_file;
 pub mod size;
 pub mod userns;

@@ -490,7 +490,8 @@ mod tests {
             size: bytes.len() as u64,
             ..Fingerprint::default()
         };
-        let mut image = ScannedImage::new("t.tar".into(), fingerprint);
+        let location = crate::source::ImageLocation::File("t.tar".into());
+        let mut image = ScannedImage::new(location, fingerprint);
         scan(&bytes, &mut image).unwrap();
         image
     }

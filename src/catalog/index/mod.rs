@@ -142,11 +142,11 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     for image in catalog.images() {
         ImageRecord {
             // An object's URL is its own name wherever the index goes.
-            relative: match ImageLocation::new(&image.path) {
-                ImageLocation::Object(url) => url,
-                ImageLocation::File(path) => format::relative_to(&path, dir),
+            relative: match &image.location {
+                ImageLocation::Object(url) => url.clone(),
+                ImageLocation::File(path) => format::relative_to(path, dir),
             },
-            absolute: image.path.clone(),
+            absolute: image.path().to_path_buf(),
             fingerprint: image.fingerprint,
             stream: image.stream,
         }
@@ -439,8 +439,9 @@ fn from_map(
     let images = records
         .into_iter()
         .map(|r| {
+            // The index keeps names; they are read back as locations here, once.
             Ok(ImageInfo {
-                path: locate(&r)?,
+                location: ImageLocation::new(&locate(&r)?),
                 fingerprint: r.fingerprint,
                 stream: r.stream,
             })

@@ -38,7 +38,7 @@ const SIGNING_KEYS: [&str; 5] = [
 
 /// A URL that cannot name an object.
 #[derive(Debug, thiserror::Error)]
-#[error("bad object URL {:?}: {why}", super::redact::urls(url))]
+#[error("bad object URL {:?}: {why}", crate::util::redact::urls(url))]
 pub struct BadUrl {
     pub url: String,
     pub why: String,
@@ -118,7 +118,7 @@ impl fmt::Display for Location {
         match self {
             Location::S3 { bucket, key } => write!(f, "s3://{bucket}/{key}"),
             // A URL given with a query (a presigned one) shows none of its values.
-            Location::Http(url) => f.write_str(&super::redact::urls(url.as_str())),
+            Location::Http(url) => f.write_str(&crate::util::redact::urls(url.as_str())),
         }
     }
 }

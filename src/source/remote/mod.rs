@@ -7,7 +7,6 @@ mod client;
 pub mod config;
 mod credentials;
 mod location;
-pub mod redact;
 pub mod store;
 
 use std::io;

@@ -235,19 +235,19 @@ impl Stage {
             let opened = StagedImage::open(
                 dir,
                 i as u32,
-                &info.path,
+                info.path(),
                 &info.fingerprint,
                 opts.chunk_size,
             )
             .map_err(|error| StageError::Prepare {
-                image: info.path.clone(),
+                image: info.path().to_path_buf(),
                 dir: dir.clone(),
                 error,
             })?;
             if let Some(why) = &opened.reset {
                 info!(
                     "discarding the staged copy of {}: {why}",
-                    info.path.display()
+                    info.path().display()
                 );
             }
             let img = opened.image;

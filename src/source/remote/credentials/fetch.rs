@@ -29,7 +29,7 @@ fn answer(
     what: &str,
 ) -> Result<(u16, String), String> {
     let resp =
-        result.map_err(|e| format!("{what}: {}", super::super::redact::urls(&e.to_string())))?;
+        result.map_err(|e| format!("{what}: {}", crate::util::redact::urls(&e.to_string())))?;
     let status = resp.status().as_u16();
     let body = resp
         .into_body()

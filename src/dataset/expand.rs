@@ -38,7 +38,7 @@ pub fn expand_images(patterns: &[String]) -> Result<Vec<PathBuf>, ExpandError> {
     let mut out = Vec::new();
     for pattern in patterns {
         for word in expand_braces(pattern)? {
-            if ImageLocation::new(std::path::Path::new(&word)).is_object() {
+            if ImageLocation::names_object(&word) {
                 // A URL is never a local glob; an s3:// glob is expanded by listing the bucket.
                 if word.contains(['*', '?', '[']) {
                     let matched = crate::source::remote::expand_glob(&word).map_err(|error| {
