@@ -172,11 +172,24 @@ class _Place:
 
     def __init__(self, path, runtime_dir):
         base = runtime_dir / f"mount-{_digest(os.path.realpath(path))}"
+        self.base = base
         self.lock, self.users, self.marker = (
             Path(f"{base}.lock"),
             Path(f"{base}.users"),
             Path(f"{base}.json"),
         )
+
+    def listing(self, shares):
+        """Where the processes of the node keep this mount's ``packfs ls --json``: named by
+        what is mounted and when (the marker's text and time), so a later mount at the same
+        place never reads an earlier one's."""
+        st = os.lstat(self.marker)
+        key = _digest(self.marker.read_text(), str(st.st_mtime_ns), str(shares or 0))
+        return Path(f"{self.base}.ls-{key}.jsonl")
+
+    def forget_listings(self):
+        for old in self.base.parent.glob(f"{self.base.name}.ls-*"):
+            _remove(old)
 
 
 class Mount:
@@ -245,6 +258,7 @@ class Mount:
                     _run(["umount", "--lazy", str(self.path)])
                 if self._place is not None:
                     _remove(self._place.marker)
+                    self._place.forget_listings()
                 if self._own_dir:
                     _rmdir_quietly(self.path)
             self._mounted = False
@@ -375,6 +389,7 @@ def mount(
                 return mounted
         _mount_here(sources, flags, path, place)
         try:
+            place.forget_listings()
             place.marker.write_text(json.dumps(wanted))
         except BaseException:
             Mount(sources, path, own_dir, None, None).unmount()
@@ -464,19 +479,64 @@ def _name(row, key):
     return base64.b64decode(exact) if exact is not None else row[key]
 
 
+def _listing_of(mount, shares, args):
+    """``packfs ls --json``'s output. For a mount the processes of a node share, it is listed
+    once per node: the first process lists it into the runtime directory (under a lock, the file
+    this user's, written whole and renamed), and the other ranks read that copy, rather than each
+    rank reading the whole catalog again."""
+    place = getattr(mount, "_place", None)
+    if place is None:
+        return _run(args).stdout
+    try:
+        path = place.listing(shares)
+    except FileNotFoundError:
+        return _run(args).stdout
+    lock = _open_private(Path(f"{path}.lock"))
+    try:
+        _lock(lock, fcntl.LOCK_EX, 3600, f"another process listing {mount.path}")
+        kept = _read_private(path)
+        if kept is not None:
+            return kept
+        listing = _run(args).stdout
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(listing)
+        os.replace(part, path)
+        return listing
+    finally:
+        os.close(lock)
+
+
+def _read_private(path):
+    """The bytes of a file of this user's that others cannot write, never through a symlink;
+    None if there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            raise MountError(f"{path} belongs to uid {st.st_uid} or others may write it; remove it")
+        return f.read()
+
+
 class Catalog:
     """Every file of a dataset, from ``packfs ls --json`` (docs/configuration.md): an index, an
     image or a list of them, or a Mount. With ``shares=N``, ``image_shares[i]`` is the share
     (0..N-1) image ``i`` belongs to when N nodes stage with ``--stage-share K/N``.
 
     ``files`` holds File records in the mount's order (depth first, names sorted); a file's
-    ``path`` is relative to the mount's root."""
+    ``path`` is relative to the mount's root. Of a Mount shared by the processes of a node
+    (``packfs.mount``), the catalog is listed once per node, not once per rank."""
 
     def __init__(self, source: Union[Sources, "Mount"], shares: Optional[int] = None) -> None:
-        if isinstance(source, Mount):
-            source = source.source
+        mount = source if isinstance(source, Mount) else None
+        if mount is not None:
+            source = mount.source
         args = ["ls", "--json"] + (["--shares", str(shares)] if shares else []) + _sources(source)
-        listing = _run(args).stdout
+        listing = _listing_of(mount, shares, args)
         # A million rows make ten million small objects: the cyclic garbage collector, which
         # would walk them all again and again while they are made (1.8 s of 4 for ImageNet's
         # 1.28 M files), has nothing to collect here. One parse of the whole listing as an array

@@ -203,3 +203,43 @@ def _cmdline(pid):
             return f.read()
     except OSError:
         return b""
+
+
+LISTER = textwrap.dedent(
+    """
+    import sys
+    import packfs
+    shards, mnt = sys.argv[1:3]
+    with packfs.mount(shards.split(","), mnt, cache_size="16M") as m:
+        print(sorted(f.path for f in packfs.Catalog(m)), flush=True)
+    """
+)
+
+
+def test_the_ranks_of_a_node_list_the_catalog_once(shards, tmp_path, monkeypatch):
+    """Every rank that builds a Catalog of the shared mount reads the node's one listing: the
+    binary lists the catalog once, not once per rank."""
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "packfs"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {packfs.binary()} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PACKFS_BIN", str(wrapper))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with packfs.mount(shards.split(","), mnt, cache_size="16M") as m:
+        first = sorted(f.path for f in packfs.Catalog(m))
+        assert len(first) == 10
+        again = sorted(f.path for f in packfs.Catalog(m))
+        other = subprocess.run(
+            [sys.executable, "-c", LISTER, shards, str(mnt)],
+            capture_output=True, text=True, timeout=120, check=True,
+        )
+        assert other.stdout.strip() == repr(first)
+        assert again == first
+        # Another view (shares) is a listing of its own.
+        assert len(packfs.Catalog(m, shares=2).image_shares) == 2
+        kept = list(m._place.base.parent.glob(m._place.base.name + ".ls-*.jsonl"))
+        assert len(kept) == 2, kept
+    listed = calls.read_text().split()
+    assert listed.count("ls") == 2, listed
+    assert not list(m._place.base.parent.glob(m._place.base.name + ".ls-*")), "left behind"

@@ -38,7 +38,7 @@ pub enum Error {
         len: usize,
         error: io::Error,
     },
-    /// A read asked not to wait (`read_at::without_waiting`) needs storage: the transport hands
+    /// A read asked not to wait (`Wait::Never`) needs storage: the transport hands
     /// it to the read pool. Built without an allocation (no path, no image name): it is the
     /// common case of the rings' first try.
     #[error("the read would wait for storage")]
