@@ -373,7 +373,7 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
     if bytes == 0 {
         return;
     }
-    match fs::readahead::set(mountpoint, bytes) {
+    match fs::kernel_readahead::set(mountpoint, bytes) {
         Ok(now) => debug!(bytes = now, "kernel readahead set"),
         Err(e) => {
             // Nothing to fix where the mount runs without root or with /sys read-only (a
@@ -392,7 +392,7 @@ fn set_readahead(mountpoint: &Path, bytes: u64) {
             info!(
                 "kernel readahead stays at {} KiB ({why}): samples over that size take one \
                  request per {0} KiB",
-                fs::readahead::get(mountpoint).map_or(128, |b| b / 1024)
+                fs::kernel_readahead::get(mountpoint).map_or(128, |b| b / 1024)
             );
         }
     }

@@ -19,8 +19,9 @@ use tracing::info;
 use super::attr::{NAME_MAX, STATFS_BSIZE, TTL, file_attr, file_type};
 use super::core::{Attr, DirEntry, Listing};
 use super::dispatch::{
-    AttrReply, DataReply, DirReply, Dispatch, EntryReply, ReadCall, Refused, Reply, StatfsReply,
+    AttrReply, DataReply, DirReply, Dispatch, EntryReply, ReadCall, Reply, StatfsReply,
 };
+use super::error::Refused;
 use super::options::{FsOptions, ReaddirPlus};
 use super::reads::{ReadJob, Reads};
 

@@ -1,6 +1,6 @@
 //! What every FUSE transport does alike, written once: run a request's answer under `guarded` (a
-//! panic fails that request alone), choose its errno (from `fs::Error`, or the table of requests
-//! refused on purpose), and record it with the `Observer`. A transport only decodes requests and
+//! panic fails that request alone), reply with its errno (as `fs/error.rs` chooses it: from
+//! `fs::Error`, or the table of requests refused on purpose), and record it with the `Observer`. A transport only decodes requests and
 //! encodes replies, through the reply traits below: the classic loop (`classic.rs`, through fuser)
 //! and FUSE over io_uring (`ring/`) are each one such adapter, and so would a third be.
 
@@ -12,7 +12,7 @@ use std::time::Instant;
 use tracing::{debug, error};
 
 use super::core::{Attr, Core, Ino, Listing};
-use super::error::{Error, guarded};
+use super::error::{Error, Refused, counts_as_error, guarded};
 use super::requests::{Op, Request, Requests};
 use super::trace::Trace;
 use crate::source::read_at::Wait;
@@ -97,44 +97,6 @@ impl DataReply for SentData {
     fn data(self, bytes: &[u8]) {
         (self.0)(Ok(bytes))
     }
-}
-
-/// Requests packfs answers with an errno alone, on every transport.
-#[derive(Clone, Copy, Debug)]
-pub enum Refused {
-    Open,
-    Opendir,
-    Flush,
-    Ioctl,
-    /// An operation a read-only mount of archives does not implement (writes, xattrs, locks...).
-    Unsupported,
-}
-
-impl Refused {
-    /// The errno, and the operation the refusal is counted under (none: not counted).
-    fn answer(self) -> (i32, Option<Op>) {
-        match self {
-            // ENOSYS makes the kernel stop sending OPEN and RELEASE for good and keep every
-            // file's pages cached across opens (FOPEN_KEEP_CACHE): one round trip less per sample.
-            Refused::Open => (libc::ENOSYS, Some(Op::Open)),
-            // As for OPEN: no OPENDIR/RELEASEDIR, and listings cached by the kernel
-            // (FOPEN_CACHE_DIR).
-            Refused::Opendir => (libc::ENOSYS, Some(Op::Opendir)),
-            // Nothing to flush in a read-only file system: ENOSYS makes the kernel stop sending
-            // FLUSH at every close.
-            Refused::Flush => (libc::ENOSYS, None),
-            // Python's `open()` asks every file `isatty()` (TCGETS), which FUSE forwards on every
-            // open and keeps forwarding after a refusal: answered at once.
-            Refused::Ioctl => (libc::ENOTTY, Some(Op::Ioctl)),
-            Refused::Unsupported => (libc::ENOSYS, None),
-        }
-    }
-}
-
-/// Whether a reply with `errno` counts as an error in the counters: "no such file" is an answer,
-/// and the refusals above are on purpose.
-pub fn counts_as_error(errno: i32) -> bool {
-    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
 }
 
 /// Where every answered request is recorded: the counters always, the trace with `--trace`.

@@ -4,6 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use super::requests::Op;
 use crate::catalog::CatalogError;
 
 #[derive(Debug, thiserror::Error)]
@@ -112,4 +113,42 @@ impl From<CatalogError> for Error {
             other => Error::Damaged(other),
         }
     }
+}
+
+/// Requests packfs answers with an errno alone, on every transport.
+#[derive(Clone, Copy, Debug)]
+pub enum Refused {
+    Open,
+    Opendir,
+    Flush,
+    Ioctl,
+    /// An operation a read-only mount of archives does not implement (writes, xattrs, locks...).
+    Unsupported,
+}
+
+impl Refused {
+    /// The errno, and the operation the refusal is counted under (none: not counted).
+    pub fn answer(self) -> (i32, Option<Op>) {
+        match self {
+            // ENOSYS makes the kernel stop sending OPEN and RELEASE for good and keep every
+            // file's pages cached across opens (FOPEN_KEEP_CACHE): one round trip less per sample.
+            Refused::Open => (libc::ENOSYS, Some(Op::Open)),
+            // As for OPEN: no OPENDIR/RELEASEDIR, and listings cached by the kernel
+            // (FOPEN_CACHE_DIR).
+            Refused::Opendir => (libc::ENOSYS, Some(Op::Opendir)),
+            // Nothing to flush in a read-only file system: ENOSYS makes the kernel stop sending
+            // FLUSH at every close.
+            Refused::Flush => (libc::ENOSYS, None),
+            // Python's `open()` asks every file `isatty()` (TCGETS), which FUSE forwards on every
+            // open and keeps forwarding after a refusal: answered at once.
+            Refused::Ioctl => (libc::ENOTTY, Some(Op::Ioctl)),
+            Refused::Unsupported => (libc::ENOSYS, None),
+        }
+    }
+}
+
+/// Whether a reply with `errno` counts as an error in the counters: "no such file" is an answer,
+/// and the refusals above are on purpose.
+pub fn counts_as_error(errno: i32) -> bool {
+    ![libc::ENOENT, libc::ENOSYS, libc::ENOTTY].contains(&errno)
 }

@@ -7,9 +7,8 @@ use std::time::Instant;
 use super::Server;
 use super::wire::*;
 use crate::fs::core::{Attr, DirEntry, Listing};
-use crate::fs::dispatch::{
-    AttrReply, DataReply, DirReply, EntryReply, Refused, Reply, StatfsReply,
-};
+use crate::fs::dispatch::{AttrReply, DataReply, DirReply, EntryReply, Reply, StatfsReply};
+use crate::fs::error::Refused;
 use crate::util::le::{u32_at, u64_at};
 
 /// A reply written into a ring entry's payload buffer; `out` gets what the commit needs: the
