@@ -137,11 +137,11 @@ def _runtime_dir():
     return path
 
 
-def _open_private(path):
-    """A lock file of this user's, never reached through a symlink."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _open_private(path, flags=os.O_RDWR | os.O_CREAT):
+    """A file of this user's that others cannot write, never reached through a symlink."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise MountError(f"{path} belongs to uid {st.st_uid} or others may write it; remove it")
     return fd
@@ -512,13 +512,10 @@ def _read_private(path):
     """The bytes of a file of this user's that others cannot write, never through a symlink;
     None if there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
-            raise MountError(f"{path} belongs to uid {st.st_uid} or others may write it; remove it")
         return f.read()
 
 

@@ -49,9 +49,14 @@ static STANDARD: LazyLock<Registry> = LazyLock::new(|| {
         .with(tar::XZ_TAR)
         .with(tar::BZIP2_TAR)
         .with(ImageFormat {
-            what: "a compressed file packfs does not read",
-            detect: |p| Ok(PACKED.iter().any(|(magic, ..)| p.head.starts_with(magic))),
-            scan: refuse_packed,
+            what: UNREAD,
+            detect: |p| Ok(p.head.starts_with(b"\x04\x22\x4d\x18")),
+            scan: |_, image| Err(unpack_first(image, "lz4", "lz4 -d")),
+        })
+        .with(ImageFormat {
+            what: UNREAD,
+            detect: |p| Ok(p.head.starts_with(b"LZIP")),
+            scan: |_, image| Err(unpack_first(image, "lzip", "lzip -dk")),
         })
         .with(ImageFormat {
             what: "a tar image",
@@ -115,23 +120,12 @@ impl Registry {
     }
 }
 
-/// Streams packfs does not read: their magics, names and the commands that undo them.
-const PACKED: [(&[u8], &str, &str); 2] = [
-    (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"),
-    (b"LZIP", "lzip", "lzip -dk"),
-];
+/// What a compressed stream packfs does not read is called in messages.
+const UNREAD: &str = "a compressed file packfs does not read";
 
-fn refuse_packed(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveError> {
-    let mut head = [0u8; 8];
-    let n = file
-        .read_up_to(&mut head, 0)
-        .map_err(|e| ArchiveError::io(&image.path, e))?;
-    let (_, name, command) = PACKED
-        .iter()
-        .find(|(m, ..)| head[..n].starts_with(m))
-        .copied()
-        .unwrap_or((b"", "compressed", "unpack"));
-    Err(ArchiveError::malformed(
+/// The refusal of a `name`-compressed file, with the `command` that undoes it.
+fn unpack_first(image: &ScannedImage, name: &str, command: &str) -> ArchiveError {
+    ArchiveError::malformed(
         &image.path,
         0,
         format!(
@@ -140,7 +134,7 @@ fn refuse_packed(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), Arch
              .tar",
             image.path.display()
         ),
-    ))
+    )
 }
 
 fn is_zeros(head: &[u8]) -> bool {
