@@ -761,8 +761,10 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
     let counters = m.wait_for("http://127.0.0.1:9", home, |c| {
         c["served"]["streams"].as_u64().unwrap() >= 2
     });
+    // The chunk where the halves meet is read by the second reader first and by the first one
+    // last, ten chunks later: an 8 MiB cache holds 8 chunks, so it is fetched twice.
     assert!(
-        interleaved * 10 <= chunks * 12 + 20,
+        interleaved * 10 <= (chunks + 1) * 12 + 20,
         "{interleaved} GETs for {chunks} chunks, two readers in turn: {counters}"
     );
     drop(m);

@@ -279,29 +279,19 @@ fn unmount_when_idle(
 
 /// The tier stack the request asks for; the stage directory is held in this mount's name.
 fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> TierOptions {
-    let remote = catalog.images().iter().any(|i| i.location.is_object());
-    // Whole chunks from a store pay off only while they stay in RAM until their neighbours are
-    // read: measured with 441 MB of shards behind a 64 MiB cache, shuffled reads fetched 9.6x the
-    // bytes in as many requests as samples (docs/benchmarks/object-store.md).
-    let bytes: u64 = catalog.images().iter().map(|i| i.fingerprint.size).sum();
-    let fits = bytes <= req.cache_size / 2;
-    if remote && req.stage.is_none() && req.ram_chunks.is_none() && !fits {
-        info!(
-            "the images ({} MB) are more than half the RAM cache ({} MB): each sample is read \
-             from the store with its own request; --stage DIR (node-local NVMe or /dev/shm, \
-             --stage-mode lazy to copy only what is read) reads whole chunks and keeps them, \
-             for far fewer requests and none in later epochs",
-            bytes / 1_000_000,
-            req.cache_size / 1_000_000
-        );
+    let chunking = tiers::chunks::policy::choose(
+        catalog.images(),
+        req.cache_size,
+        req.chunk_size,
+        req.ram_chunks,
+        req.stage.is_some(),
+        req.fs.io_threads,
+    );
+    if let Some(advice) = &chunking.advice {
+        info!("{advice}");
     }
-    // A stage fetches the images it keeps in chunks whatever this says (tiers::images).
-    let ram_chunks = req.ram_chunks.unwrap_or(remote && fits);
-    if remote
-        && (ram_chunks || req.stage.is_some())
-        && let Some(hint) = small_cache_hint(req.cache_size, req.chunk_size, req.fs.io_threads)
-    {
-        warn!("{hint}");
+    if let Some(warning) = &chunking.warning {
+        warn!("{warning}");
     }
     let holder = format!(
         "pid {}: mount at {}",
@@ -311,41 +301,8 @@ fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> Tie
     TierOptions {
         cache_size: req.cache_size,
         chunk_size: req.chunk_size,
-        ram_chunks,
+        ram_chunks: chunking.every_image,
         stage: req.stage.clone().map(|opts| (opts, holder)),
-    }
-}
-
-/// A warning when the RAM cache holds fewer than two chunks per read thread: chunks from a store
-/// are then evicted before their neighbours are read or staged, and fetched again. Measured with
-/// 4 MiB chunks (112 of them), staging and 32 readers: 265 requests and 1.1 GB for 441 MB with a
-/// 64 MiB cache, 170-182 with 128 MiB, 136-152 with 256 MiB (four chunks per read thread), 113
-/// with 1 GiB (docs/benchmarks/object-store.md).
-fn small_cache_hint(cache_size: u64, chunk_size: u64, io_threads: usize) -> Option<String> {
-    let per_thread = |n: u64| {
-        chunk_size
-            .saturating_mul(n)
-            .saturating_mul(io_threads.max(1) as u64)
-    };
-    (cache_size < per_thread(2)).then(|| {
-        format!(
-            "the RAM cache ({}) holds fewer than 2 chunks of {} per read thread ({}): \
-             chunks read from the store will be evicted and fetched again; --cache-size {}M \
-             (4 chunks per read thread) keeps them",
-            binary_size(cache_size),
-            binary_size(chunk_size),
-            io_threads,
-            per_thread(4).div_ceil(1 << 20)
-        )
-    })
-}
-
-/// `4 MiB`, `64 KiB`, `1000 B`: sizes as the flags take them.
-fn binary_size(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
     }
 }
 
@@ -533,30 +490,5 @@ impl Drop for PidFile {
         if still_ours {
             let _ = std::fs::remove_file(&self.0);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::small_cache_hint;
-
-    #[test]
-    fn the_cache_hint_asks_for_two_chunks_per_read_thread() {
-        // The defaults (64 MiB, 1 MiB chunks, 16 read threads) need no hint.
-        assert_eq!(small_cache_hint(64 << 20, 1 << 20, 16), None);
-        assert_eq!(small_cache_hint(128 << 20, 4 << 20, 16), None);
-        let hint = small_cache_hint(64 << 20, 4 << 20, 16).unwrap();
-        assert!(hint.contains("--cache-size 256M"), "{hint}");
-        assert!(
-            hint.contains("(64 MiB)") && hint.contains("of 4 MiB"),
-            "{hint}"
-        );
-        let hint = small_cache_hint(100_000, 64 << 10, 1).unwrap();
-        assert!(
-            hint.contains("(100000 B)") && hint.contains("of 64 KiB"),
-            "{hint}"
-        );
-        // No overflow on absurd values.
-        assert!(small_cache_hint(0, 64 << 20, usize::MAX).is_some());
     }
 }

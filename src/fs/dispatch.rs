@@ -27,7 +27,7 @@ pub struct ReadCall {
     pub size: u32,
     pub started: Instant,
     /// The process that asked (0 if not known): readers walking a shard in order are found per
-    /// process (`tiers::streams`).
+    /// process (`tiers::chunks::policy`).
     pub reader: u32,
 }
 

@@ -8,7 +8,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::images::{Fetch, Images};
+use super::chunks::Fetch;
+use super::images::Images;
 use super::ram_cache::{Decoded, Room};
 use super::request::{ReadRequest, Tiers};
 use crate::archive::layout::{Layout, check_crc};

@@ -11,21 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Source;
 use super::budget::MemoryBudget;
-use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, RamStats, Room};
-use super::read_ahead::ReadAhead;
+use super::chunks::{Chunks, Fetch, Plan};
+use super::ram_cache::{RamCache, RamStats};
 use super::request::{ReadRequest, Tiers};
-use super::stage::{ForRead, Shared, Stage, chunk_len};
-use super::streams::Streams;
+use super::stage::Stage;
 use crate::source::read_at::Wait;
-
-/// How a read wants its bytes fetched when they are not staged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fetch {
-    /// Whole aligned chunks, kept in the RAM tier.
-    Chunks,
-    /// Exactly the bytes asked for.
-    Exact,
-}
 
 /// Bytes delivered to readers by each tier (page-cache misses of the mount).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -45,17 +35,9 @@ pub struct TierStats {
 pub struct Images {
     source: Arc<Source>,
     ram: Arc<RamCache>,
-    /// Fetches ahead of readers that walk an image in order (when chunks are fetched).
-    read_ahead: Option<ReadAhead>,
-    /// Readers walking an image in order across files, whose reads go in chunks.
-    streams: Streams,
+    /// Whole chunks, and when to fetch them.
+    chunks: Chunks,
     stage: Option<Arc<Stage>>,
-    chunk_size: u64,
-    /// Fetch stored bytes in chunks through the RAM tier, for every image (besides the images
-    /// a running stage keeps, which are always fetched in chunks).
-    chunked: bool,
-    /// The RAM tier has room for chunks.
-    has_ram: bool,
     ram_bytes: AtomicU64,
     staged_bytes: AtomicU64,
     source_bytes: AtomicU64,
@@ -63,12 +45,12 @@ pub struct Images {
 
 impl Images {
     /// `ram_budget` bytes for the RAM tier (0: none); source chunks of `chunk_size` bytes kept in it
-    /// when `chunked`.
+    /// for every image when `every_image` (`chunks::policy::choose`).
     pub fn new(
         source: Arc<Source>,
         ram_budget: u64,
         chunk_size: u64,
-        chunked: bool,
+        every_image: bool,
         stage: Option<Arc<Stage>>,
     ) -> Images {
         if let Some(stage) = &stage {
@@ -78,27 +60,25 @@ impl Images {
                 "one chunk size for all tiers"
             );
         }
-        let has_ram = ram_budget > 0;
-        let chunked = chunked && has_ram;
-        // One memory budget for everything the tiers hold: the cache's values, the units and
-        // chunks readers hold, read-ahead's window and the stager's runs.
+        // One memory budget for everything the tiers hold: the cache's values (chunks pinned
+        // for their readers included), the units and chunks readers hold and the stager's runs.
         let memory = MemoryBudget::for_cache(ram_budget);
         let ram = RamCache::with_memory(ram_budget, memory.clone());
         if let Some(stage) = &stage {
             stage.use_memory(memory);
         }
-        let read_ahead =
-            has_ram.then(|| ReadAhead::new(source.clone(), ram.clone(), chunk_size, stage.clone()));
-        let streams = Streams::new(source.image_count());
+        let chunks = Chunks::new(
+            source.clone(),
+            ram.clone(),
+            chunk_size,
+            every_image,
+            stage.clone(),
+        );
         Images {
             source,
             ram,
-            read_ahead,
-            streams,
+            chunks,
             stage,
-            chunk_size,
-            chunked,
-            has_ram,
             ram_bytes: AtomicU64::new(0),
             staged_bytes: AtomicU64::new(0),
             source_bytes: AtomicU64::new(0),
@@ -126,17 +106,19 @@ impl Images {
     }
 
     pub fn stats(&self) -> TierStats {
+        let (streams, streamed_bytes) = self.chunks.streams();
         TierStats {
-            read_ahead_chunks: self.read_ahead.as_ref().map_or(0, ReadAhead::fetched),
-            streams: self.streams.detected(),
-            streamed_bytes: self.streams.streamed(),
+            read_ahead_chunks: self.chunks.fetched_ahead(),
+            streams,
+            streamed_bytes,
             ram_bytes: self.ram_bytes.load(Ordering::Relaxed),
             staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
         }
     }
 
-    /// Fills `buf` from `offset` of `image`, for `req`.
+    /// Fills `buf` from `offset` of `image`, for `req`: each chunk's part from the stage if it
+    /// holds it, else as the plan says (`chunks::policy`).
     pub fn read_exact_at(
         &self,
         req: &ReadRequest,
@@ -145,82 +127,38 @@ impl Images {
         buf: &mut [u8],
         fetch: Fetch,
     ) -> io::Result<()> {
-        // Chunks are fetched whole so the stager can keep them. Where it will not (an image of
-        // another node's share; staging stopped: budget reached, directory full), a whole chunk
-        // for a small read is waste: 43x more bytes read than served was measured after a stop,
-        // 7.6x the dataset per epoch for the other shares of 4 nodes. Read exactly then.
-        let kept = self.stage.as_ref().filter(|s| s.keeps(image));
-        let staging = kept.is_some_and(|s| !s.stopped());
-        let wants_chunks = fetch == Fetch::Chunks && self.has_ram;
-        // A reader walking the image in order across files reads it in chunks (and so with
-        // read-ahead): one request per chunk, not one per file (`streams`).
-        let streaming = wants_chunks
-            && !self.chunked
-            && !staging
-            && self
-                .streams
-                .note(req.reader(), image, offset, buf.len() as u64);
-        let chunked = wants_chunks && (self.chunked || staging || streaming);
-        // Nothing local can hold these bytes: one read of exactly them, not one per chunk.
-        if kept.is_none() && !chunked {
+        let plan = self
+            .chunks
+            .plan(req, image, offset, buf.len() as u64, fetch);
+        if plan.straight_to_source() {
             return self.read_source(req, image, offset, buf);
         }
+        let chunk_size = self.chunks.chunk_size();
+        let stage = self.stage.as_deref();
         let mut done = 0;
         while done < buf.len() {
             let pos = offset + done as u64;
-            let (i, within) = (pos / self.chunk_size, pos % self.chunk_size);
-            let n = ((self.chunk_size - within) as usize).min(buf.len() - done);
+            let (i, within) = (pos / chunk_size, pos % chunk_size);
+            let n = ((chunk_size - within) as usize).min(buf.len() - done);
             let dst = &mut buf[done..done + n];
             done += n;
-            let stage = self.stage.as_deref();
             if self.read_staged(req, stage, image, i, within, dst)? {
                 continue;
             }
-            // While the stage copies this image, each chunk is read whole once: by the read
-            // that claims it (and hands it to the stager) or by the stager (`claim_for_read`).
-            let how = match stage {
-                Some(s) if chunked && staging => s.claim_for_read(image, i as usize, req.wait()),
-                _ if chunked => ForRead::Fetch,
-                _ => ForRead::Exact,
+            let fetched = match plan.chunked {
+                true => self.chunks.for_reader(req, image, i, plan),
+                false => Ok(None),
             };
-            let fetched = match (how, stage) {
-                (ForRead::Fetch | ForRead::Store, _) => Some(self.chunk(req, image, i)),
-                (ForRead::Shared, Some(s)) => match s.shared(image, i as usize) {
-                    Shared::Bytes(chunk) => Some(Ok((chunk, false))),
-                    Shared::Fetching => Some(self.chunk(req, image, i)),
-                    Shared::Gone => None,
-                },
-                _ => None,
-            };
-            let Some(fetched) = fetched else {
-                // Not this read's to fetch whole (the stager has it, or lags): local by now, in
-                // memory (a read fetched it), or exactly these bytes.
-                if chunked && self.read_staged(req, stage, image, i, within, dst)? {
-                    continue;
-                }
-                if let Some(chunk) = self.in_memory(image, i).filter(|_| chunked) {
-                    dst.copy_from_slice(&chunk[within as usize..within as usize + n]);
-                    self.ram_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    req.served_by(Tiers::RAM);
-                    continue;
-                }
-                self.read_source(req, image, pos, dst)?;
-                if let Some(stage) = stage {
-                    stage.offer(image, i as usize);
-                }
-                continue;
-            };
-            // The claim, if this read holds one (`claim_for_read` said Fetch or Store).
-            let claim = stage.filter(|_| staging);
             let (chunk, loaded) = match fetched {
-                Ok(fetched) => fetched,
-                Err(e) => {
-                    if let Some(stage) = claim {
-                        stage.settle(image, i as usize, how, None);
-                    }
-                    if e.kind() == io::ErrorKind::WouldBlock && req.wait() == Wait::Never {
-                        return Err(e);
-                    }
+                Ok(Some(fetched)) => fetched,
+                Ok(None) => {
+                    self.read_otherwise(req, plan, image, pos, dst)?;
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && req.wait() == Wait::Never => {
+                    return Err(e);
+                }
+                Err(_) => {
                     // A bad spot elsewhere in the chunk must not fail this read: ask for exactly
                     // these bytes, so an error is this read's own.
                     self.read_source(req, image, pos, dst)?;
@@ -235,46 +173,42 @@ impl Images {
             };
             req.served_by(tier);
             counter.fetch_add(n as u64, Ordering::Relaxed);
-            if let Some(stage) = claim {
-                stage.settle(image, i as usize, how, Some(&chunk));
-            }
         }
         Ok(())
     }
 
-    /// Chunk `i` of `image` whole, from the read-ahead window, the RAM tier or the source; and
-    /// whether this call read it from the source.
-    fn chunk(&self, req: &ReadRequest, image: u32, i: u64) -> io::Result<(Decoded, bool)> {
-        let start = i * self.chunk_size;
-        let len = chunk_len(self.image_size(image), self.chunk_size, i as usize);
-        // The chunks just fetched (ahead or by a reader) are kept until read, past the RAM
-        // cache's cold part (`read_ahead`).
-        if let Some(chunk) = self
-            .read_ahead
-            .as_ref()
-            .and_then(|a| a.pinned(image, start))
-        {
-            return Ok((chunk, false));
+    /// Fills `dst` (at `within` chunk `i`) when its chunk is not this read's to fetch whole (the
+    /// stager has it, or lags; or the plan reads exactly): from the stage by now, from memory (a
+    /// read fetched it), or exactly these bytes from the source.
+    fn read_otherwise(
+        &self,
+        req: &ReadRequest,
+        plan: Plan,
+        image: u32,
+        pos: u64,
+        dst: &mut [u8],
+    ) -> io::Result<()> {
+        let stage = self.stage.as_deref();
+        let (i, within) = (
+            pos / self.chunks.chunk_size(),
+            pos % self.chunks.chunk_size(),
+        );
+        if plan.chunked && self.read_staged(req, stage, image, i, within, dst)? {
+            return Ok(());
         }
-        let fetched =
-            self.ram
-                .fetch_chunk(&self.source, image, start, len, Room::for_read(req.wait()))?;
-        if let (Some(ahead), (chunk, true)) = (&self.read_ahead, &fetched) {
-            ahead.pin(image, start, chunk.clone());
-            let chunks = self.image_size(image).div_ceil(self.chunk_size);
-            ahead.missed(&self.ram, image, i, chunks, self.chunk_size);
+        if let Some(chunk) = self.chunks.in_memory(image, i).filter(|_| plan.chunked) {
+            let from = within as usize;
+            dst.copy_from_slice(&chunk[from..from + dst.len()]);
+            self.ram_bytes
+                .fetch_add(dst.len() as u64, Ordering::Relaxed);
+            req.served_by(Tiers::RAM);
+            return Ok(());
         }
-        Ok(fetched)
-    }
-
-    /// Chunk `i` of `image` if it is in memory (the read-ahead window or the RAM tier); never
-    /// reads the source.
-    fn in_memory(&self, image: u32, i: u64) -> Option<Decoded> {
-        let start = i * self.chunk_size;
-        self.read_ahead
-            .as_ref()
-            .and_then(|a| a.pinned(image, start))
-            .or_else(|| self.ram.get(image, CHUNK_TAG | start))
+        self.read_source(req, image, pos, dst)?;
+        if let Some(stage) = stage {
+            stage.offer(image, i as usize);
+        }
+        Ok(())
     }
 
     /// Fills `dst` from the staged copy of chunk `i` if it is there, counting it.
@@ -312,5 +246,96 @@ impl Images {
         self.source_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SourceImage;
+    use super::*;
+    use std::path::PathBuf;
+
+    const MIB: u64 = 1 << 20;
+
+    /// One image of `len` bytes in memory, each byte its offset's low bits.
+    fn source(len: u64) -> Arc<Source> {
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        Arc::new(Source::new(vec![SourceImage {
+            path: PathBuf::from("memory.tar"),
+            data: Arc::new(data),
+            size: len,
+        }]))
+    }
+
+    /// Walks the image in order, `step` bytes a read, checking every byte; calls `after` after
+    /// each read.
+    fn walk(images: &Images, len: u64, step: u64, mut after: impl FnMut(&Images)) {
+        let req = ReadRequest::new(7, Wait::May);
+        let mut buf = vec![0u8; step as usize];
+        let mut at = 0;
+        while at < len {
+            let n = step.min(len - at) as usize;
+            images
+                .read_exact_at(&req, 0, at, &mut buf[..n], Fetch::Chunks)
+                .unwrap();
+            assert!(
+                buf[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &b)| b == ((at + k as u64) % 251) as u8),
+                "bytes at {at}"
+            );
+            at += n as u64;
+            after(images);
+        }
+    }
+
+    /// The chunks fetched ahead of a reader live in the RAM cache, within its budget: no second
+    /// store of bytes beside it. A cache full of hot decoded units admits new chunks to a cold
+    /// part of 3% where they would be evicted first; pinned, they push out units instead, and the
+    /// cache holds no more than its budget.
+    #[test]
+    fn chunks_kept_for_their_readers_are_held_within_the_cache_budget() {
+        let (budget, len) = (16 * MIB, 40 * MIB);
+        let images = Images::new(source(len), budget, MIB, true, None);
+        let ram = images.ram();
+        // Hot decoded units filling the cache.
+        for round in 0..3 {
+            for k in 0..60u64 {
+                let unit = ram
+                    .get_or_load(0, k * 4096, 256 << 10, || Ok(vec![round as u8; 256 << 10]))
+                    .unwrap();
+                assert_eq!(unit.len(), 256 << 10);
+            }
+        }
+        let mut most = 0;
+        walk(&images, len, 128 << 10, |images| {
+            // Read-ahead's threads may be copying a chunk in: one chunk each beyond.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            most = most.max(images.ram_stats().memory.held);
+        });
+        assert!(
+            most <= budget + 2 * MIB + MIB / 2,
+            "held {most} bytes under a cache of {budget}"
+        );
+        let tiers = images.stats();
+        assert!(tiers.read_ahead_chunks > 0, "{tiers:?}");
+    }
+
+    /// Readers and read-ahead fetch through one room (`chunks`): a walk in order reads each chunk from the
+    /// source once, whoever fetched it, and every byte is right.
+    #[test]
+    fn a_walk_in_order_fetches_each_chunk_once_ahead_or_by_its_reader() {
+        let len = 24 * MIB + 12345;
+        let src = source(len);
+        let images = Images::new(src.clone(), 8 * MIB, MIB, true, None);
+        walk(&images, len, 64 << 10, |_| {});
+        let (read, chunks) = (src.stats().bytes, len.div_ceil(MIB));
+        assert_eq!(read, len, "each chunk once: {read} bytes for {len}");
+        let tiers = images.stats();
+        assert!(
+            tiers.read_ahead_chunks > 0 && tiers.read_ahead_chunks < chunks,
+            "{tiers:?}"
+        );
     }
 }

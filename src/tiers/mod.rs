@@ -1,26 +1,27 @@
 //! Where file bytes come from: the source images, read through `ReadAt`; in front of them a RAM
 //! tier (decoded units and aligned source chunks under one byte budget) and, optionally, a
 //! checked copy staged on node-local storage. `open` assembles the stack; `FileReader` executes
-//! the read plans that the formats make. Nothing here knows a format.
+//! the read plans that the formats make; `chunks` fetches whole chunks and decides when. Nothing
+//! here knows a format.
 
 pub mod budget;
+pub mod chunks;
 /// Test-only: compiled for the tests (`testing` feature), never into a release build.
 #[cfg(any(test, feature = "testing"))]
 pub mod faults;
 mod file_reader;
 mod images;
 mod ram_cache;
-mod read_ahead;
 mod request;
 mod source;
 pub mod stage;
-pub mod streams;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use chunks::Fetch;
 pub use file_reader::{FileReader, Member, ReadError, Served};
-pub use images::{Fetch, Images, TierStats};
+pub use images::{Images, TierStats};
 pub use ram_cache::{Decoded, RamCache, RamStats};
 pub use request::{ReadRequest, Tiers};
 pub use source::{SameBytes, Source, SourceError, SourceImage, SourceStats};
@@ -43,7 +44,8 @@ pub struct TierOptions {
     pub cache_size: u64,
     /// Size of the source chunks kept in RAM and of the staged chunks.
     pub chunk_size: u64,
-    /// Read stored bytes in whole chunks through the RAM tier.
+    /// Read every image's stored bytes in whole chunks through the RAM tier
+    /// (`chunks::policy::choose`).
     pub ram_chunks: bool,
     /// Stage to node-local storage, and who holds the stage directory (for refusal messages).
     pub stage: Option<(StageOptions, String)>,
