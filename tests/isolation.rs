@@ -14,7 +14,7 @@ use packfs::catalog::DuplicatePolicy;
 use packfs::fs::{Core, Owner};
 use packfs::source::read_at::ReadAt;
 use packfs::tiers::faults::{Fault, Faulty, Gate};
-use packfs::tiers::{self, Source, TierOptions};
+use packfs::tiers::{self, OpenedImages, TierOptions};
 
 const FILES: u64 = 200;
 /// Files read before the stall (for the baseline) and during it.
@@ -46,10 +46,12 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
     // The region holding the first STALLED files (tar order) waits until the gate opens.
     let stalled_end = STALLED * (SIZE as u64 + 1024);
     let gate = Arc::new(Gate::default());
-    let source = Source::open(catalog.images()).unwrap().wrapped(|_, data| {
-        let faulty = Faulty::new(data, vec![(0..stalled_end, Fault::Stall(gate.clone()))]);
-        Arc::new(faulty) as Arc<dyn ReadAt>
-    });
+    let source = OpenedImages::open(catalog.images())
+        .unwrap()
+        .wrapped(|_, data| {
+            let faulty = Faulty::new(data, vec![(0..stalled_end, Fault::Stall(gate.clone()))]);
+            Arc::new(faulty) as Arc<dyn ReadAt>
+        });
     let files =
         tiers::assemble(Arc::new(source), &catalog, &TierOptions::direct(64 << 20)).unwrap();
     let owner = Owner { uid: 0, gid: 0 };

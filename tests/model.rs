@@ -21,7 +21,7 @@ use packfs::catalog::{self, Catalog, DuplicatePolicy, Kind};
 use packfs::fs::{Attr, Core, DirEntry, Error, Ino, Listing, Owner, ROOT_INO};
 use packfs::source::read_at::ReadAt;
 use packfs::tiers::faults::{Fault, Faulty};
-use packfs::tiers::{self, Source, TierOptions};
+use packfs::tiers::{self, OpenedImages, TierOptions};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
@@ -621,7 +621,7 @@ fn core_over(
     opts: &TierOptions,
     wrap: impl Fn(Arc<dyn ReadAt>) -> Arc<dyn ReadAt>,
 ) -> Core {
-    let source = Source::open(catalog.images())
+    let source = OpenedImages::open(catalog.images())
         .unwrap()
         .wrapped(|_, data| wrap(data));
     let files = tiers::assemble(Arc::new(source), &catalog, opts).unwrap();

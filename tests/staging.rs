@@ -705,20 +705,20 @@ fn staged_source(
     mode: packfs::tiers::stage::StageMode,
     chunk_size: u64,
 ) -> (
-    std::sync::Arc<packfs::tiers::Source>,
+    std::sync::Arc<packfs::tiers::OpenedImages>,
     std::sync::Arc<packfs::tiers::stage::Stage>,
     tempfile::TempDir,
 ) {
     use packfs::catalog::ImageInfo;
     use packfs::source::Fingerprint;
     use packfs::tiers::stage::{Stage, StageOptions};
-    use packfs::tiers::{Source, SourceImage};
+    use packfs::tiers::{OpenedImage, OpenedImages};
     use std::sync::Arc;
 
     let plain = bytes(seed, size as usize);
     let fingerprint = Fingerprint::of_read_at(&plain, size, 0, 0).unwrap();
     let path = PathBuf::from("/nowhere/shard.tar");
-    let source = Arc::new(Source::new(vec![SourceImage {
+    let source = Arc::new(OpenedImages::new(vec![OpenedImage {
         path: path.clone(),
         data,
         size,

@@ -15,7 +15,7 @@ use packfs::archive::{ArchiveError, ScannedImage};
 use packfs::catalog::{DuplicatePolicy, Kind, ROOT, index};
 use packfs::source::Fingerprint;
 use packfs::source::read_at::ReadAt;
-use packfs::tiers::{self, Source, SourceImage, TierOptions};
+use packfs::tiers::{self, OpenedImage, OpenedImages, TierOptions};
 
 /// Bytes read of each file: its head and its tail (a tiny input can describe a huge sparse file).
 const READ_HEAD: u64 = 256 * 1024;
@@ -65,7 +65,7 @@ pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), 
         "a scanned catalog is inconsistent: {problems:?}"
     );
     let data: Arc<dyn ReadAt> = Arc::new(file);
-    let source = Source::new(vec![SourceImage {
+    let source = OpenedImages::new(vec![OpenedImage {
         path,
         data,
         size: fingerprint.size,
@@ -118,7 +118,7 @@ pub fn run_index(bytes: &[u8]) {
         .iter()
         .map(|info| {
             let data: Arc<dyn ReadAt> = pattern().clone();
-            SourceImage {
+            OpenedImage {
                 path: info.path().to_path_buf(),
                 data,
                 size: info.fingerprint.size,
@@ -126,7 +126,7 @@ pub fn run_index(bytes: &[u8]) {
         })
         .collect();
     let Ok(files) = tiers::assemble(
-        Arc::new(Source::new(images)),
+        Arc::new(OpenedImages::new(images)),
         &catalog,
         &TierOptions::direct(16 << 20),
     ) else {

@@ -4,7 +4,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use anyhow::bail;
 use packfs::catalog::index;
-use packfs::tiers::{self, Source, TierOptions};
+use packfs::tiers::{self, OpenedImages, TierOptions};
 
 use super::args::{Images, Merge};
 use super::progress::{ScanBar, bytes_bar};
@@ -68,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if args.data {
-        // Opening the tiers checks every image's fingerprint, as `Source::open` does below.
+        // Opening the tiers checks every image's fingerprint, as `OpenedImages::open` does below.
         let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
         let bar = bytes_bar("reading", catalog.file_bytes());
         let report =
@@ -97,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    Source::open(catalog.images())?;
+    OpenedImages::open(catalog.images())?;
     println!(
         "{shown}: ok: {} files, {} entries, {} images unchanged",
         catalog.file_count(),

@@ -356,13 +356,13 @@ mod tests {
     use super::*;
     use crate::catalog::{DuplicatePolicy, build};
     use crate::fs::requests::Op;
-    use crate::tiers::{Source, TierOptions, assemble};
+    use crate::tiers::{OpenedImages, TierOptions, assemble};
 
     /// The counters of an empty dataset with a 1 MiB RAM budget.
     fn empty_sources() -> Sources {
         let catalog = build(&[], DuplicatePolicy::Error).unwrap();
         let files = assemble(
-            Arc::new(Source::new(Vec::new())),
+            Arc::new(OpenedImages::new(Vec::new())),
             &catalog,
             &TierOptions::direct(1 << 20),
         )

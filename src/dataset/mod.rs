@@ -14,7 +14,7 @@ use crate::archive::{self, ArchiveError, ScannedImage};
 use crate::catalog::index::{self, IndexError};
 use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
 use crate::source::{ArgError, ImageLocation};
-use crate::tiers::{Source, SourceError};
+use crate::tiers::{OpenedImages, SourceError};
 use expand::{ExpandError, expand_images};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
@@ -156,13 +156,13 @@ pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catal
 pub fn open_images(
     patterns: &[String],
     images_dir: Option<&std::path::Path>,
-) -> Result<(Source, Vec<ImageInfo>), DatasetError> {
+) -> Result<(OpenedImages, Vec<ImageInfo>), DatasetError> {
     let paths = image_locations(patterns)?;
     if let Some(path) = the_index(&paths) {
         let infos = index::open_with(path, images_dir)?.images().to_vec();
-        return Ok((Source::open(&infos)?, infos));
+        return Ok((OpenedImages::open(&infos)?, infos));
     }
-    Ok(Source::open_as_is(&paths)?)
+    Ok(OpenedImages::open_as_is(&paths)?)
 }
 
 fn load_paths(

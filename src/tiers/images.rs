@@ -9,7 +9,7 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Source;
+use super::OpenedImages;
 use super::budget::MemoryBudget;
 use super::chunks::{Chunks, Fetch, Plan};
 use super::ram_cache::{RamCache, RamStats};
@@ -33,7 +33,7 @@ pub struct TierStats {
 }
 
 pub struct Images {
-    source: Arc<Source>,
+    source: Arc<OpenedImages>,
     ram: Arc<RamCache>,
     /// Whole chunks, and when to fetch them.
     chunks: Chunks,
@@ -47,7 +47,7 @@ impl Images {
     /// `ram_budget` bytes for the RAM tier (0: none); source chunks of `chunk_size` bytes kept in it
     /// for every image when `every_image` (`chunks::policy::choose`).
     pub fn new(
-        source: Arc<Source>,
+        source: Arc<OpenedImages>,
         ram_budget: u64,
         chunk_size: u64,
         every_image: bool,
@@ -85,7 +85,7 @@ impl Images {
         }
     }
 
-    pub fn source(&self) -> &Source {
+    pub fn source(&self) -> &OpenedImages {
         &self.source
     }
 
@@ -251,16 +251,16 @@ impl Images {
 
 #[cfg(test)]
 mod tests {
-    use super::super::SourceImage;
+    use super::super::OpenedImage;
     use super::*;
     use std::path::PathBuf;
 
     const MIB: u64 = 1 << 20;
 
     /// One image of `len` bytes in memory, each byte its offset's low bits.
-    fn source(len: u64) -> Arc<Source> {
+    fn source(len: u64) -> Arc<OpenedImages> {
         let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-        Arc::new(Source::new(vec![SourceImage {
+        Arc::new(OpenedImages::new(vec![OpenedImage {
             path: PathBuf::from("memory.tar"),
             data: Arc::new(data),
             size: len,

@@ -11,9 +11,9 @@ pub mod chunks;
 pub mod faults;
 mod file_reader;
 mod images;
+mod opened;
 mod ram_cache;
 mod request;
-mod source;
 pub mod stage;
 
 use std::path::PathBuf;
@@ -22,9 +22,9 @@ use std::sync::Arc;
 pub use chunks::Fetch;
 pub use file_reader::{FileReader, Member, ReadError, Served};
 pub use images::{Images, TierStats};
+pub use opened::{OpenedImage, OpenedImages, SameBytes, SourceError, SourceStats};
 pub use ram_cache::{Decoded, RamCache, RamStats};
 pub use request::{ReadRequest, Tiers};
-pub use source::{SameBytes, Source, SourceError, SourceImage, SourceStats};
 use stage::{Stage, StageError, StageOptions};
 
 use crate::catalog::Catalog;
@@ -92,7 +92,7 @@ pub struct StaleIndex {
 
 /// Opens the images of `catalog` (checking their fingerprints) and stacks the tiers over them.
 pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenError> {
-    let source = Source::open(catalog.images()).map_err(|error| {
+    let source = OpenedImages::open(catalog.images()).map_err(|error| {
         let stale = match (&error, catalog.index_path()) {
             (SourceError::Changed { .. }, Some(index)) => Some(StaleIndex {
                 index: index.to_path_buf(),
@@ -111,7 +111,7 @@ pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenErr
 
 /// Stacks the tiers over an opened source (any `ReadAt` images, e.g. a fault injector in tests).
 pub fn assemble(
-    source: Arc<Source>,
+    source: Arc<OpenedImages>,
     catalog: &Catalog,
     opts: &TierOptions,
 ) -> Result<FileReader, OpenError> {

@@ -315,7 +315,7 @@ impl RamCache {
     /// its caller (`chunks`) pins it for its readers and unpins it when they are through.
     pub fn fetch_chunk(
         &self,
-        source: &super::Source,
+        source: &super::OpenedImages,
         image: u32,
         start: u64,
         len: u64,

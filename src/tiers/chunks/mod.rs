@@ -13,7 +13,7 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Source;
+use super::OpenedImages;
 use super::ram_cache::{CHUNK_TAG, Decoded, RamCache, Room};
 use super::request::ReadRequest;
 use super::stage::{ForRead, Shared, Stage, chunk_len};
@@ -31,7 +31,7 @@ const PINNED_MAX: u64 = 256;
 
 /// What fetches: the state readers and read-ahead share.
 pub struct Fetcher {
-    source: Arc<Source>,
+    source: Arc<OpenedImages>,
     ram: Arc<RamCache>,
     stage: Option<Arc<Stage>>,
     pins: Pins,
@@ -61,7 +61,7 @@ impl Chunks {
     /// (`policy::choose`), or only of the images `stage` copies and of the readers walking an
     /// image in order.
     pub fn new(
-        source: Arc<Source>,
+        source: Arc<OpenedImages>,
         ram: Arc<RamCache>,
         chunk_size: u64,
         every_image: bool,

@@ -31,7 +31,7 @@ pub use lock::{DirLock, LockError};
 use state::Status;
 pub use state::{StageState, StageStats, StopReason};
 
-use super::Source;
+use super::OpenedImages;
 use super::budget::MemoryBudget;
 use super::ram_cache::Decoded;
 use crate::catalog::ImageInfo;
@@ -166,7 +166,7 @@ pub struct Stage {
     /// (device, inode) of the stage directory when opened: a different answer means it vanished.
     dir_id: (u64, u64),
     images: Vec<Option<StagedImage>>,
-    source: Arc<Source>,
+    source: Arc<OpenedImages>,
     offers: (Sender<Offer>, Receiver<Offer>),
     /// Offers sent and not yet taken by the stager (at most `queue`, by admission).
     pending: AtomicU64,
@@ -209,7 +209,7 @@ impl Stage {
     /// loads what earlier runs staged there.
     pub fn open(
         opts: StageOptions,
-        source: Arc<Source>,
+        source: Arc<OpenedImages>,
         images: &[ImageInfo],
         holder: &str,
     ) -> Result<Stage, StageError> {

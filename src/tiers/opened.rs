@@ -1,4 +1,4 @@
-//! The source images, opened once and read with positioned reads through `ReadAt`.
+//! The images opened (`OpenedImages`), once, and read with positioned reads through `ReadAt`.
 //!
 //! Files are read with `pread` rather than mmap: the images live on parallel filesystems, where
 //! page faults turn into synchronous 4 KiB round trips and a truncated file raises SIGBUS instead
@@ -30,14 +30,14 @@ pub struct SourceStats {
 }
 
 /// One image: where it is, how to read it, and its size as fingerprinted.
-pub struct SourceImage {
+pub struct OpenedImage {
     pub path: PathBuf,
     pub data: Arc<dyn ReadAt>,
     pub size: u64,
 }
 
-pub struct Source {
-    images: Vec<SourceImage>,
+pub struct OpenedImages {
+    images: Vec<OpenedImage>,
     /// Each image's stamp when opened, and whether it has been seen changed since.
     stamps: Vec<Option<Stamp>>,
     changed: Vec<AtomicBool>,
@@ -47,9 +47,9 @@ pub struct Source {
     stage_bytes: AtomicU64,
 }
 
-impl std::fmt::Debug for Source {
+impl std::fmt::Debug for OpenedImages {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Source")
+        f.debug_struct("OpenedImages")
             .field("images", &self.images.len())
             .finish()
     }
@@ -101,20 +101,20 @@ impl SameBytes {
 /// Images are opened and fingerprinted this many at a time (latency-bound on a parallel FS).
 const OPEN_THREADS: usize = 8;
 
-impl Source {
+impl OpenedImages {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
-    pub fn open(images: &[ImageInfo]) -> Result<Source, SourceError> {
+    pub fn open(images: &[ImageInfo]) -> Result<OpenedImages, SourceError> {
         let opened = open_parallel(images, open_checked)?;
         // Each fingerprint was just checked against a fresh stat: no second stat per image.
         let stamps = images.iter().map(|i| Some(i.fingerprint.stamp())).collect();
-        Ok(Source::with_stamps(opened, stamps))
+        Ok(OpenedImages::with_stamps(opened, stamps))
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
     pub fn open_as_is(
         locations: &[ImageLocation],
-    ) -> Result<(Source, Vec<ImageInfo>), SourceError> {
+    ) -> Result<(OpenedImages, Vec<ImageInfo>), SourceError> {
         let opened = open_parallel(locations, |location| {
             let path = location.name().to_path_buf();
             let open_error = |error| SourceError::Open {
@@ -131,22 +131,22 @@ impl Source {
         })?;
         let (images, infos): (Vec<_>, Vec<ImageInfo>) = opened.into_iter().unzip();
         let stamps = infos.iter().map(|i| Some(i.fingerprint.stamp())).collect();
-        Ok((Source::with_stamps(images, stamps), infos))
+        Ok((OpenedImages::with_stamps(images, stamps), infos))
     }
 
     /// A source over images held by any `ReadAt` (tests, other stores), stamped as they are now.
-    pub fn new(images: Vec<SourceImage>) -> Source {
+    pub fn new(images: Vec<OpenedImage>) -> OpenedImages {
         let stamps = images
             .iter()
             .map(|i| i.data.current().and_then(Result::ok))
             .collect();
-        Source::with_stamps(images, stamps)
+        OpenedImages::with_stamps(images, stamps)
     }
 
     /// A source whose images had these stamps when opened (checked for changes from then on).
-    fn with_stamps(images: Vec<SourceImage>, stamps: Vec<Option<Stamp>>) -> Source {
+    fn with_stamps(images: Vec<OpenedImage>, stamps: Vec<Option<Stamp>>) -> OpenedImages {
         let changed = images.iter().map(|_| AtomicBool::new(false)).collect();
-        Source {
+        OpenedImages {
             images,
             stamps,
             changed,
@@ -158,17 +158,17 @@ impl Source {
     }
 
     /// The same images, each read through what `wrap` makes of it (e.g. a fault injector).
-    pub fn wrapped(self, wrap: impl Fn(u32, Arc<dyn ReadAt>) -> Arc<dyn ReadAt>) -> Source {
+    pub fn wrapped(self, wrap: impl Fn(u32, Arc<dyn ReadAt>) -> Arc<dyn ReadAt>) -> OpenedImages {
         let images = self
             .images
             .into_iter()
             .enumerate()
-            .map(|(i, img)| SourceImage {
+            .map(|(i, img)| OpenedImage {
                 data: wrap(i as u32, img.data),
                 ..img
             })
             .collect();
-        Source::with_stamps(images, self.stamps)
+        OpenedImages::with_stamps(images, self.stamps)
     }
 
     pub fn image_count(&self) -> usize {
@@ -303,8 +303,8 @@ impl Source {
     }
 }
 
-fn image(path: PathBuf, data: Arc<dyn ReadAt>, size: u64) -> SourceImage {
-    SourceImage { path, data, size }
+fn image(path: PathBuf, data: Arc<dyn ReadAt>, size: u64) -> OpenedImage {
+    OpenedImage { path, data, size }
 }
 
 /// `open` applied to every item, `OPEN_THREADS` at a time; results keep the items' order.
@@ -327,7 +327,7 @@ fn open_parallel<I: Sync, T: Send>(
     opened.into_iter().collect()
 }
 
-fn open_checked(info: &ImageInfo) -> Result<SourceImage, SourceError> {
+fn open_checked(info: &ImageInfo) -> Result<OpenedImage, SourceError> {
     let path = info.path().to_path_buf();
     let (data, now) = match info.location.open() {
         Ok(v) => v,
@@ -386,7 +386,7 @@ mod tests {
         let data = Arc::new(Remote {
             stats: AtomicU64::new(0),
         });
-        let source = Source::new(vec![SourceImage {
+        let source = OpenedImages::new(vec![OpenedImage {
             path: PathBuf::from("remote.tar"),
             data: data.clone(),
             size: 100,
