@@ -2,20 +2,20 @@
 //!
 //! The read path flows one way: `fs` (a transport-neutral dispatch, and two FUSE transports that
 //! only decode requests and encode replies) answers from the `catalog` (the immutable merged tree
-//! of all images), asks the format (`archive::layout`, in the vocabulary of `archive::plan`) which
+//! of all images), asks the format (`archive::placement`, in the vocabulary of `archive::plan`) which
 //! pieces make up a byte range, and has `tiers` fetch them (staged copy, RAM cache, and the images
 //! opened from `source`: files, or objects by URL). `archive` also scans images into members;
 //! `daemon` owns the mount lifecycle; `dataset` turns image arguments into a catalog; `pack` writes
-//! shards; `commands` holds the library side of a few commands; `util` the small shared helpers.
+//! shards; `demo` is `packfs demo` from end to end; `util` the small shared helpers.
 //! See docs/design.md.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod archive;
 pub mod catalog;
-pub mod commands;
 pub mod daemon;
 pub mod dataset;
+pub mod demo;
 pub mod fs;
 pub mod pack;
 pub mod source;

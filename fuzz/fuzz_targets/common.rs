@@ -78,7 +78,7 @@ pub fn run(bytes: &[u8], scan: fn(&dyn ReadAt, &mut ScannedImage) -> Result<(), 
         if e.kind() != Kind::File {
             continue;
         }
-        let member = tiers::Member::of(&catalog, id).expect("a scanned file's layout");
+        let member = tiers::Member::of(&catalog, id).expect("a scanned file's placement");
         let req = tiers::ReadRequest::waiting();
         let tail = e.size.saturating_sub(READ_TAIL).max(READ_HEAD.min(e.size));
         for (from, to) in [(0, READ_HEAD.min(e.size)), (tail, e.size)] {
@@ -145,14 +145,14 @@ pub fn run_index(bytes: &[u8]) {
             }
             Kind::Dir => {}
             Kind::File => {
-                let Ok(layout) = catalog.layout(e) else {
+                let Ok(placement) = catalog.placement(e) else {
                     continue;
                 };
-                let _ = layout.to_string();
+                let _ = placement.to_string();
                 let member = tiers::Member {
                     entry: id,
                     image: e.image,
-                    layout,
+                    placement,
                     size: e.size,
                 };
                 let req = tiers::ReadRequest::waiting();

@@ -1,5 +1,5 @@
 //! Archive formats: scan an image into members (path, kind, attributes, data extent), and plan the
-//! reads of a member's bytes (`layout`), decoding them with the shared codecs (`codec`).
+//! reads of a member's bytes (`placement`), decoding them with the shared codecs (`codec`).
 //!
 //! A format knows nothing of FUSE or caching. A malformed image is an `ArchiveError` that names the
 //! image and the byte offset; a member that cannot be served (device node, sparse file, unsafe name)
@@ -10,8 +10,8 @@ pub mod codec;
 pub mod format;
 pub mod framed;
 pub mod inflate;
-pub mod layout;
 pub mod name;
+pub mod placement;
 pub mod plan;
 pub mod registry;
 pub mod sparse_map;
@@ -30,7 +30,7 @@ use crate::source::read_at::ReadAt;
 use crate::source::{Fingerprint, ImageLocation};
 
 pub use format::{INDEX_MAGIC, ImageFormat, Probe};
-pub use layout::Layout;
+pub use placement::Placement;
 pub use plan::Encoding;
 pub use registry::Registry;
 

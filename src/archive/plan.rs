@@ -2,7 +2,7 @@
 //! (`Encoding`, with the codes an index records), the `Piece`s a read is made of (zeros, stored
 //! image bytes, a slice of a decoded `Unit`), the units themselves (a compressed block, a whole
 //! deflate stream, one interval of a stream restarted at a checkpoint) and `PlanError`. Formats
-//! (`squashfs::block_map`, `sparse_map`, `inflate::table`) produce these; `layout` chooses among
+//! (`squashfs::block_map`, `sparse_map`, `inflate::table`) produce these; `placement` chooses among
 //! them and decodes units; the tiers execute them knowing no format.
 
 use std::fmt;
@@ -207,7 +207,7 @@ impl<'a> Unit<'a> {
     }
 }
 
-/// A layout that cannot be read as recorded: the image offset of the problem and what it is.
+/// A placement that cannot be read as recorded: the image offset of the problem and what it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanError {
     pub at: u64,

@@ -8,13 +8,13 @@ use zip::CompressionMethod;
 use zip::extra_fields::ExtraField;
 
 use super::inflate::{self, Indexer, InflateError, Wrapper};
-use super::layout::crc_record;
 use super::name::sanitize;
+use super::placement::crc_record;
 use super::spill::{TableFile, TableRef};
 use super::{ArchiveError, Encoding, Member, MemberKind, ScannedImage, Span};
 use crate::source::read_at::{Cursor, ReadAt};
 
-/// Deflated members up to this size are inflated whole (one `layout::Unit`) into the RAM cache;
+/// Deflated members up to this size are inflated whole (one `placement::Unit`) into the RAM cache;
 /// larger ones are inflated once at scan time to place restart checkpoints (`inflate`), and read
 /// an interval at a time.
 pub const MAX_WHOLE: u64 = inflate::SPACING;
@@ -221,7 +221,7 @@ pub fn scan(file: &dyn ReadAt, image: &mut ScannedImage) -> Result<(), ArchiveEr
             }
             target
         } else if kind == MemberKind::File && checkpoints.is_none() {
-            // The file's layout record: where its data is and the CRC-32 to check it against (a
+            // The file's placement record: where its data is and the CRC-32 to check it against (a
             // checkpointed member's record is its table, in the image's table file).
             crc_record(data_offset, crc).to_vec()
         } else {

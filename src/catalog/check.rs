@@ -81,7 +81,7 @@ impl Catalog {
                 .symlink_target(e)
                 .map(|_| ())
                 .map_err(|e| format!("its target: {e}")),
-            Kind::File => self.layout(e).map(|_| ()).map_err(|e| e.to_string()),
+            Kind::File => self.placement(e).map(|_| ()).map_err(|e| e.to_string()),
         }
     }
 }

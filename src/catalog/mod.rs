@@ -19,7 +19,7 @@ pub use entry::{Entry, Kind};
 pub use store::CatalogError;
 use store::Store;
 
-use crate::archive::layout::{Layout, read_checkpoints};
+use crate::archive::placement::{Placement, read_checkpoints};
 use crate::source::{Fingerprint, ImageLocation};
 
 /// An image (shard) the catalog refers to by position.
@@ -122,9 +122,9 @@ impl Catalog {
         self.store.names(entry.offset, entry.size as usize)
     }
 
-    /// Where a file's bytes are (`archive::layout`), as recorded: the format reads its own record,
+    /// Where a file's bytes are (`archive::placement`), as recorded: the format reads its own record,
     /// checked against the file's size and its image's.
-    pub fn layout(&self, entry: &Entry) -> Result<Layout<'_>, CatalogError> {
+    pub fn placement(&self, entry: &Entry) -> Result<Placement<'_>, CatalogError> {
         debug_assert_eq!(entry.kind(), Kind::File);
         let image = self.images.get(entry.image as usize).ok_or_else(|| {
             CatalogError::Invalid(format!(
@@ -160,19 +160,19 @@ impl Catalog {
         let encoding = entry
             .encoding()
             .map_err(|code| invalid(format!("has encoding code {code}, which no format uses")))?;
-        let layout = Layout::read(encoding, entry.offset, record, whole)?;
-        let layout = match image.stream {
-            None => layout,
-            Some(table) => layout.in_stream(read_checkpoints(table, record, whole)?)?,
+        let placement = Placement::read(encoding, entry.offset, record, whole)?;
+        let placement = match image.stream {
+            None => placement,
+            Some(table) => placement.in_stream(read_checkpoints(table, record, whole)?)?,
         };
         // Checked on every use: the read planner's arithmetic relies on it, and a crafted index
         // could otherwise make it overflow or point outside the image.
-        layout
+        placement
             .check_extent(entry.size, image.fingerprint.size)
             .map_err(|what| {
                 CatalogError::Invalid(format!("in image {}: {what}", image.path().display()))
             })?;
-        Ok(layout)
+        Ok(placement)
     }
 
     /// The ids of a directory's children, in name order (empty for a non-directory).

@@ -212,7 +212,7 @@ impl Store {
     /// Where `len` bytes at `offset` in the names arena are, without checking them against the
     /// index's checksums: a checkpoint table's record, whose windows are read with pread from
     /// the file that holds them (never through the mapping: see `inflate::Located`), and checked
-    /// by their use (`layout::read_checkpoints`).
+    /// by their use (`placement::read_checkpoints`).
     pub fn record(&self, offset: u64, len: u64) -> Result<Located<'_>, CatalogError> {
         let end = offset.checked_add(len).ok_or(CatalogError::NotFound)?;
         match self {

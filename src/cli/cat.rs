@@ -24,7 +24,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &packfs::dataset::quiet,
     )?);
     let mut out = std::io::stdout().lock();
-    packfs::commands::cat::cat(catalog, args.path.as_bytes(), &mut out)?;
+    packfs::fs::cat::cat(catalog, args.path.as_bytes(), &mut out)?;
     out.flush()?;
     Ok(())
 }

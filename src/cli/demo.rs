@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use packfs::commands::demo::{DemoOptions, run_demo};
+use packfs::demo::{DemoOptions, run_demo};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

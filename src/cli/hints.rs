@@ -1,11 +1,11 @@
 //! What to do next, as commands a user can copy, built from the library's typed errors: the
 //! library says what happened; the command line is the CLI's to write.
 
-use packfs::commands::cat::CatError;
-use packfs::commands::demo::DemoError;
 use packfs::daemon::MountError;
 use packfs::dataset::DatasetError;
 use packfs::dataset::expand::as_patterns;
+use packfs::demo::DemoError;
+use packfs::fs::cat::CatError;
 use packfs::pack::PackError;
 use packfs::source::fingerprint::show_time;
 use packfs::tiers::{OpenError, SameBytes, SourceError, StaleIndex};

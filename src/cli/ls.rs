@@ -85,9 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out.write_all(&shown(catalog.symlink_target(e)?))?;
         }
         if args.extents && e.kind() == Kind::File {
-            let layout = catalog.layout(e)?;
+            let placement = catalog.placement(e)?;
             let image = catalog.images()[e.image as usize].path().display();
-            write!(out, "\t{image} {layout}")?;
+            write!(out, "\t{image} {placement}")?;
         }
         out.write_all(end)?;
     }

@@ -50,7 +50,7 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
         write!(line, ",\"mode\":{},\"mtime\":{}", e.permissions(), e.mtime)?;
         match e.kind() {
             Kind::File => {
-                let offset = catalog.layout(e)?.image_offset();
+                let offset = catalog.placement(e)?.image_offset();
                 write!(
                     line,
                     ",\"size\":{},\"image\":{},\"offset\":{offset}",

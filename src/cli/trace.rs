@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use packfs::commands::trace_summary::{self, Summary};
+use packfs::fs::trace::summary::{self, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,7 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Command::Summarize { file, top, json } = args.command;
     let input =
         std::fs::File::open(&file).with_context(|| format!("cannot open {}", file.display()))?;
-    let summary = trace_summary::summarize(std::io::BufReader::new(input), top)
+    let summary = summary::summarize(std::io::BufReader::new(input), top)
         .with_context(|| format!("cannot read {}", file.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

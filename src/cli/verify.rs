@@ -71,8 +71,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // Opening the tiers checks every image's fingerprint, as `OpenedImages::open` does below.
         let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
         let bar = bytes_bar("reading", catalog.file_bytes());
-        let report =
-            packfs::commands::verify::read_everything(&catalog, &files, &|n| bar.set_position(n));
+        let report = packfs::tiers::read_everything::read_everything(&catalog, &files, &|n| {
+            bar.set_position(n)
+        });
         bar.finish_and_clear();
         for f in &report.failures {
             let mut path = std::io::stderr();

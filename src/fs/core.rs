@@ -216,7 +216,7 @@ impl Core {
         let member = Member {
             entry: id,
             image: e.image,
-            layout: self.catalog.layout(e)?,
+            placement: self.catalog.placement(e)?,
             size: e.size,
         };
         self.files

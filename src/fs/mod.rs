@@ -10,6 +10,7 @@
 //! flooding the log.
 
 mod attr;
+pub mod cat;
 mod classic;
 pub mod core;
 mod dispatch;

@@ -13,7 +13,7 @@ use super::PackError;
 use super::compress::{Compression, FramedOut};
 use super::gather::{Item, ItemKind, Sources};
 use super::tar_writer;
-use crate::archive::layout::crc_record;
+use crate::archive::placement::crc_record;
 use crate::archive::{Encoding, Member, MemberKind, ScannedImage};
 use crate::source::Fingerprint;
 use crate::source::ImageLocation;

@@ -1,5 +1,5 @@
 //! Executing a read plan: each piece of a file's byte range comes from where the format's planner
-//! says (`archive::layout`), fetched through the image tiers. Stored bytes are read into the
+//! says (`archive::placement`), fetched through the image tiers. Stored bytes are read into the
 //! caller's buffer; decoded units are decoded once into the RAM tier and copied out of it, or
 //! shared without a copy when one unit covers the whole read.
 
@@ -12,7 +12,7 @@ use super::chunks::Fetch;
 use super::images::Images;
 use super::ram_cache::{Decoded, Room};
 use super::request::{ReadRequest, Tiers};
-use crate::archive::layout::{Layout, check_crc};
+use crate::archive::placement::{Placement, check_crc};
 use crate::archive::plan::{Piece, Unit, WholeCrc};
 use crate::catalog::{Catalog, CatalogError};
 use crate::source::read_at::ReadAt;
@@ -102,13 +102,13 @@ fn bad_crc(at: u64, why: &str) -> ReadError {
     }
 }
 
-/// A file to read: its catalog entry, and where and how its `size` bytes lie (`layout` in
+/// A file to read: its catalog entry, and where and how its `size` bytes lie (`placement` in
 /// `image`).
 #[derive(Clone, Copy, Debug)]
 pub struct Member<'a> {
     pub entry: u32,
     pub image: u32,
-    pub layout: Layout<'a>,
+    pub placement: Placement<'a>,
     pub size: u64,
 }
 
@@ -119,7 +119,7 @@ impl<'a> Member<'a> {
         Ok(Member {
             entry: id,
             image: e.image,
-            layout: catalog.layout(e)?,
+            placement: catalog.placement(e)?,
             size: e.size,
         })
     }
@@ -170,14 +170,14 @@ impl FileReader {
         let Member {
             entry: file,
             image,
-            layout,
+            placement,
             size,
         } = file;
         // Bytes of `buf` that hold this read. The buffer keeps its length between reads and is
         // only overwritten: clearing it first (resize with zeros) was 10% of the daemon's CPU
         // in an epoch on the simulated parallel file system (docs/benchmarks.md).
         let mut filled = 0;
-        for piece in layout.plan(size, offset, len) {
+        for piece in placement.plan(size, offset, len) {
             let piece = piece.map_err(|e| ReadError {
                 image_offset: e.at,
                 error: io::Error::new(io::ErrorKind::InvalidData, e.why),

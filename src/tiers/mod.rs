@@ -13,6 +13,7 @@ mod file_reader;
 mod images;
 mod opened;
 mod ram_cache;
+pub mod read_everything;
 mod request;
 pub mod stage;
 

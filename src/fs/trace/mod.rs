@@ -17,6 +17,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use tracing::{info, warn};
 
 mod event;
+pub mod summary;
 
 use std::borrow::Cow;
 

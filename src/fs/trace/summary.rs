@@ -7,8 +7,8 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use crate::fs::counts_as_error;
-use crate::fs::trace::{Event, TRACE_END};
+use super::super::counts_as_error;
+use super::{Event, TRACE_END};
 
 /// Per operation: the figures the mount's counters have (exact percentiles here), and the sum
 /// of the requests' durations.

@@ -1,10 +1,10 @@
 //! Where a file's bytes are, and how to read a byte range of it: the format's read planner.
 //!
-//! The catalog records a file's `Layout` (an encoding, an image offset and, for squashfs, a block
-//! map). For a range of the file, `Layout::plan` yields the pieces that make it up, in order:
+//! The catalog records a file's `Placement` (an encoding, an image offset and, for squashfs, a block
+//! map). For a range of the file, `Placement::plan` yields the pieces that make it up, in order:
 //! zeros, stored image bytes, or a slice of a `Unit` (an encoded run of the image that decodes as
 //! one: a squashfs block, a whole deflated zip member). The tiers execute plans (staged copy, RAM
-//! cache, source) without knowing any format; new layouts (sparse members, deflate from restart
+//! cache, source) without knowing any format; new placements (sparse members, deflate from restart
 //! checkpoints) are new pieces and units here.
 
 use std::fmt;
@@ -19,11 +19,11 @@ use super::squashfs::block_map::{self, BlockMap};
 use crate::source::read_at::ReadAt;
 use crate::util::le;
 
-/// Bytes of a layout record with a CRC-32 (zip members, tar members packfs wrote): the data offset
+/// Bytes of a placement record with a CRC-32 (zip members, tar members packfs wrote): the data offset
 /// (u64) and the CRC-32 (u32), little-endian.
 pub const CRC_RECORD: usize = 12;
 
-/// A layout record with a CRC-32.
+/// A placement record with a CRC-32.
 pub fn crc_record(data_offset: u64, crc: u32) -> [u8; CRC_RECORD] {
     let mut r = [0u8; CRC_RECORD];
     r[..8].copy_from_slice(&data_offset.to_le_bytes());
@@ -31,9 +31,9 @@ pub fn crc_record(data_offset: u64, crc: u32) -> [u8; CRC_RECORD] {
     r
 }
 
-/// A file's layout as the catalog holds it.
+/// A file's placement (where and how its bytes lie in its image) as the catalog holds it.
 #[derive(Clone, Copy, Debug)]
-pub enum Layout<'a> {
+pub enum Placement<'a> {
     /// Bytes as they are at `at`; `crc` is the CRC-32 of the whole file, when the format keeps one.
     Stored {
         at: u64,
@@ -195,8 +195,8 @@ thread_local! {
     static ENCODED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl<'a> Layout<'a> {
-    /// The layout of a file whose catalog record says `encoding` and `offset`; `record(offset,
+impl<'a> Placement<'a> {
+    /// The placement of a file whose catalog record says `encoding` and `offset`; `record(offset,
     /// len)` gives bytes of the catalog's arena (where squashfs block maps are kept), checked;
     /// `whole` the same bytes unchecked, for checkpoint tables (`read_checkpoints`).
     pub fn read<E: From<PlanError>>(
@@ -204,7 +204,7 @@ impl<'a> Layout<'a> {
         offset: u64,
         record: impl Fn(u64, usize) -> Result<&'a [u8], E>,
         whole: impl Fn(u64, u64) -> Result<Located<'a>, E>,
-    ) -> Result<Layout<'a>, E> {
+    ) -> Result<Placement<'a>, E> {
         let zip = |offset| -> Result<(u64, Option<u32>), E> {
             let r = record(offset, CRC_RECORD)?;
             let at = le::u64_at(r, 0);
@@ -212,21 +212,21 @@ impl<'a> Layout<'a> {
             Ok((at, Some(crc)))
         };
         Ok(match encoding {
-            Encoding::Stored => Layout::Stored {
+            Encoding::Stored => Placement::Stored {
                 at: offset,
                 crc: None,
             },
-            Encoding::Deflate => Layout::Deflate {
+            Encoding::Deflate => Placement::Deflate {
                 at: offset,
                 crc: None,
             },
             Encoding::StoredCrc => {
                 let (at, crc) = zip(offset)?;
-                Layout::Stored { at, crc }
+                Placement::Stored { at, crc }
             }
             Encoding::ZipDeflated => {
                 let (at, crc) = zip(offset)?;
-                Layout::Deflate { at, crc }
+                Placement::Deflate { at, crc }
             }
             Encoding::Sparse => {
                 let head = record(offset, sparse_map::RECORD_HEAD)?;
@@ -235,9 +235,9 @@ impl<'a> Layout<'a> {
                     at: 0,
                     why: format!("the catalog's sparse map is invalid: {why}"),
                 };
-                Layout::Sparse(SparseMap::decode(record(offset, len)?).map_err(invalid)?)
+                Placement::Sparse(SparseMap::decode(record(offset, len)?).map_err(invalid)?)
             }
-            Encoding::Checkpointed => Layout::Inflated {
+            Encoding::Checkpointed => Placement::Inflated {
                 at: 0,
                 table: read_checkpoints(offset, &record, whole)?,
             },
@@ -248,17 +248,17 @@ impl<'a> Layout<'a> {
                     at: 0,
                     why: format!("the catalog's block map is invalid: {why}"),
                 };
-                Layout::Squashfs(BlockMap::decode(record(offset, len)?).map_err(invalid)?)
+                Placement::Squashfs(BlockMap::decode(record(offset, len)?).map_err(invalid)?)
             }
         })
     }
 
-    /// The layout of a member of a compressed image (a `.tar.gz`) whose offsets are in the
+    /// The placement of a member of a compressed image (a `.tar.gz`) whose offsets are in the
     /// decoded stream that `table` describes.
-    pub fn in_stream(self, table: Checkpoints<'a>) -> Result<Layout<'a>, PlanError> {
+    pub fn in_stream(self, table: Checkpoints<'a>) -> Result<Placement<'a>, PlanError> {
         match self {
-            Layout::Stored { at, crc: None } => Ok(Layout::Inflated { at, table }),
-            Layout::Sparse(map) => Ok(Layout::SparseInflated { map, table }),
+            Placement::Stored { at, crc: None } => Ok(Placement::Inflated { at, table }),
+            Placement::Sparse(map) => Ok(Placement::SparseInflated { map, table }),
             other => Err(PlanError {
                 at: 0,
                 why: format!("the catalog places a {other} member in a compressed image"),
@@ -266,7 +266,7 @@ impl<'a> Layout<'a> {
         }
     }
 
-    /// Checks that a file of `size` bytes with this layout lies inside its image of `image_size`
+    /// Checks that a file of `size` bytes with this placement lies inside its image of `image_size`
     /// bytes (or inside the decoded stream, for a compressed image), and that its sparse map or
     /// block map is consistent: for `packfs verify` on an index that may have been crafted.
     pub fn check_extent(&self, size: u64, image_size: u64) -> Result<(), String> {
@@ -289,8 +289,8 @@ impl<'a> Layout<'a> {
             Ok(())
         };
         match self {
-            Layout::Stored { at, .. } => within(*at, size, image_size, "image"),
-            Layout::Deflate { at, .. } => {
+            Placement::Stored { at, .. } => within(*at, size, image_size, "image"),
+            Placement::Deflate { at, .. } => {
                 if size > MAX_UNIT as u64 {
                     return Err(format!(
                         "a deflated member of {size} bytes is more than packfs inflates at once"
@@ -298,7 +298,7 @@ impl<'a> Layout<'a> {
                 }
                 within(*at, 1, image_size, "image")
             }
-            Layout::Squashfs(map) => {
+            Placement::Squashfs(map) => {
                 map.check_size(size)?;
                 within(0, map.blocks_end(), image_size, "image")?;
                 match map.tail {
@@ -311,9 +311,11 @@ impl<'a> Layout<'a> {
                     None => Ok(()),
                 }
             }
-            Layout::Sparse(map) => segments(map, image_size, "image"),
-            Layout::Inflated { at, table } => within(*at, size, table.total(), "decoded stream"),
-            Layout::SparseInflated { map, table } => segments(map, table.total(), "decoded stream"),
+            Placement::Sparse(map) => segments(map, image_size, "image"),
+            Placement::Inflated { at, table } => within(*at, size, table.total(), "decoded stream"),
+            Placement::SparseInflated { map, table } => {
+                segments(map, table.total(), "decoded stream")
+            }
         }
     }
 
@@ -321,7 +323,7 @@ impl<'a> Layout<'a> {
     /// inside the file).
     pub fn plan(self, size: u64, offset: u64, len: usize) -> Plan<'a> {
         Plan {
-            layout: self,
+            placement: self,
             size,
             pos: offset,
             end: offset + len as u64,
@@ -331,20 +333,20 @@ impl<'a> Layout<'a> {
     /// The piece that starts at `pos`, at most `want` bytes long.
     fn piece(&self, size: u64, pos: u64, want: usize) -> Result<Piece<'a>, PlanError> {
         match *self {
-            Layout::Stored { at, crc } => Ok(Piece::Stored {
+            Placement::Stored { at, crc } => Ok(Piece::Stored {
                 at: at + pos,
                 len: want,
                 crc: crc.map(|crc| WholeCrc { at, len: size, crc }),
             }),
-            Layout::Deflate { at, crc } => Ok(Piece::Decoded {
+            Placement::Deflate { at, crc } => Ok(Piece::Decoded {
                 unit: Unit::deflate_stream(at, size, crc),
                 from: pos as usize,
                 len: want,
             }),
-            Layout::Squashfs(ref map) => map.piece(size, pos, want),
-            Layout::Sparse(ref map) => map.piece(size, pos, want),
-            Layout::Inflated { at, ref table } => table.piece(at + pos, want),
-            Layout::SparseInflated { ref map, ref table } => match map.piece(size, pos, want)? {
+            Placement::Squashfs(ref map) => map.piece(size, pos, want),
+            Placement::Sparse(ref map) => map.piece(size, pos, want),
+            Placement::Inflated { at, ref table } => table.piece(at + pos, want),
+            Placement::SparseInflated { ref map, ref table } => match map.piece(size, pos, want)? {
                 Piece::Stored { at, len, .. } => table.piece(at, len),
                 other => Ok(other),
             },
@@ -352,23 +354,23 @@ impl<'a> Layout<'a> {
     }
 }
 
-impl Layout<'_> {
+impl Placement<'_> {
     /// Where the file's bytes begin in its image: the offset of the first encoded byte a read of
     /// its start uses (for a member of a `.tar.gz`, of the compressed interval that holds it).
     /// Files of one image sorted by it are read in the image's order.
     pub fn image_offset(&self) -> u64 {
         match self {
-            Layout::Stored { at, .. } | Layout::Deflate { at, .. } => *at,
-            Layout::Inflated { at, table } => table.image_offset_of(*at),
-            Layout::SparseInflated { map, table } => match map.count() {
+            Placement::Stored { at, .. } | Placement::Deflate { at, .. } => *at,
+            Placement::Inflated { at, table } => table.image_offset_of(*at),
+            Placement::SparseInflated { map, table } => match map.count() {
                 0 => table.image_offset_of(0),
                 _ => table.image_offset_of(map.segment(0).2),
             },
-            Layout::Sparse(map) => match map.count() {
+            Placement::Sparse(map) => match map.count() {
                 0 => 0,
                 _ => map.segment(0).2,
             },
-            Layout::Squashfs(map) => match (map.count, map.tail) {
+            Placement::Squashfs(map) => match (map.count, map.tail) {
                 (0, Some(t)) => t.block.start,
                 (0, None) => 0,
                 _ => map.block(0).start,
@@ -377,13 +379,13 @@ impl Layout<'_> {
     }
 }
 
-impl fmt::Display for Layout<'_> {
+impl fmt::Display for Placement<'_> {
     /// Where the bytes lie, for `packfs ls --extents`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Layout::Stored { at, .. } => write!(f, "stored at {at}"),
-            Layout::Deflate { at, .. } => write!(f, "deflate at {at}"),
-            Layout::Inflated { at, table } if let Some((codec, pieces)) = table.framing() => {
+            Placement::Stored { at, .. } => write!(f, "stored at {at}"),
+            Placement::Deflate { at, .. } => write!(f, "deflate at {at}"),
+            Placement::Inflated { at, table } if let Some((codec, pieces)) = table.framing() => {
                 write!(
                     f,
                     "{codec}, at offset {at} of a stream of {} bytes in {} {pieces} from {}",
@@ -392,27 +394,27 @@ impl fmt::Display for Layout<'_> {
                     table.in_at(0)
                 )
             }
-            Layout::Inflated { at, table } => write!(
+            Placement::Inflated { at, table } => write!(
                 f,
                 "inflated from offset {at} of a stream of {} bytes, {} checkpoints from {}",
                 table.total(),
                 table.count(),
                 table.in_at(0)
             ),
-            Layout::SparseInflated { map, table } => write!(
+            Placement::SparseInflated { map, table } => write!(
                 f,
                 "sparse, {} data segments, inflated through {} checkpoints",
                 map.count(),
                 table.count()
             ),
-            Layout::Sparse(map) => {
+            Placement::Sparse(map) => {
                 write!(f, "sparse, {} data segments", map.count())?;
                 if map.count() > 0 {
                     write!(f, " from {}", map.segment(0).2)?;
                 }
                 Ok(())
             }
-            Layout::Squashfs(map) => {
+            Placement::Squashfs(map) => {
                 f.write_str(map.codec.name())?;
                 if map.count > 0 {
                     let first = map.block(0).start;
@@ -429,7 +431,7 @@ impl fmt::Display for Layout<'_> {
 
 /// The pieces of one read, in order (an iterator, so a read allocates no list).
 pub struct Plan<'a> {
-    layout: Layout<'a>,
+    placement: Placement<'a>,
     size: u64,
     pos: u64,
     end: u64,
@@ -443,7 +445,7 @@ impl<'a> Iterator for Plan<'a> {
             return None;
         }
         let want = (self.end - self.pos) as usize;
-        let piece = self.layout.piece(self.size, self.pos, want);
+        let piece = self.placement.piece(self.size, self.pos, want);
         match &piece {
             Ok(p) if !p.is_empty() => self.pos += p.len() as u64,
             // An empty piece would never advance: a record that covers nothing here is damage.
@@ -451,7 +453,7 @@ impl<'a> Iterator for Plan<'a> {
                 self.pos = self.end;
                 return Some(Err(PlanError {
                     at: 0,
-                    why: format!("the layout covers nothing at file offset {}", self.pos),
+                    why: format!("the placement covers nothing at file offset {}", self.pos),
                 }));
             }
             Err(_) => self.pos = self.end,
@@ -468,7 +470,7 @@ mod tests {
 
     #[test]
     fn stored_and_deflate_are_one_piece() {
-        let stored = Layout::Stored {
+        let stored = Placement::Stored {
             at: 512,
             crc: Some(7),
         };
@@ -487,7 +489,7 @@ mod tests {
                 crc
             })]
         );
-        let deflate = Layout::Deflate { at: 40, crc: None };
+        let deflate = Placement::Deflate { at: 40, crc: None };
         let pieces: Vec<_> = deflate.plan(100, 10, 20).collect();
         assert_eq!(
             pieces,
@@ -520,7 +522,7 @@ mod tests {
         );
         let map = BlockMap::decode(&rec).unwrap();
         let size = 3 * 4096 + 50;
-        let pieces: Vec<Piece> = Layout::Squashfs(map)
+        let pieces: Vec<Piece> = Placement::Squashfs(map)
             .plan(size, 4000, (size - 4000) as usize)
             .map(Result::unwrap)
             .collect();
@@ -546,7 +548,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            Layout::Squashfs(map).to_string(),
+            Placement::Squashfs(map).to_string(),
             "zstd blocks 3 at 1000..5996 tail at 90000+100"
         );
     }

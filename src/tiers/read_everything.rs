@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
+use super::{FileReader, Member, ReadRequest};
 use crate::catalog::{Catalog, Kind, ROOT};
-use crate::tiers::{FileReader, Member, ReadRequest};
 
 /// Bytes read per request, as the kernel would ask for them.
 const PIECE: usize = 1 << 20;

@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::{Core, FsOptions, core::ino_of};
 use crate::catalog::{Catalog, CatalogError};
-use crate::fs::{Core, FsOptions, core::ino_of};
 use crate::tiers::{self, OpenError, TierOptions};
 
 /// Bytes read per request, as the kernel would ask.
