@@ -338,4 +338,19 @@ mod tests {
             "{tiers:?}"
         );
     }
+
+    /// A cache smaller than two chunks keeps none for their readers: reads go exactly, and the
+    /// cache never holds more than its budget. A 1 MiB chunk pinned in a 1 MiB cache held 64
+    /// bytes beyond it (CI's uring pass of tests/squashfs.rs).
+    #[test]
+    fn a_cache_too_small_for_two_chunks_pins_none_and_stays_within_its_budget() {
+        let len = 6 * MIB;
+        let images = Images::new(source(len), MIB, MIB, true, None);
+        let mut most = 0;
+        walk(&images, len, 64 << 10, |images| {
+            most = most.max(images.ram_stats().held);
+        });
+        assert!(most <= MIB, "held {most} bytes under a cache of {MIB}");
+        assert_eq!(images.stats().read_ahead_chunks, 0);
+    }
 }

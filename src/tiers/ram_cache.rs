@@ -311,8 +311,9 @@ impl RamCache {
     }
 
     /// Source chunk `len` bytes at `start` of `image` (the `CHUNK_TAG` entry), loaded from
-    /// `source` unless held; and whether this call loaded it. A chunk loaded here enters pinned:
-    /// its caller (`chunks`) pins it for its readers and unpins it when they are through.
+    /// `source` unless held; and whether this call loaded it. A chunk loaded here enters
+    /// `pinned` when its caller (`chunks`) will keep it for its readers (and unpin it when they
+    /// are through): else the insertion that makes room could evict the newcomer itself.
     pub fn fetch_chunk(
         &self,
         source: &super::OpenedImages,
@@ -320,12 +321,13 @@ impl RamCache {
         start: u64,
         len: u64,
         room: Room,
+        pinned: bool,
     ) -> io::Result<(Decoded, bool)> {
         let wait = match room {
             Room::Now => Wait::Never,
             Room::Wait | Room::IfFree => Wait::May,
         };
-        self.fetch_pinned(image, CHUNK_TAG | start, len, room, true, || {
+        self.fetch_pinned(image, CHUNK_TAG | start, len, room, pinned, || {
             let mut bytes = vec![0u8; len as usize];
             source.read_exact_at(image, start, &mut bytes, wait)?;
             Ok(bytes)

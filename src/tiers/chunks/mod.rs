@@ -25,8 +25,9 @@ pub use policy::{Chunking, Fetch, Plan, Policy};
 /// Chunks pinned: as many as half the RAM budget holds (each reader walking a shard needs its
 /// own three, its current chunk and two fetched ahead: with 8 readers and room for 8, chunks
 /// were fetched again before their next file was read, 1.6x the shards' bytes on the simulated
-/// PFS), at least one, up to `PINNED_MAX`. Never more: the rest of the cache must take new
-/// chunks and decoded units.
+/// PFS), up to `PINNED_MAX`. Never more: the rest of the cache must take new chunks and decoded
+/// units. A cache too small for one (under two chunks) keeps none, and reads go by chunks only
+/// for the stage (`Policy`): a pinned 1 MiB chunk filled a 1 MiB cache past its budget.
 const PINNED_MAX: u64 = 256;
 
 /// What fetches: the state readers and read-ahead share.
@@ -69,7 +70,8 @@ impl Chunks {
     ) -> Chunks {
         let budget = ram.stats().budget;
         let has_ram = budget > 0;
-        let keep = ((budget / 2) / chunk_size.max(1)).clamp(1, PINNED_MAX);
+        let keep = ((budget / 2) / chunk_size.max(1)).min(PINNED_MAX);
+        let holds_chunks = keep > 0;
         let images = source.image_count();
         let fetcher = Arc::new(Fetcher {
             source,
@@ -80,9 +82,9 @@ impl Chunks {
             fetched_ahead: AtomicU64::new(0),
         });
         Chunks {
-            ahead: has_ram.then(|| ReadAhead::new(fetcher.clone(), images)),
+            ahead: holds_chunks.then(|| ReadAhead::new(fetcher.clone(), images)),
             fetcher,
-            policy: Policy::new(every_image, has_ram, images),
+            policy: Policy::new(every_image, has_ram, holds_chunks, images),
         }
     }
 
@@ -195,12 +197,13 @@ impl Fetcher {
             For::Reader(req, _) => Room::for_read(req.wait()),
             For::Ahead => Room::IfFree,
         };
-        let (chunk, loaded) = self
-            .ram
-            .fetch_chunk(&self.source, image, start, len, room)?;
+        let pinned = self.pins.keeps_any();
+        let (chunk, loaded) =
+            self.ram
+                .fetch_chunk(&self.source, image, start, len, room, pinned)?;
         let read = matches!(who, For::Reader(..));
         match (loaded, read) {
-            (true, _) => {
+            (true, _) if pinned => {
                 self.pins.pin((image, start), &chunk, read);
                 if !read {
                     self.fetched_ahead.fetch_add(1, Ordering::Relaxed);
@@ -210,7 +213,7 @@ impl Fetcher {
             (false, true) => {
                 self.pins.read((image, start));
             }
-            (false, false) => {}
+            _ => {}
         }
         Ok((chunk, loaded))
     }

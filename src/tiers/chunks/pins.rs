@@ -61,12 +61,17 @@ impl Pin {
 }
 
 impl Pins {
-    /// Pins for `keep` chunks at most.
+    /// Pins for `keep` chunks at most (0: none; `pin` is then not to be called).
     pub fn new(keep: usize) -> Pins {
         Pins {
             state: Mutex::default(),
-            keep: keep.max(1),
+            keep,
         }
+    }
+
+    /// Whether chunks are kept for their readers at all.
+    pub fn keeps_any(&self) -> bool {
+        self.keep > 0
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -121,17 +121,21 @@ impl Plan {
 pub struct Policy {
     /// Every image in chunks (`Chunking::every_image`).
     every_image: bool,
-    /// The RAM tier has room for chunks.
+    /// The RAM tier exists (the stage's chunks pass through it).
     has_ram: bool,
+    /// The RAM tier can keep chunks for their readers (`chunks::PINNED_MAX`'s note): else only
+    /// the stage reads by chunks.
+    holds_chunks: bool,
     /// Readers walking an image in order across files, whose reads go in chunks.
     streams: Streams,
 }
 
 impl Policy {
-    pub fn new(every_image: bool, has_ram: bool, images: usize) -> Policy {
+    pub fn new(every_image: bool, has_ram: bool, holds_chunks: bool, images: usize) -> Policy {
         Policy {
-            every_image: every_image && has_ram,
+            every_image: every_image && holds_chunks,
             has_ram,
+            holds_chunks,
             streams: Streams::new(images),
         }
     }
@@ -157,6 +161,7 @@ impl Policy {
         // A reader walking the image in order across files reads it in chunks (and so with
         // read-ahead): one request per chunk, not one per file (`streams`).
         let streaming = wants_chunks
+            && self.holds_chunks
             && !self.every_image
             && !staging
             && self.streams.note(req.reader(), image, offset, len);
