@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""The headline benchmark: epochs on a simulated parallel file system, same data, same run.
+"""The headline benchmark: epochs on a parallel file system, simulated or real, same data, same run.
 
     bench/pfs.sh [--datasets imagenet-20k,tiny-200k] [--profile typical] [--readers 8,32]
-                 [--orders random,archive]
+                 [--orders random,archive] [--fs pfssim|moosefs] [--idle SECONDS]
+                 [--packfs BINARY]
+
+With `--fs moosefs` the data lives on a real MooseFS started for the run (bench/sharedfs.sh:
+servers in a network namespace, FUSE client on the host) instead of the simulator, and the
+operations counted are its master's (bench/sharedfs.py). `--idle SECONDS` also counts the
+operations each packfs mount sends while nothing reads, after its passes (the image watcher's
+cost). `--packfs` measures another build.
 
 The dataset (plain tree, tar shards, squashfs image) is copied to /dev/shm and served through
 bench/pfssim, a FUSE file system that answers like a busy Lustre/GPFS client (a latency per
@@ -31,6 +38,7 @@ import argparse, json, os, platform, shutil, subprocess, sys, tarfile, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as peers  # noqa: E402  (dataset generation, cache dropping, RSS, mount checks)
+import sharedfs  # noqa: E402  (a real shared file system in place of the simulator)
 
 PACKFS = os.path.join(HERE, "..", "target", "release", "packfs")
 PFSSIM = os.path.join(HERE, "..", "target", "pfssim", "release", "pfssim")
@@ -232,7 +240,7 @@ def cpu_times(pid):
     return (sum(fields) - idle) / tick, idle / tick, daemon / tick
 
 
-def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"):
+def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave", idle=0):
     """Fresh mount, cold client: time to first sample, then the job's passes."""
     peers.drop_caches()
     out = {}
@@ -273,6 +281,14 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
               f"daemon {r['cpu']['daemon_cpu_s']:.2f} s", flush=True)
     # Everything the PFS served from mount to here: setup, epochs and the staging copy.
     out["total_pfs"] = ops_between(before, pfs.counters())
+    if idle and cfg.name.startswith("packfs"):
+        # The watcher checks each shard read since its last check first (one a second).
+        time.sleep(min(idle, 20))
+        mark = pfs.counters()
+        time.sleep(idle)
+        out["idle"] = {"seconds": idle, "pfs": ops_between(mark, pfs.counters())}
+        print(f"  {cfg.name:16} idle {idle} s: {out['idle']['pfs']['meta']} metadata ops",
+              flush=True)
     out["latency_us"] = cfg.latencies()
     if cfg.pid:
         out["memory_kb"] = peers.memory_kb(cfg.pid)
@@ -294,7 +310,13 @@ def main():
     ap.add_argument("--work", default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--chart", metavar="JSON", help="only redraw the table and chart of a saved run")
+    ap.add_argument("--fs", default="pfssim", choices=("pfssim", "moosefs"),
+                    help="the storage: the simulator, or a real MooseFS started for the run")
+    ap.add_argument("--idle", type=float, default=0,
+                    help="seconds to count each packfs mount's operations while idle")
+    ap.add_argument("--packfs", default=PACKFS, help="the packfs binary to measure")
     args = ap.parse_args()
+    globals()["PACKFS"] = os.path.abspath(args.packfs)
     if args.chart:
         with open(args.chart) as f:
             saved = json.load(f)
@@ -310,13 +332,16 @@ def main():
         jobs += [("loader", int(n), "random") for n in args.workers.split(",") if n]
     else:
         print("torch/torchvision missing (WITH_TORCH=1 bench/install_peers.sh): no DataLoader runs")
-    results = {"profile": args.profile, "sim_args": args.sim_args,
+    results = {"profile": args.profile if args.fs == "pfssim" else args.fs,
+               "sim_args": args.sim_args if args.fs == "pfssim" else "", "fs": args.fs,
                "machine": {"cpus": os.cpu_count(), "kernel": platform.release()}, "datasets": {}}
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    path = os.path.join(args.out, f"pfs-{args.profile}-{stamp}.json")
+    label = results["profile"]
+    path = os.path.join(args.out, f"pfs-{label}-{stamp}.json")
     for dsname in args.datasets.split(","):
         ds, meta = peers.ensure_dataset(dsname, args.work)
-        pfs = Pfs(ds, args.work, args.profile, args.sim_args.split())
+        pfs = (Pfs(ds, args.work, args.profile, args.sim_args.split()) if args.fs == "pfssim"
+               else sharedfs.MooseFs(ds, args.work, PACKFS))
         listing = os.path.join(args.work, f"{dsname}.pfs.list")
         files = peers.write_reading_order(ds, listing)
         archive_listing = os.path.join(args.work, f"{dsname}.pfs.archive.list")
@@ -339,7 +364,8 @@ def main():
                         runs[key] = one_run(cfg, pfs, job, n,
                                             archive_listing if order == "archive" else listing,
                                             files[0], args.deadline,
-                                            "contiguous" if order == "archive" else "interleave")
+                                            "contiguous" if order == "archive" else "interleave",
+                                            args.idle)
                     except Exception as e:  # a config that fails is reported; the rest still run
                         cfg.stop()
                         runs[key] = {"error": str(e)}
@@ -351,8 +377,8 @@ def main():
         with open(path, "w") as f:  # after each dataset: a long run interrupted keeps what it did
             json.dump(results, f, indent=1)
     report(results)
-    chart(results, os.path.join(args.out, f"pfs-{args.profile}.png"))
-    print(f"\nJSON: {path}\nchart: {os.path.join(args.out, f'pfs-{args.profile}.png')}")
+    chart(results, os.path.join(args.out, f"pfs-{label}.png"))
+    print(f"\nJSON: {path}\nchart: {os.path.join(args.out, f'pfs-{label}.png')}")
 
 
 def write_archive_order(ds, listing):
@@ -429,16 +455,21 @@ def report(results):
                     cells.append(f"{t['bytes'] / entry['bytes']:.2f}x / "
                                  f"{t['reads'] / (entry['bytes'] / 2**20):.2f}" if t else "-")
                 print(f"| {job} | " + " | ".join(cells) + " |")
-        print("\n| config | setup PFS ops (mount + first sample) | peak RSS | packfs p50/p99 read |")
-        print("|---|---|---:|---|")
+        print("\n| config | setup PFS ops (mount + first sample) | idle metadata ops per minute "
+              "| peak RSS | packfs p50/p99 read |")
+        print("|---|---|---:|---:|---|")
         for name, v in cfgs.items():
             run = next((r for r in v.values() if "setup_ops" in r), {})
             s = run.get("setup_ops", {})
             rss = max((r.get("memory_kb", {}).get("VmHWM", 0) for r in v.values()), default=0)
             lat = (run.get("latency_us") or {}).get("read")
             lat = f"{lat['p50_us']:.0f} / {lat['p99_us']:.0f} µs" if lat else "-"
+            idle = [r["idle"] for r in v.values() if "idle" in r]
+            idle = (f"{60 * sum(i['pfs']['meta'] for i in idle) / sum(i['seconds'] for i in idle):,.1f}"
+                    if idle else "-")
             print(f"| {name} | {s.get('meta', 0):,} metadata, {s.get('reads', 0):,} reads, "
-                  f"{s.get('bytes', 0) / 1e6:,.1f} MB | {f'{rss / 1024:.1f} MB' if rss else '-'} | {lat} |")
+                  f"{s.get('bytes', 0) / 1e6:,.1f} MB | {idle} | "
+                  f"{f'{rss / 1024:.1f} MB' if rss else '-'} | {lat} |")
 
 
 def chart(results, path):
@@ -459,7 +490,8 @@ def chart(results, path):
         ax.set_yscale("log")
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(bars))])
         ax.set_xticklabels([f"{j}\n{lab}" for j, lab in bars], fontsize=8)
-        ax.set_title(f"{dsname} on simulated PFS ({results['profile']}): files/s, log scale")
+        where = ("simulated PFS" if results.get("fs", "pfssim") == "pfssim" else "") + f" ({results['profile']})"
+        ax.set_title(f"{dsname} on{where}: files/s, log scale")
         ax.grid(axis="y", which="both", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)

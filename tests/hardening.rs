@@ -413,6 +413,56 @@ fn shard_rewritten_in_place_fails_instead_of_serving_other_bytes() {
     );
 }
 
+/// The image watcher's requests follow the reads, not the images: an idle mount of 6 indexed
+/// shards asks the file system nothing; reading one file of each costs one check per shard, at
+/// most one a second, and then nothing again. (It checked every image every 2 s: an idle mount
+/// of 8 shards sent a MooseFS master 4 requests a second.)
+#[test]
+fn the_image_watcher_checks_only_images_read_from_and_nothing_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut shards = Vec::new();
+    for k in 0..6u64 {
+        let files: Vec<(String, Vec<u8>)> = (0..5)
+            .map(|i| (format!("s{k}/{i}.bin"), bytes(k * 10 + i, 3000)))
+            .collect();
+        let sub = dir.path().join(format!("shard{k}"));
+        let (_, tar) = tar_of(&sub, &format!("shard{k}"), &files);
+        shards.push(tar);
+    }
+    // An index: no scan reads the shards when the mount starts.
+    let index = dir.path().join("all.packfs-index");
+    let mut cmd = packfs();
+    cmd.arg("index").arg("-o").arg(&index);
+    cmd.args(&shards);
+    run(&mut cmd);
+    let stats = dir.path().join("stats.json");
+    let m = Mount::new(
+        &[&index],
+        &dir.path().join("mnt"),
+        &["--stats-file", stats.to_str().unwrap()],
+    );
+    let checks = || {
+        // The stats file is written every second: read the latest, a second after the fact.
+        std::thread::sleep(Duration::from_millis(1200));
+        let parsed: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&stats).unwrap()).unwrap();
+        parsed["source"]["checks"].as_u64().unwrap()
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(checks(), 0, "an idle mount checked its images");
+    let started = Instant::now();
+    for k in 0..6u64 {
+        let data = fs::read(m.dir.join(format!("s{k}/0.bin"))).unwrap();
+        assert_eq!(data, bytes(k * 10, 3000));
+    }
+    std::thread::sleep(Duration::from_secs(6));
+    let after_reads = checks();
+    let seconds = started.elapsed().as_secs();
+    assert_eq!(after_reads, 6, "one check per shard read ({seconds} s)");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(checks(), 6, "checks went on after the reads stopped");
+}
+
 /// A crafted entry whose encoding does not fit its image (a record the catalog does not hold,
 /// an encoding code no format uses) fails its reads with EIO and a log line naming the image
 /// and the offset, not ENOENT in silence; the other files are served.

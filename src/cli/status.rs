@@ -134,12 +134,14 @@ fn render(m: &MountStatus) -> String {
     let (ram, staged, source) = (served.ram_bytes, served.staged_bytes, served.source_bytes);
     let _ = writeln!(
         out,
-        "  served    {} (page-cache misses): {} from RAM, {} staged, {} from the images ({} reads)",
+        "  served    {} (page-cache misses): {} from RAM, {} staged, {} from the images ({} reads, \
+         {} checks for a rewrite)",
         human(ram + staged + source),
         human(ram),
         human(staged),
         human(source),
-        c.source.reads
+        c.source.reads,
+        c.source.checks
     );
     if served.streams > 0 {
         let _ = writeln!(

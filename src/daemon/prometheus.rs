@@ -68,6 +68,12 @@ impl Counters {
             &one(self.source.bytes),
         );
         family(
+            "image_checks_total",
+            "counter",
+            "Images asked whether they changed under the mount (a stat, or a HEAD of an object).",
+            &one(self.source.checks),
+        );
+        family(
             "ram_cache_bytes",
             "gauge",
             "Bytes held by the RAM cache.",

@@ -219,7 +219,7 @@ impl FileReader {
                         .map_err(failed(at))?;
                     if let Some(member) = whole {
                         let outcome = check_crc(&buf[filled..filled + n], Some(member.crc));
-                        self.settle(file, member, outcome)?;
+                        self.settle(file, image, member, outcome)?;
                     }
                     filled += n;
                 }
@@ -275,18 +275,22 @@ impl FileReader {
                 member.crc
             ))
         };
-        self.settle(file, member, outcome)
+        self.settle(file, image, member, outcome)
     }
 
-    /// Remembers the outcome of a check, and turns a failed one into this read's error.
+    /// Remembers the outcome of a check, and turns a failed one into this read's error. A
+    /// failed one also checks the image at once: a rewrite under the mount shows here first
+    /// (the watcher checks the images in turn), and from then on every file of it fails.
     fn settle(
         &self,
         file: u32,
+        image: u32,
         member: WholeCrc,
         outcome: Result<(), String>,
     ) -> Result<(), ReadError> {
         if outcome.is_err() {
             self.failed.set(file);
+            self.images.source().check(image);
         }
         self.checked.set(file);
         outcome.map_err(|why| bad_crc(member.at, &why))
