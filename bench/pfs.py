@@ -240,7 +240,7 @@ def cpu_times(pid):
     return (sum(fields) - idle) / tick, idle / tick, daemon / tick
 
 
-def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave", idle=0):
+def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave", idle_s=0):
     """Fresh mount, cold client: time to first sample, then the job's passes."""
     peers.drop_caches()
     out = {}
@@ -281,13 +281,13 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
               f"daemon {r['cpu']['daemon_cpu_s']:.2f} s", flush=True)
     # Everything the PFS served from mount to here: setup, epochs and the staging copy.
     out["total_pfs"] = ops_between(before, pfs.counters())
-    if idle and cfg.name.startswith("packfs"):
+    if idle_s and cfg.name.startswith("packfs"):
         # The watcher checks each shard read since its last check first (one a second).
-        time.sleep(min(idle, 20))
+        time.sleep(min(idle_s, 20))
         mark = pfs.counters()
-        time.sleep(idle)
-        out["idle"] = {"seconds": idle, "pfs": ops_between(mark, pfs.counters())}
-        print(f"  {cfg.name:16} idle {idle} s: {out['idle']['pfs']['meta']} metadata ops",
+        time.sleep(idle_s)
+        out["idle"] = {"seconds": idle_s, "pfs": ops_between(mark, pfs.counters())}
+        print(f"  {cfg.name:16} idle {idle_s:.0f} s: {out['idle']['pfs']['meta']} metadata ops",
               flush=True)
     out["latency_us"] = cfg.latencies()
     if cfg.pid:
@@ -315,6 +315,8 @@ def main():
     ap.add_argument("--idle", type=float, default=0,
                     help="seconds to count each packfs mount's operations while idle")
     ap.add_argument("--packfs", default=PACKFS, help="the packfs binary to measure")
+    ap.add_argument("--keep-fs", action="store_true",
+                    help="leave the real file system up with the dataset, for the next run")
     args = ap.parse_args()
     globals()["PACKFS"] = os.path.abspath(args.packfs)
     if args.chart:
@@ -341,7 +343,7 @@ def main():
     for dsname in args.datasets.split(","):
         ds, meta = peers.ensure_dataset(dsname, args.work)
         pfs = (Pfs(ds, args.work, args.profile, args.sim_args.split()) if args.fs == "pfssim"
-               else sharedfs.MooseFs(ds, args.work, PACKFS))
+               else sharedfs.MooseFs(ds, args.work, PACKFS, keep=args.keep_fs))
         listing = os.path.join(args.work, f"{dsname}.pfs.list")
         files = peers.write_reading_order(ds, listing)
         archive_listing = os.path.join(args.work, f"{dsname}.pfs.archive.list")
@@ -365,7 +367,8 @@ def main():
                                             archive_listing if order == "archive" else listing,
                                             files[0], args.deadline,
                                             "contiguous" if order == "archive" else "interleave",
-                                            args.idle)
+                                            # Idle once per config, after its first run.
+                                            args.idle if not runs else 0)
                     except Exception as e:  # a config that fails is reported; the rest still run
                         cfg.stop()
                         runs[key] = {"error": str(e)}

@@ -28,37 +28,68 @@ class MooseFs:
     """The dataset (tree, tar shards, squashfs image) on a MooseFS instance of its own; the same
     interface as pfs.py's Pfs (path, counters, stop, index)."""
 
-    def __init__(self, ds, work, packfs, instance=200):
+    def __init__(self, ds, work, packfs, instance=250, keep=False):
         name = os.path.basename(ds)
         self.dir = os.path.join(work, f"moosefs-{name}")
-        sharedfs("up", "moosefs", self.dir, str(instance))
         self.mnt = os.path.join(self.dir, "mnt")
-        print(f"copying {name} onto MooseFS ({self.mnt})", flush=True)
-        shutil.copytree(os.path.join(ds, "tree"), self.path("tree"))
-        os.makedirs(self.path("shards"))
-        for s in sorted(os.listdir(os.path.join(ds, "shards"))):
-            if s.endswith(".tar"):
-                shutil.copy(os.path.join(ds, "shards", s), self.path("shards"))
-        shutil.copy(os.path.join(ds, "image.sqfs"), self.mnt)
         self.index = self.path(f"{name}.packfs-index")
-        shards = sorted(self.path("shards", s) for s in os.listdir(self.path("shards")))
-        subprocess.run([packfs, "index", "-q", "-o", self.index, *shards], check=True)
-        self.client = int(subprocess.run(["pgrep", "-n", "-f", f"mfsmount {self.mnt}"],
-                                         capture_output=True, text=True).stdout.split()[0])
+        self.keep = keep
+        # An instance a run kept (`keep`), still mounted with the whole dataset, is used again.
+        if not (os.path.ismount(self.mnt) and os.path.exists(self.path(".complete"))):
+            sharedfs("up", "moosefs", self.dir, str(instance))
+            print(f"copying {name} onto MooseFS ({self.mnt})", flush=True)
+            shutil.copytree(os.path.join(ds, "tree"), self.path("tree"))
+            os.makedirs(self.path("shards"))
+            for s in sorted(os.listdir(os.path.join(ds, "shards"))):
+                if s.endswith(".tar"):
+                    shutil.copy(os.path.join(ds, "shards", s), self.path("shards"))
+            shutil.copy(os.path.join(ds, "image.sqfs"), self.mnt)
+            shards = sorted(self.path("shards", s) for s in os.listdir(self.path("shards")))
+            subprocess.run([packfs, "index", "-q", "-o", self.index, *shards], check=True)
+            open(self.path(".complete"), "w").close()
+        self.client = client_pid(self.mnt)
 
     def path(self, *p):
         return os.path.join(self.mnt, *p)
 
     def counters(self):
-        ops = json.loads(sharedfs("ops", "moosefs", self.dir))
+        """Operations since this instance was first read, counted across the master's hourly
+        resets (`since_start`), and the bytes the client received."""
+        ops = self.since_start(json.loads(sharedfs("ops", "moosefs", self.dir)))
         with open(f"/proc/{self.client}/io") as f:
             io = dict(line.split(": ") for line in f.read().splitlines())
         return {"ops": {k: ops.get(k, 0) for k in KINDS}, "read_bytes": int(io["rchar"]),
                 "all_ops": ops}
 
+    def since_start(self, now):
+        """Running totals from the master's hourly counts: a count lower than the one read
+        before means a new hour began, whose first part is the last hour's count beyond it."""
+        seen = getattr(self, "_seen", None)
+        totals = getattr(self, "_totals", {k: 0 for k in now["current"]})
+        for k, v in now["current"].items():
+            before = seen[k] if seen else v
+            totals[k] += v - before if v >= before else now["last"][k] - before + v
+        self._seen, self._totals = now["current"], totals
+        return dict(totals)
+
     def stop(self):
+        if self.keep:
+            return
         sharedfs("down", "moosefs", self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def client_pid(mnt):
+    """The mfsmount process serving `mnt` (it names its mount point in its command line)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cmd.startswith("mfsmount") and mnt in cmd:
+            return int(pid)
+    raise RuntimeError(f"no mfsmount process serves {mnt}")
 
 
 def idle_ops(fs, seconds):

@@ -4,6 +4,7 @@
 #
 #   bench/sharedfs.sh up moosefs DIR [N]   servers and data under DIR, client mounted at DIR/mnt
 #   bench/sharedfs.sh ops moosefs DIR      the master's operation counters for the mount, as JSON
+#                                          (this hour's and the last hour's)
 #   bench/sharedfs.sh down moosefs DIR     client unmounted, servers stopped, namespace removed
 #
 # N (1-250, default 1) numbers the instance: its namespace is packfs-mfs-N, its subnet
@@ -37,21 +38,24 @@ ns_if=pfsmfs${n}n
 master=10.77.$n.2
 in_ns() { nsenter --net="/run/netns/$ns" "$@"; }
 
-# The master's counters of the mount's operations this hour, by name: statfs getattr setattr
-# lookup mkdir rmdir symlink readlink mknod unlink rename link readdir open read write total.
-# `read` and `write` here are the client asking where a chunk's data lies (the data itself
-# comes from the chunkserver), so they are requests the metadata server answers too.
+# The master's counters of the mount's operations, by name: statfs getattr setattr lookup mkdir
+# rmdir symlink readlink mknod unlink rename link readdir open read write total; `current` for
+# this hour, `last` for the hour before (the master starts new counts each hour: a count that
+# went down since it was read last is `last` minus the earlier count plus `current`). `read` and
+# `write` here are the client asking where a chunk's data lies (the data itself comes from the
+# chunkserver), so they are requests the metadata server answers too.
 ops() {
-  local line
-  line=$(mfscli -H "$master" -SMO -m 1 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
-  [ -n "$line" ] || { echo "sharedfs.sh: no mount of $dir/mnt known to the master at $master" >&2; exit 1; }
-  # The line: "active mounts, operations: IP PATH c1 ... c17" (words split on spaces).
-  python3 - "$line" <<'EOF'
+  local current last
+  current=$(mfscli -H "$master" -SMO -m 1 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
+  last=$(mfscli -H "$master" -SMO -m 0 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
+  [ -n "$current" ] && [ -n "$last" ] || { echo "sharedfs.sh: no mount of $dir/mnt known to the master at $master" >&2; exit 1; }
+  # Each line: "active mounts, operations: IP PATH c1 ... c17" (words split on spaces).
+  python3 - "$current" "$last" <<'EOF'
 import json, sys
 names = ("statfs getattr setattr lookup mkdir rmdir symlink readlink mknod unlink rename link "
          "readdir open read write total").split()
-counts = [int(w) for w in sys.argv[1].split()[-len(names):]]
-print(json.dumps(dict(zip(names, counts))))
+counts = lambda line: dict(zip(names, (int(w) for w in line.split()[-len(names):])))
+print(json.dumps({"current": counts(sys.argv[1]), "last": counts(sys.argv[2])}))
 EOF
 }
 

@@ -57,8 +57,8 @@ impl MooseFs {
         }
         let dir = tempfile::tempdir().unwrap();
         // Instances numbered by this process's tests, offset by its pid: test binaries of
-        // another run on the machine take other numbers.
-        let n = (std::process::id() % 25) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10 + 1;
+        // another run on the machine take other numbers (1-240; bench/pfs.py takes 250).
+        let n = (std::process::id() % 24) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10 + 1;
         run(Command::new("bash")
             .arg(script())
             .args(["up", "moosefs"])
@@ -72,13 +72,45 @@ impl MooseFs {
         self.dir.path().join("mnt")
     }
 
-    /// The master's operation counters for this client, by name (`total` among them).
-    fn ops(&self) -> BTreeMap<String, u64> {
+    /// The master's operation counters for this client, by name (`total` among them): this
+    /// hour's, and the last hour's (the master starts new counts each hour).
+    fn ops(&self) -> Counts {
         let out = run(Command::new("bash")
             .arg(script())
             .args(["ops", "moosefs"])
             .arg(self.dir.path()));
-        serde_json::from_str(&out).unwrap()
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let counts = |hour: &str| serde_json::from_value(v[hour].clone()).unwrap();
+        Counts {
+            current: counts("current"),
+            last: counts("last"),
+        }
+    }
+}
+
+/// The master's counts of one client's operations, this hour and the last.
+struct Counts {
+    current: BTreeMap<String, u64>,
+    last: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    /// The operations from `before` to these, by name (those with any): a count lower than
+    /// before means a new hour began in between, whose first part is the last hour's count
+    /// beyond the earlier one.
+    fn since(&self, before: &Counts) -> BTreeMap<String, u64> {
+        self.current
+            .iter()
+            .map(|(k, &now)| {
+                let was = before.current[k];
+                let n = match now >= was {
+                    true => now - was,
+                    false => self.last[k].saturating_sub(was) + now,
+                };
+                (k.clone(), n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 }
 
@@ -100,12 +132,7 @@ fn script() -> PathBuf {
 fn during(mfs: &MooseFs, f: impl FnOnce()) -> BTreeMap<String, u64> {
     let before = mfs.ops();
     f();
-    let after = mfs.ops();
-    after
-        .into_iter()
-        .map(|(k, v)| (k.clone(), v - before[&k]))
-        .filter(|(_, v)| *v > 0)
-        .collect()
+    mfs.ops().since(&before)
 }
 
 fn total(ops: &BTreeMap<String, u64>) -> u64 {
