@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# A real S3 store on this one machine: Ceph's RADOS Gateway over a one-OSD Ceph whose disk is a
+# sparse file, its daemons in a network namespace of their own. Unlike a mock it checks
+# signatures, keys, clock skew and expiry, and answers with the proper S3 error codes.
+#
+#   bench/s3gw.sh up DIR [N]    cluster under DIR; prints the endpoint, writes DIR/env
+#                               (PACKFS_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
+#   bench/s3gw.sh ops DIR       the gateway's request counters, as JSON (req, failed_req, get, ...)
+#   bench/s3gw.sh down DIR      daemons stopped, namespace removed
+#
+# N (1-250, default 1) numbers the instance: namespace packfs-rgw-N, endpoint
+# http://10.78.N.2:8080. Daemons are started with nsenter into the namespace's network only
+# (`ip netns exec` would pin every FUSE mount present). Needs root and Debian's ceph-mon,
+# ceph-osd, radosgw and ceph-common. Comes up in about 15-25 s.
+set -euo pipefail
+
+usage() {
+  sed -n '6,9p' "$0" >&2
+  exit 2
+}
+
+[ $# -ge 2 ] || usage
+action=$1 dir=$2 n=${3:-}
+if [ -z "$n" ]; then
+  n=$(cat "$dir/instance" 2>/dev/null || echo 1)
+fi
+case $n in
+  '' | *[!0-9]*) echo "s3gw.sh: instance number '$n' is not 1-250" >&2; exit 2 ;;
+esac
+[ "$n" -ge 1 ] && [ "$n" -le 250 ] || { echo "s3gw.sh: instance number $n is not 1-250" >&2; exit 2; }
+ns=packfs-rgw-$n
+host_if=pfsrgw${n}h
+ns_if=pfsrgw${n}n
+addr=10.78.$n.2
+conf=$dir/ceph.conf
+in_ns() { nsenter --net="/run/netns/$ns" "$@"; }
+
+down() {
+  pkill -f "(radosgw|ceph-osd|ceph-mon) .*-c $conf" 2>/dev/null || true
+  sleep 0.5
+  pkill -9 -f "(radosgw|ceph-osd|ceph-mon) .*-c $conf" 2>/dev/null || true
+  ip link del "$host_if" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+}
+
+# Retries a cluster command while the monitor settles (the first ones can meet an election).
+ceph_cmd() {
+  local i
+  for i in $(seq 1 50); do
+    in_ns ceph -c "$conf" "$@" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  in_ns ceph -c "$conf" "$@"
+}
+
+up() {
+  for tool in ceph-mon ceph-osd radosgw radosgw-admin monmaptool ceph nsenter ip curl; do
+    command -v "$tool" >/dev/null || {
+      echo "s3gw.sh: $tool is missing (apt-get install ceph-mon ceph-osd radosgw ceph-common iproute2 curl)" >&2
+      exit 1
+    }
+  done
+  down
+  rm -rf "$dir/mon" "$dir/osd0" "$dir/osd0.block" "$dir/run" "$dir/log"
+  mkdir -p "$dir/mon" "$dir/osd0" "$dir/run" "$dir/log" "$dir/rgw"
+  echo "$n" > "$dir/instance"
+  ip netns add "$ns"
+  ip link add "$host_if" type veth peer name "$ns_if"
+  ip link set "$ns_if" netns "$ns"
+  ip addr add "10.78.$n.1/24" dev "$host_if"
+  ip link set "$host_if" up
+  in_ns ip addr add "$addr/24" dev "$ns_if"
+  in_ns ip link set "$ns_if" up
+  in_ns ip link set lo up
+
+  local fsid
+  fsid=$(cat /proc/sys/kernel/random/uuid)
+  # Cephx off inside the cluster (nothing else reaches the namespace); S3 requests are still
+  # signed and checked by the gateway. One OSD, pools of one copy; the OSD's disk a 4 GiB sparse
+  # file beside its data directory (inside it, bluestore's own `block` link would loop).
+  cat > "$conf" <<EOF
+[global]
+fsid = $fsid
+mon host = $addr
+mon initial members = a
+auth cluster required = none
+auth service required = none
+auth client required = none
+osd pool default size = 1
+osd pool default min size = 1
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+osd objectstore = bluestore
+osd crush chooseleaf type = 0
+run dir = $dir/run
+admin socket = $dir/run/\$name.asok
+log file = $dir/log/\$name.log
+[mon.a]
+mon data = $dir/mon
+[osd.0]
+osd data = $dir/osd0
+bluestore block path = $dir/osd0.block
+bluestore block create = true
+bluestore block size = 4294967296
+osd memory target = 939524096
+[client.rgw.a]
+rgw frontends = beast endpoint=$addr:8080
+rgw data = $dir/rgw
+EOF
+  monmaptool --create --add a "$addr" --fsid "$fsid" "$dir/monmap" >/dev/null
+  in_ns ceph-mon --mkfs -i a --monmap "$dir/monmap" -c "$conf"
+  in_ns ceph-mon -i a -c "$conf"
+  ceph_cmd osd create >/dev/null
+  in_ns ceph-osd -i 0 --mkfs -c "$conf" >"$dir/log/osd-mkfs.out" 2>&1
+  in_ns ceph-osd -i 0 -c "$conf" >/dev/null 2>&1
+  ceph_cmd osd crush add osd.0 1.0 host=localhost root=default >/dev/null
+  in_ns radosgw -c "$conf" -n client.rgw.a
+  local i code=000
+  for i in $(seq 1 300); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://$addr:8080/" 2>/dev/null || true)
+    [ "$code" = 200 ] && break
+    sleep 0.2
+  done
+  [ "$code" = 200 ] || { echo "s3gw.sh: the gateway did not answer in 60 s; logs in $dir/log" >&2; exit 1; }
+  local key secret
+  key=PACKFS$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
+  secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  in_ns radosgw-admin -c "$conf" user create --uid packfs --display-name packfs \
+    --access-key "$key" --secret-key "$secret" >/dev/null
+  umask 077
+  cat > "$dir/env" <<EOF
+PACKFS_S3_ENDPOINT=http://$addr:8080
+AWS_ACCESS_KEY_ID=$key
+AWS_SECRET_ACCESS_KEY=$secret
+EOF
+  echo "rgw $n up: endpoint http://$addr:8080, keys in $dir/env"
+}
+
+ops() {
+  in_ns ceph -c "$conf" daemon client.rgw.a perf dump | python3 -c '
+import json, sys
+rgw = json.load(sys.stdin)["rgw"]
+print(json.dumps({k: v for k, v in rgw.items() if isinstance(v, int)}))'
+}
+
+case $action in
+  up) up ;;
+  ops) ops ;;
+  down) down ;;
+  *) usage ;;
+esac
