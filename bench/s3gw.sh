@@ -61,7 +61,7 @@ up() {
     }
   done
   down
-  rm -rf "$dir/mon" "$dir/osd0" "$dir/osd0.block" "$dir/run" "$dir/log"
+  rm -rf "$dir/mon" "$dir/osd0" "$dir/osd0.block" "$dir/run" "$dir/log" "$dir/monmap"
   mkdir -p "$dir/mon" "$dir/osd0" "$dir/run" "$dir/log" "$dir/rgw"
   echo "$n" > "$dir/instance"
   ip netns add "$ns"

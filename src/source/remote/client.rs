@@ -14,6 +14,7 @@ use tracing::warn;
 use super::config::{Limits, S3Config};
 use super::credentials::{CredentialStats, Creds, Provider};
 use super::location::Location;
+use super::refusal::refusal;
 
 /// The S3 error code of a refusal: in the XML body (AWS), or, for HEAD, which has no body, in a
 /// header where the store sends one (`x-minio-error-code`); "" when neither says.
@@ -201,8 +202,22 @@ impl Client {
         Ok((Some(signing), Some(c)))
     }
 
-    /// HEAD of an object: its size, ETag and modification time.
+    /// HEAD of an object: its size, ETag and modification time. A refusal is asked again as a
+    /// GET of one byte: a HEAD's answer has no body, so no code saying which credential was
+    /// refused and why (a wrong secret and an unknown key were both "access denied (403)").
     pub fn head(&self, loc: &Location) -> io::Result<ObjectMeta> {
+        self.head_once(loc).map_err(|refused| {
+            if refused.kind() != io::ErrorKind::PermissionDenied {
+                return refused;
+            }
+            match self.get_range(loc, 0, &mut [0u8; 1], None) {
+                Err(said) if said.kind() == io::ErrorKind::PermissionDenied => said,
+                _ => refused,
+            }
+        })
+    }
+
+    fn head_once(&self, loc: &Location) -> io::Result<ObjectMeta> {
         let counters = self.counters(loc);
         self.attempts(loc, "HEAD", &counters, || {
             let (url, used) = self.url(loc, true).map_err(Failure::Final)?;
@@ -466,6 +481,10 @@ impl Client {
                     format!(
                         "{loc}: the credentials have expired ({code}); renew them (from {from}) \
                          and mount again"
+                    )
+                } else if let Some(why) = refusal(&code, used.map(|c| c.key.as_str())) {
+                    format!(
+                        "{loc}: access denied ({status} {code}): {why} (credentials from {from})"
                     )
                 } else {
                     format!(

@@ -7,6 +7,7 @@ mod client;
 pub mod config;
 mod credentials;
 mod location;
+mod refusal;
 pub mod store;
 
 use std::io;
