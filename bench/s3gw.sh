@@ -21,26 +21,15 @@ usage() {
 
 [ $# -ge 2 ] || usage
 action=$1 dir=$2 n=${3:-}
-if [ -z "$n" ]; then
-  n=$(cat "$dir/instance" 2>/dev/null || echo 1)
-fi
-case $n in
-  '' | *[!0-9]*) echo "s3gw.sh: instance number '$n' is not 1-250" >&2; exit 2 ;;
-esac
-[ "$n" -ge 1 ] && [ "$n" -le 250 ] || { echo "s3gw.sh: instance number $n is not 1-250" >&2; exit 2; }
-ns=packfs-rgw-$n
-host_if=pfsrgw${n}h
-ns_if=pfsrgw${n}n
-addr=10.78.$n.2
+. "$(dirname "$0")/netns.sh"
+netns_init rgw 10.78 "$dir" "$n"
 conf=$dir/ceph.conf
-in_ns() { nsenter --net="/run/netns/$ns" "$@"; }
 
 down() {
   pkill -f "(radosgw|ceph-osd|ceph-mon) .*-c $conf" 2>/dev/null || true
   sleep 0.5
   pkill -9 -f "(radosgw|ceph-osd|ceph-mon) .*-c $conf" 2>/dev/null || true
-  ip link del "$host_if" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
+  netns_down
 }
 
 # Retries a cluster command while the monitor settles (the first ones can meet an election).
@@ -63,15 +52,7 @@ up() {
   down
   rm -rf "$dir/mon" "$dir/osd0" "$dir/osd0.block" "$dir/run" "$dir/log" "$dir/monmap"
   mkdir -p "$dir/mon" "$dir/osd0" "$dir/run" "$dir/log" "$dir/rgw"
-  echo "$n" > "$dir/instance"
-  ip netns add "$ns"
-  ip link add "$host_if" type veth peer name "$ns_if"
-  ip link set "$ns_if" netns "$ns"
-  ip addr add "10.78.$n.1/24" dev "$host_if"
-  ip link set "$host_if" up
-  in_ns ip addr add "$addr/24" dev "$ns_if"
-  in_ns ip link set "$ns_if" up
-  in_ns ip link set lo up
+  netns_up "$dir"
 
   local fsid
   fsid=$(cat /proc/sys/kernel/random/uuid)

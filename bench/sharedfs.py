@@ -3,12 +3,13 @@ by bench/sharedfs.sh (servers in a network namespace, FUSE client on the host), 
 onto it, the metadata server's own operation counters read before and after each pass.
 
 The counters come in the simulator's shape ({"ops": {kind: count}, "read_bytes": n}) so pfs.py's
-tables serve both. MooseFS's master counts, per mount: statfs, getattr, setattr, lookup, mkdir,
+tables serve both (bench/sharedfs.sh keeps the counts across the master's hourly resets).
+MooseFS's master counts, per mount: statfs, getattr, setattr, lookup, mkdir,
 rmdir, symlink, readlink, mknod, unlink, rename, link, readdir, open, read, write. Its `read` is
 the client asking where a chunk's data lies (the master's share of a read, not one per read
 syscall); the bytes are what the client process received (its rchar), which the chunkserver sent.
 """
-import json, os, shutil, subprocess, time
+import json, os, shutil, subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "sharedfs.sh")
@@ -53,24 +54,13 @@ class MooseFs:
         return os.path.join(self.mnt, *p)
 
     def counters(self):
-        """Operations since this instance was first read, counted across the master's hourly
-        resets (`since_start`), and the bytes the client received."""
-        ops = self.since_start(json.loads(sharedfs("ops", "moosefs", self.dir)))
+        """The master's operations since the instance came up, and the bytes the client
+        received."""
+        ops = json.loads(sharedfs("ops", "moosefs", self.dir))
         with open(f"/proc/{self.client}/io") as f:
             io = dict(line.split(": ") for line in f.read().splitlines())
         return {"ops": {k: ops.get(k, 0) for k in KINDS}, "read_bytes": int(io["rchar"]),
                 "all_ops": ops}
-
-    def since_start(self, now):
-        """Running totals from the master's hourly counts: a count lower than the one read
-        before means a new hour began, whose first part is the last hour's count beyond it."""
-        seen = getattr(self, "_seen", None)
-        totals = getattr(self, "_totals", {k: 0 for k in now["current"]})
-        for k, v in now["current"].items():
-            before = seen[k] if seen else v
-            totals[k] += v - before if v >= before else now["last"][k] - before + v
-        self._seen, self._totals = now["current"], totals
-        return dict(totals)
 
     def stop(self):
         if self.keep:
@@ -90,10 +80,3 @@ def client_pid(mnt):
         if cmd.startswith("mfsmount") and mnt in cmd:
             return int(pid)
     raise RuntimeError(f"no mfsmount process serves {mnt}")
-
-
-def idle_ops(fs, seconds):
-    """The metadata server's operations while nothing reads, over `seconds`."""
-    before = fs.counters()["all_ops"]["total"]
-    time.sleep(seconds)
-    return fs.counters()["all_ops"]["total"] - before

@@ -3,8 +3,8 @@
 # network namespace of their own, its FUSE client on the host, as a compute node sees it.
 #
 #   bench/sharedfs.sh up moosefs DIR [N]   servers and data under DIR, client mounted at DIR/mnt
-#   bench/sharedfs.sh ops moosefs DIR      the master's operation counters for the mount, as JSON
-#                                          (this hour's and the last hour's)
+#   bench/sharedfs.sh ops moosefs DIR      the master's counts of the mount's operations since
+#                                          `up`, as JSON
 #   bench/sharedfs.sh down moosefs DIR     client unmounted, servers stopped, namespace removed
 #
 # N (1-250, default 1) numbers the instance: its namespace is packfs-mfs-N, its subnet
@@ -25,37 +25,44 @@ action=$1 fs=$2 dir=$3 n=${4:-}
 [ "$fs" = moosefs ] || { echo "sharedfs.sh: unknown file system '$fs' (known: moosefs)" >&2; exit 2; }
 
 # The instance number is kept in DIR once up, so ops and down need only DIR.
-if [ -z "$n" ]; then
-  n=$(cat "$dir/instance" 2>/dev/null || echo 1)
-fi
-case $n in
-  '' | *[!0-9]*) echo "sharedfs.sh: instance number '$n' is not 1-250" >&2; exit 2 ;;
-esac
-[ "$n" -ge 1 ] && [ "$n" -le 250 ] || { echo "sharedfs.sh: instance number $n is not 1-250" >&2; exit 2; }
-ns=packfs-mfs-$n
-host_if=pfsmfs${n}h
-ns_if=pfsmfs${n}n
-master=10.77.$n.2
-in_ns() { nsenter --net="/run/netns/$ns" "$@"; }
+. "$(dirname "$0")/netns.sh"
+netns_init mfs 10.77 "$dir" "$n"
+master=$addr
+# The MooseFS CLI (another program in its place for the tests of the counting).
+mfscli=${PACKFS_MFSCLI:-mfscli}
 
-# The master's counters of the mount's operations, by name: statfs getattr setattr lookup mkdir
-# rmdir symlink readlink mknod unlink rename link readdir open read write total; `current` for
-# this hour, `last` for the hour before (the master starts new counts each hour: a count that
-# went down since it was read last is `last` minus the earlier count plus `current`). `read` and
-# `write` here are the client asking where a chunk's data lies (the data itself comes from the
-# chunkserver), so they are requests the metadata server answers too.
+# The master's counts of the mount's operations since `up`, by name: statfs getattr setattr
+# lookup mkdir rmdir symlink readlink mknod unlink rename link readdir open read write total.
+# The master counts by the hour (this hour's and the last's): the running totals are kept in
+# DIR/ops.json, and a count lower than the one seen before means a new hour began, whose first
+# part is the last hour's count beyond it. `read` and `write` here are the client asking where a
+# chunk's data lies (the data itself comes from the chunkserver), so they are requests the
+# metadata server answers too.
 ops() {
   local current last
-  current=$(mfscli -H "$master" -SMO -m 1 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
-  last=$(mfscli -H "$master" -SMO -m 0 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
+  current=$("$mfscli" -H "$master" -SMO -m 1 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
+  last=$("$mfscli" -H "$master" -SMO -m 0 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
   [ -n "$current" ] && [ -n "$last" ] || { echo "sharedfs.sh: no mount of $dir/mnt known to the master at $master" >&2; exit 1; }
   # Each line: "active mounts, operations: IP PATH c1 ... c17" (words split on spaces).
-  python3 - "$current" "$last" <<'EOF'
-import json, sys
+  python3 - "$current" "$last" "$dir/ops.json" <<'EOF'
+import json, os, sys
 names = ("statfs getattr setattr lookup mkdir rmdir symlink readlink mknod unlink rename link "
          "readdir open read write total").split()
 counts = lambda line: dict(zip(names, (int(w) for w in line.split()[-len(names):])))
-print(json.dumps({"current": counts(sys.argv[1]), "last": counts(sys.argv[2])}))
+now, last, path = counts(sys.argv[1]), counts(sys.argv[2]), sys.argv[3]
+try:
+    with open(path) as f:
+        state = json.load(f)
+except FileNotFoundError:
+    state = {"seen": now, "totals": dict.fromkeys(names, 0)}
+for k, v in now.items():
+    was = state["seen"][k]
+    state["totals"][k] += v - was if v >= was else max(last[k] - was, 0) + v
+state["seen"] = now
+with open(path + ".tmp", "w") as f:
+    json.dump(state, f)
+os.replace(path + ".tmp", path)
+print(json.dumps(state["totals"]))
 EOF
 }
 
@@ -69,8 +76,7 @@ down() {
   fi
   # Whatever did not stop (a server left by a killed run).
   pkill -9 -f "mfs(master|chunkserver) -c $dir/" 2>/dev/null || true
-  ip link del "$host_if" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
+  netns_down
 }
 
 up() {
@@ -82,15 +88,8 @@ up() {
   done
   down
   mkdir -p "$dir/master" "$dir/chunks/data" "$dir/mnt"
-  echo "$n" > "$dir/instance"
-  ip netns add "$ns"
-  ip link add "$host_if" type veth peer name "$ns_if"
-  ip link set "$ns_if" netns "$ns"
-  ip addr add "10.77.$n.1/24" dev "$host_if"
-  ip link set "$host_if" up
-  in_ns ip addr add "$master/24" dev "$ns_if"
-  in_ns ip link set "$ns_if" up
-  in_ns ip link set lo up
+  rm -f "$dir/ops.json"
+  netns_up "$dir"
 
   cp /var/lib/mfs/metadata.mfs.empty "$dir/master/metadata.mfs"
   cat > "$dir/mfsmaster.cfg" <<EOF
