@@ -76,7 +76,7 @@ down() {
   fi
   # Whatever did not stop (a server left by a killed run).
   pkill -9 -f "mfs(master|chunkserver) -c $dir/" 2>/dev/null || true
-  netns_down
+  netns_down "$dir"
 }
 
 up() {

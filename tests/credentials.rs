@@ -84,7 +84,7 @@ fn instance_metadata_keys_are_renewed_before_they_expire_under_a_living_mount() 
 
     let mut cmd = bare(&store.url, &home);
     cmd.env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &store.url)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "trace");
     let (mnt, log) = (dir.path().join("mnt"), dir.path().join("daemon.log"));
     let _mounted = mount(cmd, &mnt, &log);
     for i in 0..12 {
@@ -174,6 +174,7 @@ fn moto_behind_objserver(
     upload(
         &python,
         &s3.url,
+        MOTO_KEYS,
         "bucket",
         &[(&root.join("bucket/shard.tar"), "shard.tar")],
     );

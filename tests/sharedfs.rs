@@ -412,3 +412,49 @@ fn operation_counts_go_on_across_the_masters_hourly_reset() {
     assert_eq!(ops(3, 20), (13, 13));
     assert_eq!(ops(7, 20), (17, 17));
 }
+
+/// An instance number is claimed by the directory that brought it up until that directory's
+/// `down`: a second `up` of the number fails (exit 3) instead of sharing the address, and a late
+/// `down` of an older directory (a test process's watcher finishing while the next process
+/// already runs its own instance) leaves the newer namespace standing. Before the claims, that
+/// late `down` removed the newer instance's namespace mid-start and its OSD met another
+/// monitor ('wrong fsid').
+#[test]
+fn a_late_down_of_an_old_instance_leaves_a_newer_one_standing() {
+    if unsafe { libc::geteuid() } != 0 {
+        skip("netns", "network namespaces need root");
+        return;
+    }
+    let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let n = 200 + std::process::id() % 50;
+    let netns = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/netns.sh");
+    let call = |dir: &Path, what: &str| {
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "set -e; . \"$0\"; netns_init tst 10.79 \"$1\" {n}; {what}"
+            ))
+            .arg(&netns)
+            .arg(dir)
+            .output()
+            .unwrap()
+    };
+    let ns = PathBuf::from(format!("/run/netns/packfs-tst-{n}"));
+    // The old directory had the number once (its `up` and `down` done); the new one has it now.
+    assert_ok(&call(old.path(), "netns_up \"$1\"; netns_down \"$1\""));
+    assert_ok(&call(new.path(), "netns_up \"$1\""));
+    assert!(ns.exists());
+    // The old directory's late `down` (its instance file still names n).
+    assert_ok(&call(old.path(), "netns_down \"$1\""));
+    let standing = ns.exists();
+    // A second `up` of the claimed number is refused.
+    let second = call(old.path(), "netns_up \"$1\"");
+    assert_ok(&call(new.path(), "netns_down \"$1\""));
+    assert!(standing, "the late down removed the newer namespace");
+    assert_eq!(second.status.code(), Some(3), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("is in use by"),
+        "{second:?}"
+    );
+    assert!(!ns.exists());
+}
