@@ -2,12 +2,13 @@
 """The headline benchmark: epochs on a parallel file system, simulated or real, same data, same run.
 
     bench/pfs.sh [--datasets imagenet-20k,tiny-200k] [--profile typical] [--readers 8,32]
-                 [--orders random,archive] [--fs pfssim|moosefs] [--idle SECONDS]
+                 [--orders random,archive] [--fs pfssim|moosefs|glusterfs|cephfs]
+                 [--idle SECONDS]
                  [--packfs BINARY]
 
-With `--fs moosefs` the data lives on a real MooseFS started for the run (bench/sharedfs.sh:
-servers in a network namespace, FUSE client on the host) instead of the simulator, and the
-operations counted are its master's (bench/sharedfs.py). `--idle SECONDS` also counts the
+With `--fs moosefs`, `glusterfs` or `cephfs` the data lives on a real file system started for
+the run (bench/sharedfs.sh: servers in a network namespace, FUSE client on the host) instead of
+the simulator, and the operations counted are its servers' (bench/sharedfs.py). `--idle SECONDS` also counts the
 operations each packfs mount sends while nothing reads, after its passes (the image watcher's
 cost). `--packfs` measures another build.
 
@@ -106,7 +107,8 @@ class Pfs:
 
 def ops_between(before, after):
     ops = {k: after["ops"][k] - before["ops"][k] for k in after["ops"]}
-    meta = sum(ops[k] for k in META)
+    # A real file system may say what it counts as metadata (sharedfs.py).
+    meta = (after["meta"] - before["meta"] if "meta" in after else sum(ops[k] for k in META))
     return {"meta": meta, "reads": ops["read"], "bytes": after["read_bytes"] - before["read_bytes"],
             "by_kind": {k: v for k, v in ops.items() if v}}
 
@@ -310,8 +312,8 @@ def main():
     ap.add_argument("--work", default="/tmp/packfs-bench")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--chart", metavar="JSON", help="only redraw the table and chart of a saved run")
-    ap.add_argument("--fs", default="pfssim", choices=("pfssim", "moosefs"),
-                    help="the storage: the simulator, or a real MooseFS started for the run")
+    ap.add_argument("--fs", default="pfssim", choices=("pfssim", "moosefs", "glusterfs", "cephfs"),
+                    help="the storage: the simulator, or a real file system started for the run")
     ap.add_argument("--idle", type=float, default=0,
                     help="seconds to count each packfs mount's operations while idle")
     ap.add_argument("--packfs", default=PACKFS, help="the packfs binary to measure")
@@ -343,7 +345,7 @@ def main():
     for dsname in args.datasets.split(","):
         ds, meta = peers.ensure_dataset(dsname, args.work)
         pfs = (Pfs(ds, args.work, args.profile, args.sim_args.split()) if args.fs == "pfssim"
-               else sharedfs.MooseFs(ds, args.work, PACKFS, keep=args.keep_fs))
+               else sharedfs.SharedFs(args.fs, ds, args.work, PACKFS, keep=args.keep_fs))
         listing = os.path.join(args.work, f"{dsname}.pfs.list")
         files = peers.write_reading_order(ds, listing)
         archive_listing = os.path.join(args.work, f"{dsname}.pfs.archive.list")

@@ -17,6 +17,8 @@ DATASETS = {
     "smoke": dict(files=2000, classes=20, profile="tiny", shards=4),
     "tiny-200k": dict(files=200_000, classes=1000, profile="tiny", shards=16),
     "imagenet-20k": dict(files=20_000, classes=100, profile="imagenet", shards=8),
+    # The same samples, fewer: the real shared file systems' runs (bench/pfs.py --fs ...).
+    "imagenet-5k": dict(files=5_000, classes=100, profile="imagenet", shards=8),
 }
 PEERS = ["native", "tmpfs", "squashfuse_ll", "squashfuse", "kernel-squashfs", "ratarmount",
          "archivemount", "packfs"]

@@ -1,13 +1,18 @@
-"""A real shared file system as bench/pfs.py's storage, in place of the simulator: MooseFS started
-by bench/sharedfs.sh (servers in a network namespace, FUSE client on the host), the dataset copied
-onto it, the metadata server's own operation counters read before and after each pass.
+"""A real shared file system as bench/pfs.py's storage, in place of the simulator: MooseFS,
+GlusterFS or CephFS started by bench/sharedfs.sh (servers in a network namespace, FUSE client on
+the host), the dataset copied onto it, the servers' own operation counters read before and after
+each pass.
 
 The counters come in the simulator's shape ({"ops": {kind: count}, "read_bytes": n}) so pfs.py's
-tables serve both (bench/sharedfs.sh keeps the counts across the master's hourly resets).
-MooseFS's master counts, per mount: statfs, getattr, setattr, lookup, mkdir,
-rmdir, symlink, readlink, mknod, unlink, rename, link, readdir, open, read, write. Its `read` is
-the client asking where a chunk's data lies (the master's share of a read, not one per read
-syscall); the bytes are what the client process received (its rchar), which the chunkserver sent.
+tables serve all. The bytes are what the client process received (its rchar), which the data
+servers sent. What counts as a metadata operation:
+  - MooseFS: its master's counts for the mount (statfs, getattr, lookup, readdir, open, ...;
+    bench/sharedfs.sh keeps them across the master's hourly resets). Its `read` is the client
+    asking where a chunk's data lies, counted as reads, not metadata.
+  - GlusterFS: there is no metadata server; the brick counts every operation, and all but READ
+    and WRITE (lookup, stat, fstat, open, flush, release, getxattr, ...) are metadata (`meta`).
+  - CephFS: the MDS's client requests (lookup, getattr, open, readdir, ...); reads go to the OSD
+    and are not counted by it.
 """
 import json, os, shutil, subprocess
 
@@ -25,20 +30,21 @@ def sharedfs(*args):
     return out.stdout
 
 
-class MooseFs:
-    """The dataset (tree, tar shards, squashfs image) on a MooseFS instance of its own; the same
-    interface as pfs.py's Pfs (path, counters, stop, index)."""
+class SharedFs:
+    """The dataset (tree, tar shards, squashfs image) on an instance of `kind` of its own; the
+    same interface as pfs.py's Pfs (path, counters, stop, index)."""
 
-    def __init__(self, ds, work, packfs, instance=250, keep=False):
+    def __init__(self, kind, ds, work, packfs, instance=250, keep=False):
         name = os.path.basename(ds)
-        self.dir = os.path.join(work, f"moosefs-{name}")
+        self.kind = kind
+        self.dir = os.path.join(work, f"{kind}-{name}")
         self.mnt = os.path.join(self.dir, "mnt")
         self.index = self.path(f"{name}.packfs-index")
         self.keep = keep
         # An instance a run kept (`keep`), still mounted with the whole dataset, is used again.
         if not (os.path.ismount(self.mnt) and os.path.exists(self.path(".complete"))):
-            sharedfs("up", "moosefs", self.dir, str(instance))
-            print(f"copying {name} onto MooseFS ({self.mnt})", flush=True)
+            sharedfs("up", kind, self.dir, str(instance))
+            print(f"copying {name} onto {kind} ({self.mnt})", flush=True)
             shutil.copytree(os.path.join(ds, "tree"), self.path("tree"))
             os.makedirs(self.path("shards"))
             for s in sorted(os.listdir(os.path.join(ds, "shards"))):
@@ -54,29 +60,36 @@ class MooseFs:
         return os.path.join(self.mnt, *p)
 
     def counters(self):
-        """The master's operations since the instance came up, and the bytes the client
+        """The servers' operations since the instance came up, and the bytes the client
         received."""
-        ops = json.loads(sharedfs("ops", "moosefs", self.dir))
+        ops = json.loads(sharedfs("ops", self.kind, self.dir))
         with open(f"/proc/{self.client}/io") as f:
             io = dict(line.split(": ") for line in f.read().splitlines())
-        return {"ops": {k: ops.get(k, 0) for k in KINDS}, "read_bytes": int(io["rchar"]),
-                "all_ops": ops}
+        out = {"ops": {k: ops.get(k, 0) for k in KINDS}, "read_bytes": int(io["rchar"]),
+               "all_ops": ops}
+        if self.kind != "moosefs":
+            # Every operation the servers count but reads and writes is metadata.
+            out["meta"] = ops["total"]
+        return out
 
     def stop(self):
         if self.keep:
             return
-        sharedfs("down", "moosefs", self.dir)
+        sharedfs("down", self.kind, self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+CLIENTS = ("mfsmount", "glusterfs", "/usr/sbin/glusterfs", "ceph-fuse")
+
+
 def client_pid(mnt):
-    """The mfsmount process serving `mnt` (it names its mount point in its command line)."""
+    """The FUSE client process serving `mnt` (each names its mount point in its command line)."""
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if cmd.startswith("mfsmount") and mnt in cmd:
+        if cmd.split(" ")[0] in CLIENTS and mnt in cmd:
             return int(pid)
-    raise RuntimeError(f"no mfsmount process serves {mnt}")
+    raise RuntimeError(f"no FUSE client process serves {mnt}")

@@ -2,137 +2,55 @@
 # A real shared file system on this one machine, for tests and benchmarks: its servers in a
 # network namespace of their own, its FUSE client on the host, as a compute node sees it.
 #
-#   bench/sharedfs.sh up moosefs DIR [N]   servers and data under DIR, client mounted at DIR/mnt
-#   bench/sharedfs.sh ops moosefs DIR      the master's counts of the mount's operations since
-#                                          `up`, as JSON
-#   bench/sharedfs.sh down moosefs DIR     client unmounted, servers stopped, namespace removed
+#   bench/sharedfs.sh up FS DIR [N]   servers and data under DIR, client mounted at DIR/mnt
+#   bench/sharedfs.sh ops FS DIR      the servers' counts of the operations since `up`, as JSON
+#                                     by kind, `total` those a metadata server answers
+#   bench/sharedfs.sh down FS DIR     client unmounted, servers stopped, namespace removed
 #
-# N (1-250, default 1) numbers the instance: its namespace is packfs-mfs-N, its subnet
-# 10.77.N.0/24, so several can run at once (one per test). Servers are started with nsenter
-# into the namespace's network only: `ip netns exec` would also give them a private copy of the
-# mount table, which pins every FUSE mount present at that moment (a packfs daemon stayed alive
-# 60 s after `packfs umount`). Needs root and Debian's moosefs-master, moosefs-chunkserver,
-# moosefs-client and moosefs-cli (.ci/run installs them).
+# FS is moosefs (MooseFS 3.0: master and chunkserver; its master counts per client), glusterfs
+# (GlusterFS 10: glusterd and one brick; one instance at a time) or cephfs (Ceph 16: monitor,
+# OSD and MDS, ceph-fuse as the client), each in bench/sharedfs/FS.sh. N (1-250, default 1)
+# numbers the instance: its namespace is packfs-KIND-N (mfs, gl, cfs) on the subnet
+# 10.77.N.0/24, 10.79.N.0/24 or 10.80.N.0/24, so several can run at once (one per test).
+# Servers are started with nsenter into the namespace's network only: `ip netns exec` would
+# also give them a private copy of the mount table, which pins every FUSE mount present at that
+# moment (a packfs daemon stayed alive 60 s after `packfs umount`). Needs root and Debian's
+# moosefs-master, moosefs-chunkserver, moosefs-client and moosefs-cli (.ci/run installs them),
+# glusterfs-server and glusterfs-client, or ceph-mon, ceph-osd, ceph-mds, ceph-common and
+# ceph-fuse.
 set -euo pipefail
 
 usage() {
-  sed -n '5,7p' "$0" >&2
+  sed -n '5,8p' "$0" >&2
   exit 2
 }
 
 [ $# -ge 3 ] || usage
 action=$1 fs=$2 dir=$3 n=${4:-}
-[ "$fs" = moosefs ] || { echo "sharedfs.sh: unknown file system '$fs' (known: moosefs)" >&2; exit 2; }
+case $fs in
+  moosefs | glusterfs | cephfs) ;;
+  *) echo "sharedfs.sh: unknown file system '$fs' (known: moosefs, glusterfs, cephfs)" >&2; exit 2 ;;
+esac
+case $action in
+  up | ops | down) ;;
+  *) usage ;;
+esac
 
-# The instance number is kept in DIR once up, so ops and down need only DIR.
-. "$(dirname "$0")/netns.sh"
-netns_init mfs 10.77 "$dir" "$n"
-master=$addr
-# The MooseFS CLI (another program in its place for the tests of the counting).
-mfscli=${PACKFS_MFSCLI:-mfscli}
-
-# The master's counts of the mount's operations since `up`, by name: statfs getattr setattr
-# lookup mkdir rmdir symlink readlink mknod unlink rename link readdir open read write total.
-# The master counts by the hour (this hour's and the last's): the running totals are kept in
-# DIR/ops.json, and a count lower than the one seen before means a new hour began, whose first
-# part is the last hour's count beyond it. `read` and `write` here are the client asking where a
-# chunk's data lies (the data itself comes from the chunkserver), so they are requests the
-# metadata server answers too.
-ops() {
-  local current last
-  current=$("$mfscli" -H "$master" -SMO -m 1 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
-  last=$("$mfscli" -H "$master" -SMO -m 0 -p -s ' ' 2>/dev/null | grep -F "$dir/mnt" | head -1) || true
-  [ -n "$current" ] && [ -n "$last" ] || { echo "sharedfs.sh: no mount of $dir/mnt known to the master at $master" >&2; exit 1; }
-  # Each line: "active mounts, operations: IP PATH c1 ... c17" (words split on spaces).
-  python3 - "$current" "$last" "$dir/ops.json" <<'EOF'
-import json, os, sys
-names = ("statfs getattr setattr lookup mkdir rmdir symlink readlink mknod unlink rename link "
-         "readdir open read write total").split()
-counts = lambda line: dict(zip(names, (int(w) for w in line.split()[-len(names):])))
-now, last, path = counts(sys.argv[1]), counts(sys.argv[2]), sys.argv[3]
-try:
-    with open(path) as f:
-        state = json.load(f)
-except FileNotFoundError:
-    state = {"seen": now, "totals": dict.fromkeys(names, 0)}
-for k, v in now.items():
-    was = state["seen"][k]
-    state["totals"][k] += v - was if v >= was else max(last[k] - was, 0) + v
-state["seen"] = now
-with open(path + ".tmp", "w") as f:
-    json.dump(state, f)
-os.replace(path + ".tmp", path)
-print(json.dumps(state["totals"]))
-EOF
-}
-
-down() {
-  if mountpoint -q "$dir/mnt" 2>/dev/null; then
-    umount "$dir/mnt" 2>/dev/null || umount -l "$dir/mnt" 2>/dev/null || true
-  fi
-  if [ -e "/run/netns/$ns" ]; then
-    [ -f "$dir/mfschunkserver.cfg" ] && in_ns mfschunkserver -c "$dir/mfschunkserver.cfg" stop >/dev/null 2>&1 || true
-    [ -f "$dir/mfsmaster.cfg" ] && in_ns mfsmaster -c "$dir/mfsmaster.cfg" stop >/dev/null 2>&1 || true
-  fi
-  # Whatever did not stop (a server left by a killed run).
-  pkill -9 -f "mfs(master|chunkserver) -c $dir/" 2>/dev/null || true
-  netns_down "$dir"
-}
-
-up() {
-  for tool in mfsmaster mfschunkserver mfsmount mfscli nsenter ip; do
-    command -v "$tool" >/dev/null || {
-      echo "sharedfs.sh: $tool is missing (apt-get install moosefs-master moosefs-chunkserver moosefs-client moosefs-cli iproute2)" >&2
-      exit 1
-    }
-  done
-  down
-  mkdir -p "$dir/master" "$dir/chunks/data" "$dir/mnt"
-  rm -f "$dir/ops.json"
-  netns_up "$dir"
-
-  cp /var/lib/mfs/metadata.mfs.empty "$dir/master/metadata.mfs"
-  cat > "$dir/mfsmaster.cfg" <<EOF
-WORKING_USER = root
-WORKING_GROUP = root
-DATA_PATH = $dir/master
-EXPORTS_FILENAME = $dir/mfsexports.cfg
-TOPOLOGY_FILENAME = $dir/mfstopology.cfg
-SYSLOG_IDENT = packfs-mfsmaster-$n
-EOF
-  echo '* / rw,alldirs,maproot=0:0' > "$dir/mfsexports.cfg"
-  : > "$dir/mfstopology.cfg"
-  cat > "$dir/mfschunkserver.cfg" <<EOF
-WORKING_USER = root
-WORKING_GROUP = root
-DATA_PATH = $dir/chunks
-HDD_CONF_FILENAME = $dir/mfshdd.cfg
-MASTER_HOST = $master
-SYSLOG_IDENT = packfs-mfschunkserver-$n
-EOF
-  echo "$dir/chunks/data" > "$dir/mfshdd.cfg"
-  in_ns mfsmaster -c "$dir/mfsmaster.cfg" start >"$dir/master.log" 2>&1
-  in_ns mfschunkserver -c "$dir/mfschunkserver.cfg" start >"$dir/chunkserver.log" 2>&1
-  mfsmount "$dir/mnt" -H "$master" >"$dir/client.log" 2>&1
-  # One copy of each chunk: there is one chunkserver.
-  mfssetgoal -r 1 "$dir/mnt" >/dev/null
-  # Ready when the chunkserver has registered and a file can be written and read back.
+# Whether the client can write a file and read it back within 10 s (the data servers have
+# registered).
+client_ready() {
   local i
   for i in $(seq 1 100); do
     if echo ready > "$dir/mnt/.ready" 2>/dev/null && [ "$(cat "$dir/mnt/.ready" 2>/dev/null)" = ready ]; then
       rm -f "$dir/mnt/.ready"
-      echo "moosefs $n up: client at $dir/mnt, master $master"
       return 0
     fi
     sleep 0.1
   done
-  echo "sharedfs.sh: moosefs did not come up in 10 s; logs in $dir" >&2
-  exit 1
+  return 1
 }
 
-case $action in
-  up) up ;;
-  ops) ops ;;
-  down) down ;;
-  *) usage ;;
-esac
+# The instance number is kept in DIR once up, so ops and down need only DIR.
+. "$(dirname "$0")/netns.sh"
+. "$(dirname "$0")/sharedfs/$fs.sh"
+"${fs}_$action"

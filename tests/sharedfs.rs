@@ -1,9 +1,10 @@
-//! packfs on a real shared file system: MooseFS, its master and chunkserver in a network namespace
-//! of their own and its FUSE client on the host (`bench/sharedfs.sh`), shards and index stored
-//! on it as on a cluster. What is counted is what the metadata server is asked (its per-mount
-//! operation counters): a mount costs a bounded number of requests once, a sample none, an idle
-//! mount none; and a shard truncated or replaced under a running mount never serves a wrong
-//! byte. Latency profiles stay in tests/pfssim.rs (no netem here).
+//! packfs on real shared file systems: MooseFS, GlusterFS and CephFS, their servers in a network
+//! namespace of their own and their FUSE clients on the host (`bench/sharedfs.sh`), shards and
+//! index stored on them as on a cluster. What is counted is what the metadata service is asked
+//! (MooseFS's master per mount, GlusterFS's bricks by operation, CephFS's MDS by client request):
+//! a mount costs a bounded number of requests once, a sample none, an idle mount none; and a
+//! shard truncated or replaced under a running mount never serves a wrong byte (on MooseFS).
+//! Latency profiles stay in tests/pfssim.rs (no netem here).
 
 mod common;
 
@@ -19,20 +20,40 @@ use common::*;
 /// Shards of the test dataset.
 const SHARDS: u64 = 8;
 
-/// One MooseFS instance, torn down when dropped.
-struct MooseFs {
+/// A shared file system's instance (bench/sharedfs.sh), torn down when dropped.
+struct SharedFs {
+    kind: &'static str,
     dir: tempfile::TempDir,
 }
 
-impl MooseFs {
-    /// A new instance (each test its own: they run at once), or `None` if this machine cannot
-    /// run one (and the skip is allowed).
-    fn up() -> Option<MooseFs> {
+/// The file systems the script starts: name, the tools each needs, and its Debian packages.
+const KINDS: [(&str, &[&str], &str); 3] = [
+    (
+        "moosefs",
+        &["mfsmaster", "mfschunkserver", "mfsmount", "mfscli"],
+        "moosefs-master moosefs-chunkserver moosefs-client moosefs-cli",
+    ),
+    (
+        "glusterfs",
+        &["glusterd", "gluster", "glusterfs"],
+        "glusterfs-server glusterfs-client",
+    ),
+    (
+        "cephfs",
+        &["ceph-mon", "ceph-osd", "ceph-mds", "ceph-fuse", "ceph"],
+        "ceph-mon ceph-osd ceph-mds ceph-common ceph-fuse",
+    ),
+];
+
+impl SharedFs {
+    /// A new instance of `kind` (each test its own: they run at once), or `None` if this machine
+    /// cannot run one (and the skip is allowed).
+    fn up(kind: &'static str) -> Option<SharedFs> {
         static NEXT: AtomicU32 = AtomicU32::new(1);
         if unsafe { libc::geteuid() } != 0 {
             skip(
-                "moosefs",
-                "starting MooseFS servers in a network namespace needs root",
+                kind,
+                &format!("starting {kind} servers in a network namespace needs root"),
             );
             return None;
         }
@@ -42,16 +63,11 @@ impl MooseFs {
                 .output()
                 .is_ok_and(|o| o.status.success())
         };
-        if let Some(tool) = ["mfsmaster", "mfschunkserver", "mfsmount", "mfscli"]
-            .into_iter()
-            .find(|tool| !has(tool))
-        {
+        let (_, tools, packages) = KINDS.iter().find(|k| k.0 == kind).unwrap();
+        if let Some(tool) = tools.iter().find(|tool| !has(tool)) {
             skip(
-                "moosefs",
-                &format!(
-                    "{tool} is missing (apt-get install moosefs-master moosefs-chunkserver \
-                     moosefs-client moosefs-cli)"
-                ),
+                kind,
+                &format!("{tool} is missing (apt-get install {packages})"),
             );
             return None;
         }
@@ -61,10 +77,10 @@ impl MooseFs {
         let n = (std::process::id() % 24) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10 + 1;
         run(Command::new("bash")
             .arg(script())
-            .args(["up", "moosefs"])
+            .args(["up", kind])
             .arg(dir.path())
             .arg(n.to_string()));
-        Some(MooseFs { dir })
+        Some(SharedFs { kind, dir })
     }
 
     /// Where the client mounts it.
@@ -72,22 +88,23 @@ impl MooseFs {
         self.dir.path().join("mnt")
     }
 
-    /// The master's counts of this client's operations since the instance came up, by name
-    /// (`total` among them; bench/sharedfs.sh counts across the master's hourly resets).
+    /// The servers' counts of operations since the instance came up, by name (`total` among
+    /// them: what a metadata server answers; bench/sharedfs.sh counts across MooseFS's hourly
+    /// resets).
     fn ops(&self) -> BTreeMap<String, u64> {
         let out = run(Command::new("bash")
             .arg(script())
-            .args(["ops", "moosefs"])
+            .args(["ops", self.kind])
             .arg(self.dir.path()));
         serde_json::from_str(&out).unwrap()
     }
 }
 
-impl Drop for MooseFs {
+impl Drop for SharedFs {
     fn drop(&mut self) {
         let _ = Command::new("bash")
             .arg(script())
-            .args(["down", "moosefs"])
+            .args(["down", self.kind])
             .arg(self.dir.path())
             .status();
     }
@@ -98,7 +115,7 @@ fn script() -> PathBuf {
 }
 
 /// Operations the counters gained while `f` ran: names with a change only.
-fn during(mfs: &MooseFs, f: impl FnOnce()) -> BTreeMap<String, u64> {
+fn during(mfs: &SharedFs, f: impl FnOnce()) -> BTreeMap<String, u64> {
     let before = mfs.ops();
     f();
     mfs.ops()
@@ -115,7 +132,7 @@ fn total(ops: &BTreeMap<String, u64>) -> u64 {
 /// 8 classes of 50 JPEG-sized files in a local tree, packed by `packfs pack` (in path order:
 /// archive order is path order) into 8 shards and an index on the shared file system. Returns
 /// the tree's `train` directory and the index.
-fn dataset(local: &Path, mfs: &MooseFs) -> (PathBuf, PathBuf) {
+fn dataset(local: &Path, mfs: &SharedFs) -> (PathBuf, PathBuf) {
     let train = local.join("tree/train");
     let mut rng = Rng(0x5eed_cafe);
     for c in 0..8 {
@@ -200,7 +217,27 @@ fn drop_caches() {
 /// byte is right.
 #[test]
 fn an_epoch_from_moosefs_costs_its_master_nothing_per_sample() {
-    let Some(mfs) = MooseFs::up() else { return };
+    an_epoch_costs_the_metadata_service_nothing_per_sample("moosefs");
+}
+
+/// The same on GlusterFS, where the bricks answer the metadata too (every operation but reads
+/// and writes counted).
+#[test]
+fn an_epoch_from_glusterfs_costs_its_bricks_no_metadata_per_sample() {
+    an_epoch_costs_the_metadata_service_nothing_per_sample("glusterfs");
+}
+
+/// The same on CephFS, where the MDS answers the metadata (its client requests counted) and the
+/// OSD the data.
+#[test]
+fn an_epoch_from_cephfs_costs_its_mds_nothing_per_sample() {
+    an_epoch_costs_the_metadata_service_nothing_per_sample("cephfs");
+}
+
+fn an_epoch_costs_the_metadata_service_nothing_per_sample(kind: &'static str) {
+    let Some(mfs) = SharedFs::up(kind) else {
+        return;
+    };
     let local = tempfile::tempdir().unwrap();
     let (train, index) = dataset(local.path(), &mfs);
     let names = files(&train);
@@ -211,16 +248,12 @@ fn an_epoch_from_moosefs_costs_its_master_nothing_per_sample() {
     // Lookups of the index and the shards, an open of each, the index's head: 32 measured.
     assert!(
         total(&mounted) <= 10 + 5 * SHARDS,
-        "a mount asked the master {mounted:?}"
+        "a mount asked {kind} {mounted:?}"
     );
     let scan = during(&mfs, || {
         assert_eq!(imagefolder_scan(&mnt.join("train")), names.len())
     });
-    assert_eq!(
-        total(&scan),
-        0,
-        "an ImageFolder scan asked the master {scan:?}"
-    );
+    assert_eq!(total(&scan), 0, "an ImageFolder scan asked {kind} {scan:?}");
     for (order, names) in [
         ("random", shuffled(names.clone(), 7)),
         ("archive", names.clone()),
@@ -231,7 +264,7 @@ fn an_epoch_from_moosefs_costs_its_master_nothing_per_sample() {
         // location per shard.
         assert!(
             total(&read) <= 2 * SHARDS,
-            "a cold epoch of {} samples in {order} order asked the master {read:?}",
+            "a cold epoch of {} samples in {order} order asked {kind} {read:?}",
             names.len()
         );
     }
@@ -243,7 +276,9 @@ fn an_epoch_from_moosefs_costs_its_master_nothing_per_sample() {
 /// made 120 master requests in 30 s, staged or not.)
 #[test]
 fn an_idle_or_staged_mount_on_moosefs_asks_its_master_nothing() {
-    let Some(mfs) = MooseFs::up() else { return };
+    let Some(mfs) = SharedFs::up("moosefs") else {
+        return;
+    };
     let local = tempfile::tempdir().unwrap();
     let (train, index) = dataset(local.path(), &mfs);
     let names = files(&train);
@@ -293,7 +328,9 @@ fn an_idle_or_staged_mount_on_moosefs_asks_its_master_nothing() {
 /// watcher's check on), the renamed one's old file is still read, and right.
 #[test]
 fn shards_truncated_or_replaced_on_moosefs_mid_epoch_never_serve_a_wrong_byte() {
-    let Some(mfs) = MooseFs::up() else { return };
+    let Some(mfs) = SharedFs::up("moosefs") else {
+        return;
+    };
     let local = tempfile::tempdir().unwrap();
     let (train, index) = dataset(local.path(), &mfs);
     let tree = train.parent().unwrap();
@@ -432,7 +469,7 @@ fn a_late_down_of_an_old_instance_leaves_a_newer_one_standing() {
         Command::new("bash")
             .arg("-c")
             .arg(format!(
-                "set -e; . \"$0\"; netns_init tst 10.79 \"$1\" {n}; {what}"
+                "set -e; . \"$0\"; netns_init tst 10.81 \"$1\" {n}; {what}"
             ))
             .arg(&netns)
             .arg(dir)
