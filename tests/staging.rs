@@ -736,6 +736,7 @@ fn staged_source(
         location: packfs::source::ImageLocation::File(path),
         fingerprint,
         stream: None,
+        within: None,
     }];
     let stage = Arc::new(Stage::open(opts, source.clone(), &infos, "this test").unwrap());
     (source, stage, dir)

@@ -107,6 +107,9 @@ pub struct ScannedImage {
     pub stream: Option<spill::TableRef>,
     /// The checkpoint tables of the image's deflate streams, on disk (`spill`).
     pub tables: Option<spill::TableFile>,
+    /// For an archive stored as a member of another (`ImageLocation::Within`): the outer
+    /// image's position in the list of scanned images, which comes before it.
+    pub within: Option<usize>,
 }
 
 /// Warnings named one by one per image and reason; the rest are counted in one summary line, so
@@ -131,6 +134,7 @@ impl ScannedImage {
             clashes_settled: false,
             stream: None,
             tables: None,
+            within: None,
         }
     }
 

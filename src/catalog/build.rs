@@ -369,6 +369,7 @@ pub fn build(images: &[ScannedImage], policy: DuplicatePolicy) -> Result<Catalog
             location: image.location.clone(),
             fingerprint: image.fingerprint,
             stream: image.stream.map(|table| start + table.at),
+            within: image.within.map(|outer| outer as u32),
         });
     }
 

@@ -32,6 +32,10 @@ pub struct ImageInfo {
     /// For a compressed image (a `.tar.gz`), where the checkpoint table of its decoded stream
     /// starts in the names arena: member offsets are in that stream.
     pub stream: Option<u64>,
+    /// For an archive stored as a member of another image (`ImageLocation::Within`): that
+    /// image's number, lower than this one's. Its bytes are read, cached and staged as the outer
+    /// image's.
+    pub within: Option<u32>,
 }
 
 impl ImageInfo {
@@ -84,6 +88,24 @@ impl Catalog {
 
     pub fn images(&self) -> &[ImageInfo] {
         &self.images
+    }
+
+    /// Where `offset` of image `image` lies in the file or object that holds its bytes: itself,
+    /// or for an archive inside another image, the outermost image around it.
+    pub fn outermost(&self, mut image: u32, mut offset: u64) -> (u32, u64) {
+        while let Some(info) = self.images.get(image as usize) {
+            let (Some(outer), crate::source::ImageLocation::Within(w)) =
+                (info.within, &info.location)
+            else {
+                break;
+            };
+            // Outer images come first (checked when an index is read): this ends.
+            if outer >= image {
+                break;
+            }
+            (image, offset) = (outer, offset.saturating_add(w.base));
+        }
+        (image, offset)
     }
 
     /// The index file this catalog is mapped from, if any.

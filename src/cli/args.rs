@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use packfs::catalog::DuplicatePolicy;
 use packfs::dataset::classes::ClassSource;
+use packfs::dataset::nested::{InnerKinds, Nesting};
 use packfs::fs::{ReaddirPlus, Transport};
 use packfs::tiers::stage::StageMode;
 
@@ -37,6 +38,29 @@ pub struct Merge {
     /// moved since the index was written.
     #[arg(long, value_name = "DIR")]
     pub images_dir: Option<PathBuf>,
+    /// Archives inside the images served as directories of their members (ImageNet's tar of
+    /// class tars): `tar` (plain or compressed tars; a zip or squashfs member, such as a `.npz`
+    /// sample, stays a file), `all` (zip and squashfs too) or `none`. Applied when images are
+    /// scanned.
+    #[arg(long, value_enum, default_value_t = Inner::Tar)]
+    pub inner_archives: Inner,
+    /// Levels of archives inside archives served as directories.
+    #[arg(long, value_name = "N", default_value_t = packfs::dataset::nested::DEFAULT_DEPTH)]
+    pub inner_depth: u32,
+    /// Serve `n01440764.tar` inside an image as the directory `n01440764` (unless that name is
+    /// taken), so ImageFolder's class names are the archives' names.
+    #[arg(long)]
+    pub strip_inner_extension: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Inner {
+    /// Tar archives, plain or compressed.
+    Tar,
+    /// Every format packfs reads.
+    All,
+    /// None: archives inside images are files.
+    None,
 }
 
 impl Merge {
@@ -50,10 +74,20 @@ impl Merge {
             (TreeLayout::Imagefolder, None) => Some(ClassSource::Cls),
             (TreeLayout::Imagefolder, Some(f)) => Some(ClassSource::JsonField(f.clone())),
         };
+        let kinds = match self.inner_archives {
+            Inner::Tar => InnerKinds::Tar,
+            Inner::All => InnerKinds::All,
+            Inner::None => InnerKinds::None,
+        };
         packfs::dataset::Merge {
             duplicates,
             classes,
             images_dir: self.images_dir.clone(),
+            nesting: Nesting {
+                kinds,
+                depth: self.inner_depth,
+                strip_extension: self.strip_inner_extension,
+            },
         }
     }
 }

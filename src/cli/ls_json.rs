@@ -11,6 +11,7 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 
 use packfs::catalog::{Catalog, Kind, ROOT};
+use packfs::source::ImageLocation;
 
 /// The version of this format, in the first line.
 pub const VERSION: u32 = 1;
@@ -29,9 +30,18 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
         line.clear();
         write!(line, "{{\"kind\":\"image\",\"image\":{i}")?;
         field(&mut line, "path", image.path().as_os_str().as_bytes());
-        write!(line, ",\"size\":{}", image.fingerprint.size)?;
+        // An archive inside another image: its size, and where it lies in the image around it.
+        let (size, outermost) = match (&image.location, image.within) {
+            (ImageLocation::Within(w), Some(outer)) => {
+                write!(line, ",\"within\":{outer},\"base\":{}", w.base)?;
+                (w.len, catalog.outermost(i as u32, 0).0 as usize)
+            }
+            _ => (image.fingerprint.size, i),
+        };
+        write!(line, ",\"size\":{size}")?;
         if let Some(world) = shares {
-            let share = packfs::tiers::stage::share_of(i, world);
+            // Staged with the image that holds its bytes.
+            let share = packfs::tiers::stage::share_of(outermost, world);
             write!(line, ",\"share\":{share}")?;
         }
         line.extend_from_slice(b"}\n");
@@ -50,11 +60,13 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
         write!(line, ",\"mode\":{},\"mtime\":{}", e.permissions(), e.mtime)?;
         match e.kind() {
             Kind::File => {
-                let offset = catalog.placement(e)?.image_offset();
+                // Real byte positions: in the file or object that holds the bytes.
+                let at = catalog.placement(e)?.image_offset();
+                let (image, offset) = catalog.outermost(e.image, at);
                 write!(
                     line,
-                    ",\"size\":{},\"image\":{},\"offset\":{offset}",
-                    e.size, e.image
+                    ",\"size\":{},\"image\":{image},\"offset\":{offset}",
+                    e.size
                 )?;
             }
             Kind::Symlink => field(&mut line, "target", catalog.symlink_target(e)?),

@@ -113,8 +113,9 @@ fn render(m: &MountStatus) -> String {
     };
     let _ = writeln!(
         out,
-        "  dataset   {dataset}: {} image(s), {} files, {}",
+        "  dataset   {dataset}: {} image(s){}, {} files, {}",
         about.images,
+        about.inside(),
         about.files,
         human(about.bytes)
     );

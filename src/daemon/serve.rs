@@ -150,11 +150,12 @@ pub fn serve(
     let mut about = about(req, &catalog);
     about.transport = mounted.transport().name().to_string();
     let what = format!(
-        "mounted {} at {}: {} files in {} image(s)",
+        "mounted {} at {}: {} files in {} image(s){}",
         about.dataset,
         mountpoint.display(),
         about.files,
-        about.images
+        about.images,
+        about.inside()
     );
     let counters_at = stats_paths.last().expect("one path");
     info!("{what}; counters in {}", counters_at.display());
@@ -213,7 +214,16 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
     stats::About {
         version: env!("CARGO_PKG_VERSION").to_string(),
         dataset: req.fs.fsname.clone(),
-        images: catalog.images().len() as u64,
+        images: catalog
+            .images()
+            .iter()
+            .filter(|i| i.within.is_none())
+            .count() as u64,
+        inner_archives: catalog
+            .images()
+            .iter()
+            .filter(|i| i.within.is_some())
+            .count() as u64,
         files: catalog.file_count(),
         bytes: catalog.file_bytes(),
         started_unix: std::time::SystemTime::now()

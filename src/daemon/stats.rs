@@ -114,6 +114,16 @@ pub fn alive(pid: i64) -> bool {
     })
 }
 
+impl About {
+    /// " (N archives inside them served as directories)" when there are some.
+    pub fn inside(&self) -> String {
+        match self.inner_archives {
+            0 => String::new(),
+            n => format!(" ({n} archives inside them served as directories)"),
+        }
+    }
+}
+
 /// What a mount is, fixed while it runs: written into every snapshot, so `packfs status` needs
 /// nothing but the stats file.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
@@ -122,7 +132,9 @@ pub struct About {
     pub version: String,
     /// The index or first image, and how many more (the source column of /proc/mounts).
     pub dataset: String,
+    /// Images given (files or objects), and archives inside them served as directories.
     pub images: u64,
+    pub inner_archives: u64,
     pub files: u64,
     /// Bytes of all files.
     pub bytes: u64,

@@ -3,6 +3,7 @@
 
 pub mod classes;
 pub mod expand;
+pub mod nested;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -44,6 +45,13 @@ pub enum DatasetError {
         index.display()
     )]
     LayoutOfIndex { index: PathBuf },
+    #[error(
+        "{} is an index: archives inside images are opened (or not) when the images are \
+         scanned, so give --inner-archives, --inner-depth and --strip-inner-extension to \
+         `packfs index` (the index then holds the tree they make), or mount the images themselves",
+        index.display()
+    )]
+    NestingOfIndex { index: PathBuf },
 }
 
 /// How the images' members make one tree.
@@ -54,6 +62,8 @@ pub struct Merge {
     pub classes: Option<classes::ClassSource>,
     /// Where the images of an index are now, if they moved since it was written.
     pub images_dir: Option<std::path::PathBuf>,
+    /// Which archives inside the images are served as directories.
+    pub nesting: nested::Nesting,
 }
 
 impl From<DuplicatePolicy> for Merge {
@@ -62,6 +72,7 @@ impl From<DuplicatePolicy> for Merge {
             duplicates,
             classes: None,
             images_dir: None,
+            nesting: nested::Nesting::default(),
         }
     }
 }
@@ -131,6 +142,11 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
                 index: path.to_path_buf(),
             });
         }
+        if merge.nesting != nested::Nesting::default() {
+            return Err(DatasetError::NestingOfIndex {
+                index: path.to_path_buf(),
+            });
+        }
         let started = std::time::Instant::now();
         let catalog = index::open_with(path, merge.images_dir.as_deref())?;
         info!(
@@ -171,7 +187,7 @@ fn load_paths(
     on_scan: OnScan,
 ) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
-    let mut scanned = scan_all(paths, on_scan)?;
+    let mut scanned = nested::expand_all(scan_all(paths, on_scan)?, &merge.nesting);
     let scan_secs = started.elapsed().as_secs_f64();
     let mut catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
     if let Some(source) = &merge.classes {

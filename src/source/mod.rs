@@ -27,6 +27,22 @@ pub enum ImageLocation {
     File(PathBuf),
     /// An object in a store, by its URL (`s3://`, `http(s)://`), kept as its text.
     Object(PathBuf),
+    /// An archive stored as a member of another image (a class's tar inside ImageNet's tar),
+    /// read through a window of that image.
+    Within(Arc<Within>),
+}
+
+/// Where an inner archive lies in its outer image.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Within {
+    pub outer: ImageLocation,
+    /// Its path among the outer image's members.
+    pub member: PathBuf,
+    /// Where its bytes start in the outer image, and how many there are.
+    pub base: u64,
+    pub len: u64,
+    /// The outer image's name and the member's path, for messages.
+    name: PathBuf,
 }
 
 impl ImageLocation {
@@ -60,24 +76,53 @@ impl ImageLocation {
             ImageLocation::File(path) => std::path::absolute(&path)
                 .map(ImageLocation::File)
                 .map_err(|error| ArgError::Path { path, error }),
+            within @ ImageLocation::Within(_) => Ok(within),
         }
     }
 
-    /// The name: the file's path, or the object's URL.
+    /// The archive stored as `member` of `outer`, `len` bytes at `base`.
+    pub fn within(outer: ImageLocation, member: PathBuf, base: u64, len: u64) -> ImageLocation {
+        let name = outer.name().join(&member);
+        ImageLocation::Within(Arc::new(Within {
+            outer,
+            member,
+            base,
+            len,
+            name,
+        }))
+    }
+
+    /// The name: the file's path, the object's URL, or for an inner archive its outer image's
+    /// name and its member's path.
     pub fn name(&self) -> &Path {
         match self {
             ImageLocation::File(p) | ImageLocation::Object(p) => p,
+            ImageLocation::Within(w) => &w.name,
         }
     }
 
     pub fn into_name(self) -> PathBuf {
         match self {
             ImageLocation::File(p) | ImageLocation::Object(p) => p,
+            ImageLocation::Within(w) => w.name.clone(),
         }
     }
 
     pub fn is_object(&self) -> bool {
-        matches!(self, ImageLocation::Object(_))
+        match self {
+            ImageLocation::Object(_) => true,
+            ImageLocation::File(_) => false,
+            ImageLocation::Within(w) => w.outer.is_object(),
+        }
+    }
+
+    /// The image whose bytes these are: itself, or for an inner archive the outermost image
+    /// that holds it.
+    pub fn outermost(&self) -> &ImageLocation {
+        match self {
+            ImageLocation::Within(w) => w.outer.outermost(),
+            _ => self,
+        }
     }
 
     /// Whether it can be looked for: a file that exists now; an object is checked when opened.
@@ -85,6 +130,7 @@ impl ImageLocation {
         match self {
             ImageLocation::File(p) => p.exists(),
             ImageLocation::Object(_) => true,
+            ImageLocation::Within(w) => w.outer.may_exist(),
         }
     }
 
@@ -93,10 +139,14 @@ impl ImageLocation {
         Ok(match self {
             ImageLocation::File(p) => Arc::new(read_at::open_regular(p)?),
             ImageLocation::Object(url) => Arc::new(RemoteObject::open(url)?),
+            ImageLocation::Within(w) => {
+                Arc::new(read_at::Window::new(w.outer.reader()?, w.base, w.len))
+            }
         })
     }
 
-    /// Opens it, with its fingerprint as now.
+    /// Opens it, with its fingerprint as now (an inner archive's is its outer image's: one
+    /// changes when the other does).
     pub fn open(&self) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
         match self {
             ImageLocation::File(p) => {
@@ -109,20 +159,37 @@ impl ImageLocation {
                 let fingerprint = object.fingerprint()?;
                 Ok((Arc::new(object), fingerprint))
             }
+            ImageLocation::Within(w) => {
+                let (outer, fingerprint) = w.outer.open()?;
+                Ok((w.window(outer), fingerprint))
+            }
         }
     }
 
     /// As `open`, for a scan: an object is read through a few large blocks, so the scanner's many
     /// small reads cost few requests.
     pub fn open_for_scan(&self) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
-        let (data, fingerprint) = self.open()?;
         match self {
-            ImageLocation::File(_) => Ok((data, fingerprint)),
-            ImageLocation::Object(_) => Ok((
-                Arc::new(blocks::Blocks::new(data, blocks::SCAN_BLOCK)),
-                fingerprint,
-            )),
+            ImageLocation::File(_) => self.open(),
+            ImageLocation::Object(_) => {
+                let (data, fingerprint) = self.open()?;
+                Ok((
+                    Arc::new(blocks::Blocks::new(data, blocks::SCAN_BLOCK)),
+                    fingerprint,
+                ))
+            }
+            ImageLocation::Within(w) => {
+                let (outer, fingerprint) = w.outer.open_for_scan()?;
+                Ok((w.window(outer), fingerprint))
+            }
         }
+    }
+}
+
+impl Within {
+    /// This archive's bytes, read through `outer` (its outer image, opened).
+    pub fn window(&self, outer: Arc<dyn ReadAt>) -> Arc<dyn ReadAt> {
+        Arc::new(read_at::Window::new(outer, self.base, self.len))
     }
 }
 

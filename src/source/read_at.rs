@@ -137,6 +137,53 @@ impl io::Seek for Cursor<'_> {
     }
 }
 
+/// `len` bytes at `base` of another image, read as an image of their own: an archive stored as
+/// a member of another (a class's tar inside ImageNet's tar). Reads past `len` end there.
+pub struct Window<R: ?Sized> {
+    outer: std::sync::Arc<R>,
+    base: u64,
+    len: u64,
+}
+
+impl<R: ReadAt + ?Sized> Window<R> {
+    pub fn new(outer: std::sync::Arc<R>, base: u64, len: u64) -> Window<R> {
+        Window { outer, base, len }
+    }
+
+    /// The part of `buf` inside the window at `offset`, and where it lies in the outer image.
+    fn clip(&self, buf_len: usize, offset: u64) -> (usize, u64) {
+        let room = self.len.saturating_sub(offset).min(buf_len as u64) as usize;
+        (room, self.base.saturating_add(offset))
+    }
+}
+
+impl<R: ReadAt + ?Sized> ReadAt for Window<R> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let (room, at) = self.clip(buf.len(), offset);
+        if room == 0 {
+            return Ok(0);
+        }
+        self.outer.read_at(&mut buf[..room], at)
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let (room, at) = self.clip(buf.len(), offset);
+        if room == 0 {
+            return Ok(0);
+        }
+        self.outer.read_at_now(&mut buf[..room], at)
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        let (room, at) = self.clip(len.min(usize::MAX as u64) as usize, offset);
+        self.outer.will_need(at, room as u64);
+    }
+
+    fn current(&self) -> Option<io::Result<Stamp>> {
+        self.outer.current()
+    }
+}
+
 /// An image's size and modification time as its store reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {

@@ -127,6 +127,8 @@ impl Images {
         buf: &mut [u8],
         fetch: Fetch,
     ) -> io::Result<()> {
+        // An inner archive's bytes are its outer image's: read, cached and staged as those.
+        let (image, offset) = self.source.resolve(image, offset);
         let plan = self
             .chunks
             .plan(req, image, offset, buf.len() as u64, fetch);

@@ -41,6 +41,10 @@ pub struct OpenedImage {
 
 pub struct OpenedImages {
     images: Vec<OpenedImage>,
+    /// For an archive stored as a member of another image: that image and where it starts
+    /// there. Reads of it are reads of the outer image (`resolve`), so they are cached, staged
+    /// and watched as the outer image's.
+    within: Vec<Option<(u32, u64)>>,
     /// Each image's stamp when opened, and whether it has been seen changed since.
     stamps: Vec<Option<Stamp>>,
     changed: Vec<AtomicBool>,
@@ -112,10 +116,60 @@ impl OpenedImages {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo]) -> Result<OpenedImages, SourceError> {
-        let opened = open_parallel(images, open_checked)?;
-        // Each fingerprint was just checked against a fresh stat: no second stat per image.
-        let stamps = images.iter().map(|i| Some(i.fingerprint.stamp())).collect();
-        Ok(OpenedImages::with_stamps(opened, stamps))
+        let outer = |i: &ImageInfo| inner_window(i).is_none();
+        let opened = open_parallel(images, |i| outer(i).then(|| open_checked(i)).transpose())?;
+        // An inner archive is a window of its outer image, opened above (it comes first).
+        let mut all: Vec<OpenedImage> = Vec::with_capacity(images.len());
+        let mut within = Vec::with_capacity(images.len());
+        for (info, opened) in images.iter().zip(opened) {
+            match (opened, inner_window(info)) {
+                (Some(image), _) => {
+                    all.push(image);
+                    within.push(None);
+                }
+                (None, Some((outer, base, len))) => {
+                    let outer_data =
+                        all.get(outer as usize)
+                            .map(|o| o.data.clone())
+                            .ok_or_else(|| SourceError::Open {
+                                path: info.path().to_path_buf(),
+                                error: io::Error::other("its outer image does not come before it"),
+                            })?;
+                    all.push(image(
+                        info.path().to_path_buf(),
+                        Arc::new(crate::source::read_at::Window::new(outer_data, base, len)),
+                        len,
+                    ));
+                    within.push(Some((outer, base)));
+                }
+                (None, None) => unreachable!("only inner archives are left unopened"),
+            }
+        }
+        // Each fingerprint was just checked against a fresh stat: no second stat per image. An
+        // inner archive is never checked itself: its outer image is.
+        let stamps = images
+            .iter()
+            .map(|i| outer(i).then(|| i.fingerprint.stamp()))
+            .collect();
+        let mut opened = OpenedImages::with_stamps(all, stamps);
+        opened.within = within;
+        Ok(opened)
+    }
+
+    /// Where `offset` of `image` lies in the image that holds its bytes: itself, or for an inner
+    /// archive the outermost image around it.
+    pub fn resolve(&self, mut image: u32, mut offset: u64) -> (u32, u64) {
+        // Each step goes to a lower number: at most as many steps as images.
+        while let Some(Some((outer, base))) = self.within.get(image as usize) {
+            image = *outer;
+            offset = offset.saturating_add(*base);
+        }
+        (image, offset)
+    }
+
+    /// Whether `image` is an archive stored inside another image (never staged itself).
+    pub fn is_inner(&self, image: u32) -> bool {
+        matches!(self.within.get(image as usize), Some(Some(_)))
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
@@ -133,6 +187,7 @@ impl OpenedImages {
                 location: location.clone(),
                 fingerprint,
                 stream: None,
+                within: None,
             };
             Ok((image(path.clone(), data, fingerprint.size), info))
         })?;
@@ -155,6 +210,7 @@ impl OpenedImages {
         let changed = images.iter().map(|_| AtomicBool::new(false)).collect();
         let read_since_check = images.iter().map(|_| AtomicBool::new(false)).collect();
         OpenedImages {
+            within: vec![None; images.len()],
             images,
             stamps,
             changed,
@@ -178,7 +234,9 @@ impl OpenedImages {
                 ..img
             })
             .collect();
-        OpenedImages::with_stamps(images, self.stamps)
+        let mut wrapped = OpenedImages::with_stamps(images, self.stamps);
+        wrapped.within = self.within;
+        wrapped
     }
 
     pub fn image_count(&self) -> usize {
@@ -282,7 +340,7 @@ impl OpenedImages {
     /// object's ETag, against those it had then); logs the change the first time. Called when a
     /// read of it failed or its bytes failed a checksum, and in turn by the watcher.
     pub fn check(&self, image: u32) -> bool {
-        let i = image as usize;
+        let i = self.resolve(image, 0).0 as usize;
         let (Some(Some(was)), Some(flag)) = (self.stamps.get(i), self.changed.get(i)) else {
             return false;
         };
@@ -311,6 +369,7 @@ impl OpenedImages {
 
     /// Hints that `len` bytes at `offset` of `image` will be read soon (the kernel reads ahead).
     pub fn will_need(&self, image: u32, offset: u64, len: u64) {
+        let (image, offset) = self.resolve(image, offset);
         if let Ok(data) = self.data(image) {
             data.will_need(offset, len);
         }
@@ -357,6 +416,14 @@ fn open_parallel<I: Sync, T: Send>(
             .collect()
     });
     opened.into_iter().collect()
+}
+
+/// An inner archive's outer image, and its bytes' offset and length there.
+fn inner_window(info: &ImageInfo) -> Option<(u32, u64, u64)> {
+    match &info.location {
+        crate::source::ImageLocation::Within(w) => Some((info.within?, w.base, w.len)),
+        _ => None,
+    }
 }
 
 fn open_checked(info: &ImageInfo) -> Result<OpenedImage, SourceError> {

@@ -1,4 +1,6 @@
-//! The index file layout, version 6. Versions 1 to 5 are read too: version 5 is version 6 without
+//! The index file layout, version 7. Versions 1 to 6 are read too: version 6 is version 7 without
+//! inner archives (image records of archives stored as members of another image, whose members
+//! the tree holds in their place); version 5 is version 6 without
 //! zstd-compressed images (whose checkpoint tables are of the frames kind, which a packfs that
 //! reads only up to version 5 would take for deflate restart points); version 4 is version 5
 //! without compressed images (`.tar.gz`, whose image records carry a checkpoint table) and checkpointed zip
@@ -26,7 +28,7 @@ use crate::source::Fingerprint;
 use crate::util::le::{put32, put64, u32_at, u64_at};
 
 pub const MAGIC: &[u8; 8] = crate::archive::INDEX_MAGIC;
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// The oldest version this packfs still reads.
 pub const OLDEST_VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 128;
@@ -207,13 +209,32 @@ pub struct ImageRecord {
     pub fingerprint: Fingerprint,
     /// Arena offset of a compressed image's checkpoint table (`ImageInfo::stream`).
     pub stream: Option<u64>,
+    /// For an inner archive (version 7): where it lies in its outer image. Its `relative` is its
+    /// member's path in that image, its `absolute` empty; its fingerprint is the outer image's.
+    pub within: Option<InnerRecord>,
 }
+
+/// Where an inner archive lies: the outer image's number (lower than its own), and its bytes'
+/// offset and length there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InnerRecord {
+    pub outer: u32,
+    pub base: u64,
+    pub len: u64,
+}
+
+/// Bytes of an `InnerRecord`: the outer image's number, 4 bytes of padding, base and length.
+const INNER_LEN: usize = 24;
 
 /// Record tags. Images of every format have the same record (the format is found from the
 /// image's bytes), so it has kept its first value, which once meant tar; a compressed image's
 /// record (version 5) carries the offset of its checkpoint table after the paths' lengths.
 const FORMAT_TAR: u32 = 1;
 const COMPRESSED: u32 = 2;
+/// An inner archive's record (version 7): an `InnerRecord` after the checkpoint table's offset,
+/// if any.
+const INNER: u32 = 3;
+const INNER_COMPRESSED: u32 = 4;
 
 impl ImageRecord {
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -226,9 +247,11 @@ impl ImageRecord {
         out.extend_from_slice(&fp.size.to_le_bytes());
         out.extend_from_slice(&fp.mtime.to_le_bytes());
         out.extend_from_slice(&fp.mtime_nsec.to_le_bytes());
-        let tag = match self.stream {
-            None => FORMAT_TAR,
-            Some(_) => COMPRESSED,
+        let tag = match (self.stream, self.within) {
+            (None, None) => FORMAT_TAR,
+            (Some(_), None) => COMPRESSED,
+            (None, Some(_)) => INNER,
+            (Some(_), Some(_)) => INNER_COMPRESSED,
         };
         out.extend_from_slice(&tag.to_le_bytes());
         out.extend_from_slice(&fp.head.to_le_bytes());
@@ -237,6 +260,12 @@ impl ImageRecord {
         out.extend_from_slice(&(abs.len() as u32).to_le_bytes());
         if let Some(table) = self.stream {
             out.extend_from_slice(&table.to_le_bytes());
+        }
+        if let Some(inner) = self.within {
+            out.extend_from_slice(&inner.outer.to_le_bytes());
+            out.extend_from_slice(&[0; 4]);
+            out.extend_from_slice(&inner.base.to_le_bytes());
+            out.extend_from_slice(&inner.len.to_le_bytes());
         }
         out.extend_from_slice(rel);
         out.extend_from_slice(abs);
@@ -253,11 +282,26 @@ impl ImageRecord {
             if b.len() < FIXED {
                 return None;
             }
-            let (fixed, stream) = match u32_at(b, 20) {
-                FORMAT_TAR => (FIXED, None),
-                COMPRESSED if b.len() >= FIXED + 8 => (FIXED + 8, Some(u64_at(b, FIXED))),
+            let tag = u32_at(b, 20);
+            let (mut fixed, stream) = match tag {
+                FORMAT_TAR | INNER => (FIXED, None),
+                COMPRESSED | INNER_COMPRESSED if b.len() >= FIXED + 8 => {
+                    (FIXED + 8, Some(u64_at(b, FIXED)))
+                }
                 _ => return None,
             };
+            let mut within = None;
+            if matches!(tag, INNER | INNER_COMPRESSED) {
+                if b.len() < fixed + INNER_LEN {
+                    return None;
+                }
+                within = Some(InnerRecord {
+                    outer: u32_at(b, fixed),
+                    base: u64_at(b, fixed + 8),
+                    len: u64_at(b, fixed + 16),
+                });
+                fixed += INNER_LEN;
+            }
             let (rel_len, abs_len) = (u32_at(b, 40) as usize, u32_at(b, 44) as usize);
             let len = (fixed + rel_len).checked_add(abs_len)?.next_multiple_of(8);
             if b.len() < len {
@@ -277,6 +321,7 @@ impl ImageRecord {
                 relative: path(fixed, rel_len),
                 absolute: path(fixed + rel_len, abs_len),
                 stream,
+                within,
             });
             b = &b[len..];
         }
@@ -316,11 +361,11 @@ mod tests {
                 .contains("truncated")
         );
         let mut other = bytes;
-        other[8] = 7;
+        other[8] = 8;
         assert!(
             Header::decode(&other, h.file_len())
                 .unwrap_err()
-                .contains("version 7")
+                .contains("version 8")
         );
         let mut damaged = bytes;
         damaged[57] ^= 1;
@@ -349,14 +394,31 @@ mod tests {
                 tail: 2,
             },
             stream: None,
+            within: None,
         };
         let mut gz = rec("c.tar.gz", "/d/c.tar.gz");
         gz.stream = Some(12345);
-        let recs = vec![rec("a.tar", "/d/a.tar"), rec("../x/b.tar", "/x/b.tar"), gz];
+        let inner = InnerRecord {
+            outer: 0,
+            base: 1536,
+            len: 10240,
+        };
+        let mut class = rec("n01440764.tar", "");
+        class.within = Some(inner);
+        let mut inner_gz = rec("x/y.tar.gz", "");
+        inner_gz.stream = Some(99);
+        inner_gz.within = Some(inner);
+        let recs = vec![
+            rec("a.tar", "/d/a.tar"),
+            rec("../x/b.tar", "/x/b.tar"),
+            gz,
+            class,
+            inner_gz,
+        ];
         let mut buf = Vec::new();
         recs.iter().for_each(|r| r.encode(&mut buf));
-        assert_eq!(ImageRecord::decode_all(&buf, 3), Some(recs));
-        assert_eq!(ImageRecord::decode_all(&buf[..buf.len() - 8], 3), None);
+        assert_eq!(ImageRecord::decode_all(&buf, 5), Some(recs));
+        assert_eq!(ImageRecord::decode_all(&buf[..buf.len() - 8], 5), None);
         assert_eq!(ImageRecord::decode_all(&buf, 1), None);
     }
 

@@ -15,7 +15,7 @@ use xxhash_rust::xxh3::Xxh3;
 use super::store::{Chunks, Mapped, Part, Store};
 use super::{Catalog, CatalogError, Entry, ImageInfo, ROOT};
 use crate::source::ImageLocation;
-use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord};
+use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord, InnerRecord};
 
 pub use format::{MAGIC, VERSION};
 
@@ -139,16 +139,32 @@ pub fn write_synced(catalog: &Catalog, dest: &Path, sync: bool) -> Result<Writte
     };
 
     let mut images = Vec::new();
-    for image in catalog.images() {
-        ImageRecord {
+    for (i, image) in catalog.images().iter().enumerate() {
+        let (relative, absolute, within) = match &image.location {
             // An object's URL is its own name wherever the index goes.
-            relative: match &image.location {
-                ImageLocation::Object(url) => url.clone(),
-                ImageLocation::File(path) => format::relative_to(path, dir),
-            },
-            absolute: image.path().to_path_buf(),
+            ImageLocation::Object(url) => (url.clone(), url.clone(), None),
+            ImageLocation::File(path) => (format::relative_to(path, dir), path.clone(), None),
+            ImageLocation::Within(w) => {
+                let outer = image.within.filter(|&o| (o as usize) < i).ok_or_else(|| {
+                    IndexError::Invalid {
+                        path: dest.clone(),
+                        reason: format!("{} has no outer image before it", w.member.display()),
+                    }
+                })?;
+                let inner = InnerRecord {
+                    outer,
+                    base: w.base,
+                    len: w.len,
+                };
+                (w.member.clone(), PathBuf::new(), Some(inner))
+            }
+        };
+        ImageRecord {
+            relative,
+            absolute,
             fingerprint: image.fingerprint,
             stream: image.stream,
+            within,
         }
         .encode(&mut images);
     }
@@ -436,17 +452,36 @@ fn from_map(
     }
     let records = ImageRecord::decode_all(&map[images_off..], header.image_count)
         .ok_or_else(|| invalid("the image table is malformed".into()))?;
-    let images = records
-        .into_iter()
-        .map(|r| {
-            // The index keeps names; they are read back as locations here, once.
-            Ok(ImageInfo {
-                location: ImageLocation::new(&locate(&r)?),
-                fingerprint: r.fingerprint,
-                stream: r.stream,
-            })
-        })
-        .collect::<Result<Vec<_>, IndexError>>()?;
+    let mut images: Vec<ImageInfo> = Vec::with_capacity(records.len());
+    for r in records {
+        // The index keeps names; they are read back as locations here, once. An inner archive's
+        // outer image comes before it.
+        let (location, within) = match r.within {
+            None => (ImageLocation::new(&locate(&r)?), None),
+            Some(inner) => {
+                let outer = images.get(inner.outer as usize).ok_or_else(|| {
+                    invalid(format!(
+                        "image {} lies within image {}, which does not come before it",
+                        images.len(),
+                        inner.outer
+                    ))
+                })?;
+                let location = ImageLocation::within(
+                    outer.location.clone(),
+                    r.relative.clone(),
+                    inner.base,
+                    inner.len,
+                );
+                (location, Some(inner.outer))
+            }
+        };
+        images.push(ImageInfo {
+            location,
+            fingerprint: r.fingerprint,
+            stream: r.stream,
+            within,
+        });
+    }
 
     let entries = header.entries_off as usize..header.names_off as usize;
     let names = header.names_off as usize..(header.names_off + header.names_len) as usize;

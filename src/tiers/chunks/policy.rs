@@ -194,6 +194,7 @@ mod tests {
                 tail: 0,
             },
             stream: None,
+            within: None,
         }
     }
 

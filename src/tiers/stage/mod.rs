@@ -228,7 +228,8 @@ impl Stage {
         let (mut total_chunks, mut total_bytes, mut present_bytes, mut present_chunks) =
             (0, 0, 0, 0);
         for (i, info) in images.iter().enumerate() {
-            if opts.share.is_some_and(|s| !s.assigned(i)) {
+            // An inner archive's bytes are staged as its outer image's.
+            if info.within.is_some() || opts.share.is_some_and(|s| !s.assigned(i)) {
                 staged.push(None);
                 continue;
             }

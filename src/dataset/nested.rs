@@ -1,0 +1,429 @@
+//! Archives inside an archive, served as directories of their members: ImageNet's training set
+//! comes as one tar of 1 000 class tars, and `ImageFolder` wants the classes as directories.
+//!
+//! An archive stored as a member of an image (its bytes as they are: a plain tar's member, a zip
+//! member stored) is scanned as an image of its own, a window of the outer image
+//! (`ImageLocation::Within`), and its members take the outer member's place in the tree, under
+//! its path. Its bytes stay where they are: a read of an inner member is one read of the outer
+//! image, cached and staged as the outer image's. Nothing is extracted.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use tracing::warn;
+
+use std::os::unix::ffi::OsStrExt;
+
+use crate::archive::{self, Encoding, Member, MemberKind, ScannedImage, Span, format::Probe};
+use crate::source::ImageLocation;
+use crate::source::read_at::ReadAt;
+
+/// Which archives inside an archive are served as directories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum InnerKinds {
+    /// None: every member is the file it is.
+    None,
+    /// Tar archives, plain or compressed (a class's tar, a split's `.tar.gz`). A zip or a
+    /// squashfs image stays a file: a `.npz` sample or a `.docx` is a zip.
+    #[default]
+    Tar,
+    /// Every format packfs reads (tar, compressed tar, zip, squashfs), as ratarmount's
+    /// `--recursive`.
+    All,
+}
+
+/// How archives inside archives are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nesting {
+    pub kinds: InnerKinds,
+    /// Levels of archives inside archives served as directories (1: those in the images given).
+    pub depth: u32,
+    /// `n01440764.tar` served as the directory `n01440764` (its archive extension dropped),
+    /// unless that name is taken.
+    pub strip_extension: bool,
+}
+
+/// The default depth: deep enough for any dataset seen (a tar of class tars is 1), shallow
+/// enough that an archive that holds itself stops soon.
+pub const DEFAULT_DEPTH: u32 = 4;
+
+impl Default for Nesting {
+    fn default() -> Nesting {
+        Nesting {
+            kinds: InnerKinds::Tar,
+            depth: DEFAULT_DEPTH,
+            strip_extension: false,
+        }
+    }
+}
+
+impl Nesting {
+    /// Members served as they are, never opened as archives.
+    pub fn none() -> Nesting {
+        Nesting {
+            kinds: InnerKinds::None,
+            ..Nesting::default()
+        }
+    }
+
+    fn expands(&self) -> bool {
+        self.kinds != InnerKinds::None && self.depth > 0
+    }
+}
+
+/// Archive extensions, longest first, for `strip_extension`.
+const EXTENSIONS: [&str; 13] = [
+    ".tar.gz",
+    ".tar.zst",
+    ".tar.xz",
+    ".tar.bz2",
+    ".squashfs",
+    ".tgz",
+    ".tzst",
+    ".txz",
+    ".tbz2",
+    ".tbz",
+    ".tar",
+    ".zip",
+    ".sqfs",
+];
+
+/// Compressed tars are tried only under these names: a gzip sample (`.json.gz`) is not an
+/// archive, and decoding each one's start to find out would cost every sample a decode.
+const COMPRESSED_TAR: [&str; 9] = [
+    ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
+];
+
+/// Inner archives opened at most, in all the images of a dataset; and of those, archives whose
+/// scan keeps checkpoint tables (compressed tars, zips with large deflated members), each held
+/// open as a temporary file and mapped while mounted. Beyond them, archives are files (with a
+/// warning): a hostile tar of a million tiny `.tar.gz` must not take a million descriptors.
+const MAX_INNER: usize = 1 << 20;
+const MAX_INNER_WITH_TABLES: usize = 4096;
+
+/// What is left of those bounds while a dataset is expanded.
+struct Room {
+    inner: usize,
+    with_tables: usize,
+    warned: bool,
+}
+
+/// `outer` and the archives inside it, as far as `nesting` says: `outer` first (its archive
+/// members taken out), then each inner archive after the image that holds it, whose position
+/// in the returned list its `within` gives.
+fn expand(outer: ScannedImage, nesting: &Nesting, room: &mut Room) -> Vec<ScannedImage> {
+    let mut group = vec![outer];
+    if !nesting.expands() || group[0].stream.is_some() {
+        // A compressed image's members lie in its decoded stream, not as stored bytes.
+        return group;
+    }
+    let mut next = 0;
+    let mut depth_of = vec![0u32];
+    while next < group.len() {
+        if depth_of[next] < nesting.depth && group[next].stream.is_none() {
+            let found = expand_one(&mut group[next], next, nesting, room);
+            for inner in found {
+                depth_of.push(depth_of[next] + 1);
+                group.push(inner);
+            }
+        }
+        next += 1;
+    }
+    group
+}
+
+/// The archives among `image`'s members, scanned, their members' paths under the member's;
+/// the members that held them are taken out of `image`.
+fn expand_one(
+    image: &mut ScannedImage,
+    at: usize,
+    nesting: &Nesting,
+    room: &mut Room,
+) -> Vec<ScannedImage> {
+    let candidates: Vec<usize> = (0..image.members.len())
+        .filter(|&i| {
+            let m = &image.members[i];
+            m.kind == MemberKind::File
+                && m.size > 0
+                && matches!(m.encoding, Encoding::Stored | Encoding::StoredCrc)
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let data = match image.location.open_for_scan() {
+        Ok((data, now)) if now == image.fingerprint => data,
+        Ok(_) => {
+            warn!(
+                "{}: changed since it was scanned; its archive members are served as files",
+                image.path.display()
+            );
+            return Vec::new();
+        }
+        Err(e) => {
+            warn!(
+                "{}: cannot read it again ({e}); its archive members are served as files",
+                image.path.display()
+            );
+            return Vec::new();
+        }
+    };
+    let mut taken = taken_names(image);
+    let mut inners = Vec::new();
+    let mut expanded = Vec::new();
+    for i in candidates {
+        let m = image.members[i];
+        let name = image.path_of(&m).to_vec();
+        let window: std::sync::Arc<dyn ReadAt> = std::sync::Arc::new(
+            crate::source::read_at::Window::new(data.clone(), m.data_offset, m.size),
+        );
+        if !is_archive(&*window, m.size, &name, nesting.kinds) {
+            continue;
+        }
+        let location = ImageLocation::within(
+            image.location.clone(),
+            PathBuf::from(std::ffi::OsStr::from_bytes(&name)),
+            m.data_offset,
+            m.size,
+        );
+        // Scanned as an image of the member's size; its fingerprint is then the outer image's
+        // (one changes when the other does).
+        let sized = crate::source::Fingerprint {
+            size: m.size,
+            ..image.fingerprint
+        };
+        let mut inner = match archive::scan(&location, &*window, sized) {
+            Ok(mut inner) => {
+                inner.fingerprint = image.fingerprint;
+                inner
+            }
+            Err(e) => {
+                warn!(
+                    image = %image.path.display(),
+                    offset = m.header_offset,
+                    "member {:?} looks like an archive but is served as a file: {e}",
+                    String::from_utf8_lossy(&name)
+                );
+                continue;
+            }
+        };
+        let tables = inner.tables.is_some();
+        if room.inner == 0 || (tables && room.with_tables == 0) {
+            if !room.warned {
+                room.warned = true;
+                warn!(
+                    image = %image.path.display(),
+                    offset = m.header_offset,
+                    "member {:?} and later archives inside images are served as files: a \
+                     dataset opens at most {MAX_INNER} archives inside its images, \
+                     {MAX_INNER_WITH_TABLES} of them compressed",
+                    String::from_utf8_lossy(&name)
+                );
+            }
+            continue;
+        }
+        room.inner -= 1;
+        room.with_tables -= usize::from(tables);
+        let dir = match nesting.strip_extension {
+            true => stripped(&name)
+                .filter(|s| !taken.contains(*s))
+                .unwrap_or(&name)
+                .to_vec(),
+            false => name.clone(),
+        };
+        taken.insert(dir.clone());
+        place_under(&mut inner, &dir, &m);
+        inner.within = Some(at);
+        inners.push(inner);
+        expanded.push(i);
+    }
+    // The members that are now directories: each accounted for as merged into what it holds.
+    let mut k = 0;
+    image.members.retain(|_| {
+        let keep = expanded.binary_search(&k).is_err();
+        k += 1;
+        keep
+    });
+    image.merged += expanded.len() as u64;
+    inners
+}
+
+/// Whether the `len` bytes of `window` (a member named `name`) are an archive of `kinds`.
+fn is_archive(window: &dyn ReadAt, len: u64, name: &[u8], kinds: InnerKinds) -> bool {
+    let mut head = [0u8; 512];
+    let Ok(n) = window.read_up_to(&mut head, 0) else {
+        return false;
+    };
+    let head = &head[..n];
+    let probe = Probe {
+        head,
+        file: window,
+        len,
+    };
+    let named = |list: &[&str]| {
+        let lower = name.to_ascii_lowercase();
+        list.iter().any(|e| lower.ends_with(e.as_bytes()))
+    };
+    // A plain tar by its first header's checksum (all zeros is no archive here: an empty
+    // sample); a compressed one by its magic, under a tar's name.
+    if archive::tar::is_header(head) && head.iter().any(|&b| b != 0) {
+        return true;
+    }
+    let compressed = [
+        archive::tar::GZIP_TAR,
+        archive::tar::ZSTD_TAR,
+        archive::tar::XZ_TAR,
+        archive::tar::BZIP2_TAR,
+    ];
+    if named(&COMPRESSED_TAR)
+        && compressed
+            .iter()
+            .any(|f| (f.detect)(&probe).unwrap_or(false))
+    {
+        return true;
+    }
+    kinds == InnerKinds::All
+        && (head.starts_with(b"PK\x03\x04")
+            || head.starts_with(b"PK\x05\x06")
+            || head.starts_with(b"hsqs"))
+}
+
+/// `name` without its archive extension, if it has one and something is left.
+fn stripped(name: &[u8]) -> Option<&[u8]> {
+    let lower = name.to_ascii_lowercase();
+    EXTENSIONS.iter().find_map(|e| {
+        let e = e.as_bytes();
+        (lower.ends_with(e) && name.len() > e.len()).then(|| &name[..name.len() - e.len()])
+    })
+}
+
+/// Every path `image` serves and every directory above one: a stripped name must not be one.
+fn taken_names(image: &ScannedImage) -> HashSet<Vec<u8>> {
+    let mut taken = HashSet::new();
+    for m in &image.members {
+        let mut path = image.path_of(m);
+        while taken.insert(path.to_vec()) {
+            match path.iter().rposition(|&b| b == b'/') {
+                Some(slash) => path = &path[..slash],
+                None => break,
+            }
+        }
+    }
+    taken
+}
+
+/// Puts `inner`'s members under the directory `dir`, which takes the attributes of the member
+/// `holder` that held the archive (as a directory: searchable where readable) unless the
+/// archive has a root entry of its own.
+fn place_under(inner: &mut ScannedImage, dir: &[u8], holder: &Member) {
+    let mut has_root = false;
+    for i in 0..inner.members.len() {
+        let m = inner.members[i];
+        let path = inner.bytes(m.path).to_vec();
+        let mut full = dir.to_vec();
+        if !path.is_empty() {
+            full.push(b'/');
+            full.extend_from_slice(&path);
+        } else {
+            has_root = true;
+        }
+        inner.members[i].path = inner.push_string(&full);
+    }
+    if !has_root {
+        let path = inner.push_string(dir);
+        let readable = holder.mode & 0o444;
+        inner.members.push(Member {
+            path,
+            link: Span::default(),
+            kind: MemberKind::Dir,
+            mode: holder.mode | readable >> 2,
+            mtime: holder.mtime,
+            mtime_nsec: holder.mtime_nsec,
+            size: 0,
+            data_offset: 0,
+            encoding: Encoding::Stored,
+            header_offset: holder.header_offset,
+        });
+        // Served, and no header of the archive's: counted so the accounting stays whole.
+        inner.headers += 1;
+    }
+}
+
+/// Expands every image of `scanned` (in order), renumbering `within` to positions in the
+/// whole list.
+pub fn expand_all(scanned: Vec<ScannedImage>, nesting: &Nesting) -> Vec<ScannedImage> {
+    let mut all = Vec::with_capacity(scanned.len());
+    let mut room = Room {
+        inner: MAX_INNER,
+        with_tables: MAX_INNER_WITH_TABLES,
+        warned: false,
+    };
+    for outer in scanned {
+        let start = all.len();
+        for mut image in expand(outer, nesting, &mut room) {
+            image.within = image.within.map(|w| w + start);
+            all.push(image);
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archive_extensions_are_stripped_longest_first() {
+        let s = |n: &str| stripped(n.as_bytes()).map(|b| String::from_utf8_lossy(b).into_owned());
+        assert_eq!(s("n01440764.tar").as_deref(), Some("n01440764"));
+        assert_eq!(s("train/split.TAR.GZ").as_deref(), Some("train/split"));
+        assert_eq!(s("a.tgz").as_deref(), Some("a"));
+        assert_eq!(s("weights.npz"), None);
+        assert_eq!(s(".tar"), None, "nothing would be left");
+    }
+
+    /// A stripped name is never one the image already serves, as a file or as a directory
+    /// above one: `a.tar` beside a directory `a/` stays `a.tar`.
+    #[test]
+    fn names_taken_include_every_directory_above_a_member() {
+        let location = ImageLocation::File("t.tar".into());
+        let mut image = ScannedImage::new(location, Default::default());
+        for path in ["a/b/c.jpg", "x.tar"] {
+            let span = image.push_string(path.as_bytes());
+            image.members.push(Member {
+                path: span,
+                link: Span::default(),
+                kind: MemberKind::File,
+                mode: 0o644,
+                mtime: 0,
+                mtime_nsec: 0,
+                size: 1,
+                data_offset: 0,
+                encoding: Encoding::Stored,
+                header_offset: 0,
+            });
+        }
+        let taken = taken_names(&image);
+        for name in ["a", "a/b", "a/b/c.jpg", "x.tar"] {
+            assert!(taken.contains(name.as_bytes()), "{name}");
+        }
+        assert!(!taken.contains(&b"x"[..]));
+    }
+
+    /// Zeros are no tar here (an empty sample), nor a name without a tar's magic.
+    #[test]
+    fn only_real_archives_are_opened() {
+        let zeros = vec![0u8; 4096];
+        assert!(!is_archive(&zeros, 4096, b"empty.tar", InnerKinds::All));
+        let gzip_sample = [&b"\x1f\x8b\x08\x00"[..], &[0u8; 600]].concat();
+        assert!(!is_archive(
+            &gzip_sample,
+            604,
+            b"x.json.gz",
+            InnerKinds::All
+        ));
+        let zip = [&b"PK\x03\x04"[..], &[0u8; 600]].concat();
+        assert!(!is_archive(&zip, 604, b"w.npz", InnerKinds::Tar));
+        assert!(is_archive(&zip, 604, b"w.npz", InnerKinds::All));
+    }
+}

@@ -1,0 +1,396 @@
+//! Archives inside archives, served as directories of their members: ImageNet's training set as
+//! downloaded (one tar of class tars), tars, zips and compressed tars inside tars, and hostile
+//! nesting. The judge is what the real tools give when the inner archives are extracted one by
+//! one: GNU tar, unzip.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// `n` classes of `per` JPEG-sized samples in `dir/classes/<class>/`, each class packed by GNU
+/// tar as ImageNet's are (`<class>.tar`, its files at the top, no directory entry), and all the
+/// class tars in `dir/train.tar`. Returns the outer tar and the classes' tree.
+fn imagenet_shaped(dir: &Path, n: usize, per: usize) -> (PathBuf, PathBuf) {
+    let classes = dir.join("classes");
+    let tars = dir.join("tars");
+    fs::create_dir_all(&tars).unwrap();
+    let mut names = Vec::new();
+    for c in 0..n {
+        let class = format!("n{:08}", 1_440_764 + c * 1_000);
+        let mut files = Vec::new();
+        for i in 0..per {
+            let name = format!("{class}_{i}.JPEG");
+            let len = 3_000 + (c * 7_919 + i * 104_729) % 40_000;
+            write_file(
+                &classes.join(&class).join(&name),
+                &bytes((c * 1000 + i) as u64, len),
+                0o644,
+            );
+            files.push(name);
+        }
+        let tar = tars.join(format!("{class}.tar"));
+        run(Command::new("tar")
+            .arg("--format=gnu")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(classes.join(&class))
+            .args(&files));
+        names.push(format!("{class}.tar"));
+    }
+    let outer = dir.join("train.tar");
+    run(Command::new("tar")
+        .arg("--format=gnu")
+        .arg("-cf")
+        .arg(&outer)
+        .arg("-C")
+        .arg(&tars)
+        .args(&names));
+    (outer, classes)
+}
+
+/// What GNU tar gives: `outer` extracted into `into`, then each of its members that is a tar
+/// (by name) extracted, one by one, into a directory named as the member (without `.tar` when
+/// `strip`), the member itself removed; the directory has the member's time.
+fn extracted_one_by_one(outer: &Path, into: &Path, strip: bool) {
+    fs::create_dir_all(into).unwrap();
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(outer)
+        .arg("-C")
+        .arg(into));
+    for entry in fs::read_dir(into).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if !name.ends_with(".tar") {
+            continue;
+        }
+        let dir = match strip {
+            true => into.join(name.trim_end_matches(".tar")),
+            false => into.join(format!("{name}.d")),
+        };
+        fs::create_dir_all(&dir).unwrap();
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&path)
+            .arg("-C")
+            .arg(&dir));
+        // The directory takes the archive member's time (its mode, made searchable: 0755).
+        run(Command::new("touch").arg("-r").arg(&path).arg(&dir));
+        fs::remove_file(&path).unwrap();
+        if !strip {
+            fs::rename(&dir, &path).unwrap();
+        }
+    }
+}
+
+/// ImageNet's training tar as downloaded mounts as its classes: with --strip-inner-extension the
+/// tree is what GNU tar gives when the class tars are extracted one by one, `ImageFolder` finds
+/// every class and sample, an index of it remounts to the same tree, and `ls --json` gives each
+/// sample's real position in the outer tar (its bytes are there).
+#[test]
+fn imagenet_as_downloaded_mounts_as_its_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outer, _) = imagenet_shaped(dir.path(), 12, 15);
+    let reference = dir.path().join("ref");
+    extracted_one_by_one(&outer, &reference, true);
+
+    let mnt = dir.path().join("mnt");
+    let m = Mount::new(&[&outer], &mnt, &["--strip-inner-extension"]);
+    assert_same_tree(&reference, &mnt, &[]);
+    drop(m);
+
+    // Without stripping, each class is a directory named as its tar.
+    let kept = dir.path().join("kept");
+    extracted_one_by_one(&outer, &kept, false);
+    let m = Mount::new(&[&outer], &mnt, &[]);
+    assert_same_tree(&kept, &mnt, &[]);
+    drop(m);
+
+    // As files, when asked.
+    let m = Mount::new(&[&outer], &mnt, &["--inner-archives", "none"]);
+    let plain = dir.path().join("plain");
+    fs::create_dir_all(&plain).unwrap();
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&outer)
+        .arg("-C")
+        .arg(&plain));
+    assert_same_tree(&plain, &mnt, &[]);
+    drop(m);
+
+    // The index holds the flattened tree.
+    let index = dir.path().join("train.packfs-index");
+    run(packfs()
+        .args(["index", "--strip-inner-extension", "-q", "-o"])
+        .arg(&index)
+        .arg(&outer));
+    let m = Mount::new(&[&index], &mnt, &[]);
+    assert_same_tree(&reference, &mnt, &[]);
+
+    if let Some(interpreter) = python_with("torchvision", "torchvision") {
+        let out = python(
+            &interpreter,
+            "import sys, torchvision\n\
+             ds = torchvision.datasets.ImageFolder(sys.argv[1])\n\
+             print(len(ds.classes), len(ds.samples), ds.classes[0])\n",
+            &[mnt.as_os_str()],
+        );
+        assert_eq!(out.trim(), "12 180 n01440764", "{out}");
+    }
+    drop(m);
+
+    // Real positions: every sample's bytes are at its offset in the outer tar.
+    let listing = run(packfs().args(["ls", "--json"]).arg(&index));
+    let tar = fs::read(&outer).unwrap();
+    let mut files = 0;
+    for line in listing.lines().skip(1) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["kind"] != "file" {
+            continue;
+        }
+        files += 1;
+        assert_eq!(v["image"], 0, "{v}");
+        let (at, size) = (
+            v["offset"].as_u64().unwrap() as usize,
+            v["size"].as_u64().unwrap() as usize,
+        );
+        let want = fs::read(reference.join(v["path"].as_str().unwrap())).unwrap();
+        assert_eq!(&tar[at..at + size], &want[..], "{v}");
+    }
+    assert_eq!(files, 180);
+    // Nesting is chosen when images are scanned: an index refuses it.
+    let out = packfs()
+        .args(["ls", "--inner-archives", "none"])
+        .arg(&index)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --inner-archives"));
+}
+
+/// Expands, in place and recursively up to `depth` levels, the archives of `dir` as the real
+/// tools extract them: tars (plain, gzip, zstd) with GNU tar, and with `zips` zips with unzip;
+/// each into a directory named as the archive, with its time.
+fn extract_recursively(dir: &Path, zips: bool, depth: u32) {
+    if depth == 0 {
+        return;
+    }
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let meta = fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            extract_recursively(&path, zips, depth);
+            continue;
+        }
+        if !meta.is_file() {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let is_tar = [".tar", ".tar.gz", ".tar.zst"]
+            .iter()
+            .any(|e| name.ends_with(e));
+        let is_zip = zips && (name.ends_with(".zip") || name.ends_with(".npz"));
+        if !is_tar && !is_zip {
+            continue;
+        }
+        let into = dir.join(format!("{name}.d"));
+        fs::create_dir_all(&into).unwrap();
+        match is_tar {
+            true => run(Command::new("tar")
+                .arg("-xf")
+                .arg(&path)
+                .arg("-C")
+                .arg(&into)),
+            false => run(Command::new("unzip")
+                .arg("-q")
+                .arg(&path)
+                .arg("-d")
+                .arg(&into)),
+        };
+        extract_recursively(&into, zips, depth - 1);
+        run(Command::new("touch").arg("-r").arg(&path).arg(&into));
+        fs::remove_file(&path).unwrap();
+        fs::rename(&into, &path).unwrap();
+    }
+}
+
+/// Files of the mixed dataset under `dir/src`: text, a subdirectory, a symlink.
+fn small_tree(dir: &Path, seed: u64) {
+    write_file(&dir.join("x.txt"), &bytes(seed, 700), 0o644);
+    write_file(&dir.join("sub/y.bin"), &bytes(seed + 1, 20_000), 0o600);
+    std::os::unix::fs::symlink("../x.txt", dir.join("sub/to-x")).unwrap();
+}
+
+/// Tar in tar, zip in tar (one member stored, one deflated), `.tar.gz` and `.tar.zst` in tar, a
+/// `.npz` (a zip) in tar, and a tar in a tar in a tar: by default the tars are directories and
+/// the zips files; with `--inner-archives all` the zips too; every tree as the real tools give it.
+#[test]
+fn tars_zips_and_compressed_tars_inside_a_tar_are_served_as_the_tools_extract_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let parts = d.join("parts");
+    small_tree(&d.join("a"), 1);
+    fs::create_dir_all(&parts).unwrap();
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(parts.join("a.tar"))
+        .arg("-C")
+        .arg(d.join("a"))
+        .args(["x.txt", "sub"]));
+    small_tree(&d.join("b"), 10);
+    write_file(&d.join("b/big.txt"), &vec![b'z'; 50_000], 0o644);
+    sh(
+        "cd b && zip -q -0 ../parts/b.zip x.txt && zip -q -r ../parts/b.zip sub big.txt",
+        d,
+    );
+    fs::copy(parts.join("b.zip"), parts.join("weights.npz")).unwrap();
+    small_tree(&d.join("c"), 20);
+    sh("tar -czf parts/c.tar.gz -C c x.txt sub", d);
+    sh("tar --zstd -cf parts/z.tar.zst -C c x.txt sub", d);
+    // Three levels: d.tar holds e.tar, which holds f.tar.
+    small_tree(&d.join("f"), 30);
+    sh(
+        "tar -cf e-in/f.tar -C f x.txt sub 2>/dev/null || (mkdir -p e-in && tar -cf e-in/f.tar -C f x.txt sub)",
+        d,
+    );
+    write_file(&d.join("e-in/e.txt"), b"in e\n", 0o644);
+    sh("mkdir -p d-in && tar -cf d-in/e.tar -C e-in f.tar e.txt", d);
+    sh("tar -cf parts/d.tar -C d-in e.tar", d);
+    write_file(&parts.join("notes.gz"), &bytes(40, 3000), 0o644);
+    let outer = d.join("mixed.tar");
+    sh(
+        "tar -cf mixed.tar -C parts a.tar b.zip weights.npz c.tar.gz z.tar.zst d.tar notes.gz",
+        d,
+    );
+    let mnt = d.join("mnt");
+    for (zips, extra) in [(false, &[][..]), (true, &["--inner-archives", "all"][..])] {
+        let reference = d.join(format!("ref-{zips}"));
+        fs::create_dir_all(&reference).unwrap();
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&outer)
+            .arg("-C")
+            .arg(&reference));
+        extract_recursively(&reference, zips, 4);
+        let m = Mount::new(&[&outer], &mnt, extra);
+        assert_same_tree(&reference, &mnt, &[]);
+        assert!(mnt.join("d.tar/e.tar/f.tar/sub/y.bin").is_file());
+        assert_eq!(mnt.join("b.zip").is_dir(), zips);
+        drop(m);
+    }
+}
+
+/// Hostile nesting is bounded: a chain of tars six deep is opened only as deep as
+/// --inner-depth says (the rest are files, byte for byte); an inner tar cut short is refused as
+/// an archive, as it would be as an image, and served as the file it is, with a warning; a
+/// member named `.tar` that is no archive stays a file, silently. (An archive
+/// cannot hold its own stored bytes; a zip quine holds itself deflated, and only stored members
+/// are opened.)
+#[test]
+fn hostile_nesting_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_file(&d.join("w/w0.txt"), b"the bottom\n", 0o644);
+    for level in 1..=6 {
+        let inner = match level {
+            1 => "w0.txt".to_string(),
+            _ => format!("w{}.tar", level - 1),
+        };
+        sh(&format!("tar -cf w/w{level}.tar -C w {inner}"), d);
+    }
+    let outer = d.join("w/w6.tar");
+    let mnt = d.join("mnt");
+    let m = Mount::new(&[&outer], &mnt, &["--inner-depth", "2"]);
+    let deepest = mnt.join("w5.tar/w4.tar/w3.tar");
+    assert!(mnt.join("w5.tar/w4.tar").is_dir());
+    assert_eq!(
+        fs::read(&deepest).unwrap(),
+        fs::read(d.join("w/w3.tar")).unwrap()
+    );
+    drop(m);
+    let m = Mount::new(&[&outer], &mnt, &[]);
+    assert!(mnt.join("w5.tar/w4.tar/w3.tar/w2.tar").is_dir());
+    assert!(mnt.join("w5.tar/w4.tar/w3.tar/w2.tar/w1.tar").is_file());
+    drop(m);
+
+    // A tar cut short inside a tar, and a `.tar` that is not one.
+    write_file(&d.join("t/big.bin"), &bytes(5, 300_000), 0o644);
+    write_file(&d.join("t/small.txt"), b"small\n", 0o644);
+    sh("tar -cf cut.tar -C t small.txt big.bin", d);
+    let cut = fs::read(d.join("cut.tar")).unwrap();
+    fs::create_dir_all(d.join("o")).unwrap();
+    fs::write(d.join("o/cut.tar"), &cut[..100_000]).unwrap();
+    fs::write(d.join("o/fake.tar"), bytes(6, 4096)).unwrap();
+    sh("tar -cf o.tar -C o cut.tar fake.tar", d);
+    let log = d.join("mount.log");
+    let m = Mount::new(
+        &[&d.join("o.tar")],
+        &mnt,
+        &["--log-file", log.to_str().unwrap()],
+    );
+    assert_eq!(
+        fs::read(mnt.join("fake.tar")).unwrap(),
+        fs::read(d.join("o/fake.tar")).unwrap()
+    );
+    // The cut tar is refused as an archive, as it is as an image (GNU tar: "Unexpected EOF"),
+    // and served as the member it is, with a warning that names it and why.
+    assert_eq!(fs::read(mnt.join("cut.tar")).unwrap(), &cut[..100_000]);
+    drop(m);
+    let logged = fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("member \"cut.tar\" looks like an archive but is served as a file")
+            && logged.contains("runs past the end"),
+        "{logged}"
+    );
+    assert!(!logged.contains("fake.tar"), "{logged}");
+}
+
+/// A tar of 4 100 tiny `.tar.gz` (Python's tarfile writes them): each compressed inner archive
+/// holds a temporary file and a mapping while mounted, so a dataset opens at most 4 096 of them;
+/// the rest are served as the files they are, with one warning.
+#[test]
+fn a_tar_of_thousands_of_compressed_tars_opens_a_bounded_number() {
+    let Some(interpreter) = python_with("tarfile", "python3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let outer = dir.path().join("many.tar");
+    python(
+        &interpreter,
+        "import io, sys, tarfile\n\
+         with tarfile.open(sys.argv[1], 'w', format=tarfile.GNU_FORMAT) as out:\n\
+         \x20   for i in range(4100):\n\
+         \x20       inner = io.BytesIO()\n\
+         \x20       with tarfile.open(fileobj=inner, mode='w:gz') as t:\n\
+         \x20           data = b'%d' % i\n\
+         \x20           info = tarfile.TarInfo('x.txt'); info.size = len(data)\n\
+         \x20           t.addfile(info, io.BytesIO(data))\n\
+         \x20       info = tarfile.TarInfo('s%04d.tar.gz' % i); info.size = len(inner.getvalue())\n\
+         \x20       out.addfile(info, io.BytesIO(inner.getvalue()))\n",
+        &[outer.as_os_str()],
+    );
+    let out = packfs().arg("ls").arg(&outer).output().unwrap();
+    assert_ok(&out);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let opened = listing.lines().filter(|l| l.ends_with("/x.txt")).count();
+    let files = listing
+        .lines()
+        .filter(|l| l.ends_with(".tar.gz") && !listing.contains(&format!("{l}/x.txt")))
+        .count();
+    assert_eq!((opened, files), (4096, 4), "{listing}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("later archives inside images").count(),
+        1,
+        "{stderr}"
+    );
+}
