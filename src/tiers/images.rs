@@ -341,6 +341,25 @@ mod tests {
         );
     }
 
+    /// A walk in order that finds its chunks fetched ahead keeps read-ahead going: its reader
+    /// waits on the first two chunks only. Read-ahead followed misses alone, so the walk, finding
+    /// chunks i+1 and i+2 fetched, missed i+3 and i+4 before it started again: half the chunks.
+    #[test]
+    fn a_walk_that_finds_its_chunks_fetched_ahead_is_read_ahead_to_its_end() {
+        let len = 24 * MIB;
+        let images = Images::new(source(len), 8 * MIB, MIB, true, None);
+        // Time for the read-ahead threads between reads (a reader that decodes what it reads).
+        walk(&images, len, 128 << 10, |_| {
+            std::thread::sleep(std::time::Duration::from_millis(2))
+        });
+        let chunks = len / MIB;
+        let ahead = images.stats().read_ahead_chunks;
+        assert!(
+            ahead >= chunks - 3,
+            "{ahead} of {chunks} chunks fetched ahead of the reader"
+        );
+    }
+
     /// A cache smaller than two chunks keeps none for their readers: reads go exactly, and the
     /// cache never holds more than its budget. A 1 MiB chunk pinned in a 1 MiB cache held 64
     /// bytes beyond it (CI's uring pass of tests/squashfs.rs).

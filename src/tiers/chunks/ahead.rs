@@ -1,8 +1,9 @@
 //! Read-ahead of source chunks for readers walking a shard in order (WebDataset loaders, `tar -x`,
-//! `cat`): when a miss of chunk i follows a miss of chunk i-1 of the same image, the next chunks
-//! are fetched by background threads, through the same room as the readers' own (`Fetcher`),
-//! while the reader consumes these. On an object store each chunk is a round trip of
-//! milliseconds; a sequential reader then waits for none of them after the first two.
+//! `cat`): when a reader's first read of chunk i follows its read of chunk i-1 of the same image,
+//! whether it missed them or found them fetched ahead, the next chunks are fetched by background
+//! threads, through the same room as the readers' own (`Fetcher`), while the reader consumes
+//! these. On an object store each chunk is a round trip of milliseconds; a sequential reader then
+//! waits for none of them after the first two.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +22,8 @@ const QUEUE: usize = 16;
 
 pub struct ReadAhead {
     queue: Sender<(u32, u64)>,
-    /// Per image: the last chunk missed, plus one (0: none yet).
-    last_miss: Vec<AtomicU64>,
+    /// Per image: the last chunk read, plus one (0: none yet).
+    last_read: Vec<AtomicU64>,
 }
 
 impl ReadAhead {
@@ -44,14 +45,16 @@ impl ReadAhead {
         }
         ReadAhead {
             queue,
-            last_miss: (0..images).map(|_| AtomicU64::new(0)).collect(),
+            last_read: (0..images).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// Notes a reader's miss of chunk `i` of `image` (of `chunks` chunks); queues the next ones
-    /// that `wanted` if the previous miss of this image was chunk i-1.
-    pub fn missed(&self, image: u32, i: u64, chunks: u64, wanted: impl Fn(u64) -> bool) {
-        let Some(last) = self.last_miss.get(image as usize) else {
+    /// Notes a reader's read of chunk `i` of `image` (of `chunks` chunks), missed or found in
+    /// memory; queues the next ones that `wanted` if the previous chunk read of this image was
+    /// chunk i-1. Counting only misses, a walk found the chunks fetched ahead, stopped counting,
+    /// and waited on two chunks of every four.
+    pub fn read(&self, image: u32, i: u64, chunks: u64, wanted: impl Fn(u64) -> bool) {
+        let Some(last) = self.last_read.get(image as usize) else {
             return;
         };
         let before = last.swap(i + 1, Ordering::Relaxed);

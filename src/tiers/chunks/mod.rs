@@ -2,7 +2,7 @@
 //! readers and read-ahead alike, and decides when to (`policy`). A fetch claims the chunk from
 //! the stager when the image is being staged (each chunk read once, then handed over), loads it
 //! into the RAM cache under the one memory budget, pins it there until its readers are through
-//! (`pins`), and tells read-ahead (`ahead`) of a reader's miss.
+//! (`pins`), and tells read-ahead (`ahead`) of a reader's chunks.
 
 mod ahead;
 mod pins;
@@ -111,10 +111,10 @@ impl Chunks {
         let got = self
             .fetcher
             .fetch(image, i, For::Reader(req, plan.staging))?;
-        if let (Some(ahead), Some((_, true))) = (&self.ahead, &got) {
+        if let (Some(ahead), Some(_)) = (&self.ahead, &got) {
             let f = &self.fetcher;
             let chunks = f.source.image_size(image).div_ceil(f.chunk_size);
-            ahead.missed(image, i, chunks, |j| {
+            ahead.read(image, i, chunks, |j| {
                 let start = j * f.chunk_size;
                 f.pins.wants_ahead((image, start)) && !f.ram.contains(image, CHUNK_TAG | start)
             });
