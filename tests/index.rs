@@ -287,11 +287,11 @@ fn damaged_indexes_are_rejected() {
 
     // Another version.
     let mut other = good.clone();
-    other[8] = 7;
+    other[8] = 8;
     fs::write(&bad, &other).unwrap();
     let err = assert_clean_failure(&verify(&bad), "version");
     assert!(
-        err.contains("version 7, this packfs reads versions 1 to 6"),
+        err.contains("version 8, this packfs reads versions 1 to 7"),
         "{err}"
     );
 

@@ -715,6 +715,7 @@ fn check_image(
     let (pick, ranges, fault_picks) = (v.pick, &v.ranges, &v.faults);
     let mut scanned = packfs::dataset::scan_all(
         &[packfs::source::ImageLocation::File(image.to_path_buf())],
+        &packfs::dataset::nested::Nesting::default(),
         &packfs::dataset::quiet,
     )
     .map_err(|e| fail(e.to_string()))?;

@@ -90,8 +90,9 @@ fn extracted_one_by_one(outer: &Path, into: &Path, strip: bool) {
 
 /// ImageNet's training tar as downloaded mounts as its classes: with --strip-inner-extension the
 /// tree is what GNU tar gives when the class tars are extracted one by one, `ImageFolder` finds
-/// every class and sample, an index of it remounts to the same tree, and `ls --json` gives each
-/// sample's real position in the outer tar (its bytes are there).
+/// every class and sample, an index of it remounts to the same tree, `ls --json` gives each
+/// sample's real position in the outer tar (its bytes are there), staging copies the outer tar
+/// once and serves a cold epoch, and `pack` repacks it into shards.
 #[test]
 fn imagenet_as_downloaded_mounts_as_its_classes() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,6 +164,53 @@ fn imagenet_as_downloaded_mounts_as_its_classes() {
         assert_eq!(&tar[at..at + size], &want[..], "{v}");
     }
     assert_eq!(files, 180);
+
+    // Staged: the stage holds the outer tar, once; a cold epoch reads it from there.
+    let stage = dir.path().join("stage");
+    let m = Mount::new(&[&index], &mnt, &["--stage", stage.to_str().unwrap()]);
+    let started = std::time::Instant::now();
+    while !run(packfs().args(["status"]).arg(&mnt)).contains("staging   complete") {
+        assert!(started.elapsed().as_secs() < 30, "staging did not complete");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let staged: Vec<String> = fs::read_dir(&stage)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".data"))
+        .collect();
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(staged[0].starts_with("train.tar."), "{staged:?}");
+    run(Command::new("sh").args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"]));
+    assert_same_tree(&reference, &mnt, &[]);
+    drop(m);
+
+    // `pack` takes it as its input: shards of the class members, nothing extracted.
+    let packed = dir.path().join("packed");
+    run(packfs()
+        .args([
+            "pack",
+            "--strip-inner-extension",
+            "--shards",
+            "3",
+            "-q",
+            "-o",
+        ])
+        .arg(&packed)
+        .arg(&outer));
+    let m = Mount::new(&[&packed.join("train.packfs-index")], &mnt, &[]);
+    let mut compared = 0;
+    for class in fs::read_dir(&reference).unwrap() {
+        let class = class.unwrap().path();
+        for f in fs::read_dir(&class).unwrap() {
+            let f = f.unwrap().path();
+            let rel = f.strip_prefix(&reference).unwrap();
+            assert_eq!(fs::read(mnt.join(rel)).unwrap(), fs::read(&f).unwrap());
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 180);
+    drop(m);
+
     // Nesting is chosen when images are scanned: an index refuses it.
     let out = packfs()
         .args(["ls", "--inner-archives", "none"])
@@ -174,8 +222,8 @@ fn imagenet_as_downloaded_mounts_as_its_classes() {
 }
 
 /// Expands, in place and recursively up to `depth` levels, the archives of `dir` as the real
-/// tools extract them: tars (plain, gzip, zstd) with GNU tar, and with `zips` zips with unzip;
-/// each into a directory named as the archive, with its time.
+/// tools extract them: tars (plain, gzip, zstd) with GNU tar, and with `zips` zips with unzip
+/// and squashfs images with unsquashfs; each into a directory named as the archive.
 fn extract_recursively(dir: &Path, zips: bool, depth: u32) {
     if depth == 0 {
         return;
@@ -199,25 +247,49 @@ fn extract_recursively(dir: &Path, zips: bool, depth: u32) {
             .iter()
             .any(|e| name.ends_with(e));
         let is_zip = zips && (name.ends_with(".zip") || name.ends_with(".npz"));
-        if !is_tar && !is_zip {
+        let is_sqfs = zips && name.ends_with(".sqfs");
+        if !is_tar && !is_zip && !is_sqfs {
             continue;
         }
         let into = dir.join(format!("{name}.d"));
-        fs::create_dir_all(&into).unwrap();
-        match is_tar {
-            true => run(Command::new("tar")
-                .arg("-xf")
-                .arg(&path)
-                .arg("-C")
-                .arg(&into)),
-            false => run(Command::new("unzip")
-                .arg("-q")
-                .arg(&path)
-                .arg("-d")
-                .arg(&into)),
-        };
+        // The directory has the archive's root entry's attributes when it has one (`./` in a
+        // tar, a squashfs image's root), else the member's time.
+        let has_root = is_sqfs
+            || is_tar
+                && run(Command::new("tar").arg("-tf").arg(&path))
+                    .lines()
+                    .any(|l| l == "./");
+        if is_sqfs {
+            run(Command::new("unsquashfs")
+                .args(["-q", "-n", "-d"])
+                .arg(&into)
+                .arg(&path));
+        } else {
+            fs::create_dir_all(&into).unwrap();
+            match is_tar {
+                true => run(Command::new("tar")
+                    .arg("-xf")
+                    .arg(&path)
+                    .arg("-C")
+                    .arg(&into)),
+                false => run(Command::new("unzip")
+                    .arg("-q")
+                    .arg(&path)
+                    .arg("-d")
+                    .arg(&into)),
+            };
+        }
+        let root_time = fs::metadata(&into).unwrap().modified().unwrap();
         extract_recursively(&into, zips, depth - 1);
-        run(Command::new("touch").arg("-r").arg(&path).arg(&into));
+        match has_root {
+            true => fs::File::open(&into)
+                .unwrap()
+                .set_modified(root_time)
+                .unwrap(),
+            false => {
+                run(Command::new("touch").arg("-r").arg(&path).arg(&into));
+            }
+        }
         fs::remove_file(&path).unwrap();
         fs::rename(&into, &path).unwrap();
     }
@@ -231,8 +303,9 @@ fn small_tree(dir: &Path, seed: u64) {
 }
 
 /// Tar in tar, zip in tar (one member stored, one deflated), `.tar.gz` and `.tar.zst` in tar, a
-/// `.npz` (a zip) in tar, and a tar in a tar in a tar: by default the tars are directories and
-/// the zips files; with `--inner-archives all` the zips too; every tree as the real tools give it.
+/// `.npz` (a zip) and a squashfs image in tar, a tar in a tar in a tar, and a tar stored in a
+/// zip: by default the tars are directories and the zips and squashfs files; with
+/// `--inner-archives all` those too; every tree as the real tools give it.
 #[test]
 fn tars_zips_and_compressed_tars_inside_a_tar_are_served_as_the_tools_extract_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,9 +339,12 @@ fn tars_zips_and_compressed_tars_inside_a_tar_are_served_as_the_tools_extract_th
     sh("mkdir -p d-in && tar -cf d-in/e.tar -C e-in f.tar e.txt", d);
     sh("tar -cf parts/d.tar -C d-in e.tar", d);
     write_file(&parts.join("notes.gz"), &bytes(40, 3000), 0o644);
+    small_tree(&d.join("q"), 50);
+    sh("mksquashfs q parts/s.sqfs -quiet -noappend -all-root", d);
     let outer = d.join("mixed.tar");
     sh(
-        "tar -cf mixed.tar -C parts a.tar b.zip weights.npz c.tar.gz z.tar.zst d.tar notes.gz",
+        "tar -cf mixed.tar -C parts a.tar b.zip weights.npz c.tar.gz z.tar.zst d.tar notes.gz \
+         s.sqfs",
         d,
     );
     let mnt = d.join("mnt");
@@ -285,8 +361,24 @@ fn tars_zips_and_compressed_tars_inside_a_tar_are_served_as_the_tools_extract_th
         assert_same_tree(&reference, &mnt, &[]);
         assert!(mnt.join("d.tar/e.tar/f.tar/sub/y.bin").is_file());
         assert_eq!(mnt.join("b.zip").is_dir(), zips);
+        assert_eq!(mnt.join("s.sqfs").is_dir(), zips);
         drop(m);
     }
+
+    // A tar stored in a zip (zip -0): the zip's member is opened as the tar it is.
+    sh("cd parts && zip -q -0 ../outer.zip a.tar notes.gz", d);
+    let reference = d.join("ref-zip");
+    fs::create_dir_all(&reference).unwrap();
+    run(Command::new("unzip")
+        .arg("-q")
+        .arg(d.join("outer.zip"))
+        .arg("-d")
+        .arg(&reference));
+    extract_recursively(&reference, false, 4);
+    let m = Mount::new(&[&d.join("outer.zip")], &mnt, &[]);
+    assert_same_tree(&reference, &mnt, &[]);
+    assert!(mnt.join("a.tar/sub/y.bin").is_file());
+    drop(m);
 }
 
 /// Hostile nesting is bounded: a chain of tars six deep is opened only as deep as
@@ -392,5 +484,40 @@ fn a_tar_of_thousands_of_compressed_tars_opens_a_bounded_number() {
         stderr.matches("later archives inside images").count(),
         1,
         "{stderr}"
+    );
+}
+
+/// An index whose inner archive names an outer image that does not come before it (crafted, its
+/// checksums made whole again) is refused when opened, naming the image: a loop of images inside
+/// images could otherwise never end.
+#[test]
+fn an_index_whose_inner_archive_lies_within_itself_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outer, _) = imagenet_shaped(dir.path(), 2, 3);
+    let index = dir.path().join("t.packfs-index");
+    run(packfs().args(["index", "-q", "-o"]).arg(&index).arg(&outer));
+    let mut bytes = fs::read(&index).unwrap();
+    let images_off = u64::from_le_bytes(bytes[88..96].try_into().unwrap()) as usize;
+    // The second record is the first class tar's: fixed 48 bytes (tag 3 at 20), then its outer
+    // image's number. Make it itself.
+    let first_len = (48
+        + u32::from_le_bytes(bytes[images_off + 40..images_off + 44].try_into().unwrap()) as usize
+        + u32::from_le_bytes(bytes[images_off + 44..images_off + 48].try_into().unwrap()) as usize)
+        .next_multiple_of(8);
+    let second = images_off + first_len;
+    assert_eq!(
+        u32::from_le_bytes(bytes[second + 20..second + 24].try_into().unwrap()),
+        3,
+        "an inner archive's record"
+    );
+    bytes[second + 48..second + 52].copy_from_slice(&1u32.to_le_bytes());
+    assert!(packfs::catalog::index::reseal(&mut bytes));
+    fs::write(&index, &bytes).unwrap();
+    let out = packfs().arg("ls").arg(&index).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("image 1 lies within image 1, which does not come before it"),
+        "{err}"
     );
 }

@@ -166,7 +166,12 @@ fn slow_read_does_not_stall_lookups() {
     let outer = dir.path().join("outer.tar");
     tar_members(&inner_dir, &outer, &["inner.tar"]);
 
-    let lower = Mount::new(&[&outer], &dir.path().join("lower"), &[]);
+    // The lower mount serves inner.tar as the file it is (by default it would be a directory).
+    let lower = Mount::new(
+        &[&outer],
+        &dir.path().join("lower"),
+        &["--inner-archives", "none"],
+    );
     let upper = Mount::new(
         &[&lower.dir.join("inner.tar")],
         &dir.path().join("upper"),

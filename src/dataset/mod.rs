@@ -124,6 +124,21 @@ pub fn scan_image(location: &ImageLocation) -> Result<ScannedImage, ArchiveError
     archive::scan(location, &*data, fingerprint)
 }
 
+/// `scan_image`, and the archives inside the image as `nesting` says, read through the same
+/// reader: the image first, each inner archive after the image that holds it (`within`
+/// positions in the returned list).
+fn scan_nested(
+    location: &ImageLocation,
+    nesting: &nested::Nesting,
+    room: &nested::Room,
+) -> Result<Vec<ScannedImage>, ArchiveError> {
+    let (data, fingerprint) = location
+        .open_for_scan()
+        .map_err(|e| ArchiveError::io(location.name(), e))?;
+    let outer = archive::scan(location, &*data, fingerprint)?;
+    Ok(nested::expand(outer, data, nesting, room))
+}
+
 /// The one index among `images`, if they are exactly one index file.
 fn the_index(images: &[ImageLocation]) -> Option<&Path> {
     match images {
@@ -187,7 +202,7 @@ fn load_paths(
     on_scan: OnScan,
 ) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
-    let mut scanned = nested::expand_all(scan_all(paths, on_scan)?, &merge.nesting);
+    let mut scanned = scan_all(paths, &merge.nesting, on_scan)?;
     let scan_secs = started.elapsed().as_secs_f64();
     let mut catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
     if let Some(source) = &merge.classes {
@@ -229,12 +244,18 @@ pub fn build_settling_clashes(
     }
 }
 
-/// Scans images in parallel; results keep the order of `paths`, and the first failing image (in
-/// that order) is the error reported. `on_scan` hears of each image in turn, counts rising.
+/// An image's scan: the image and the archives inside it, or why it failed.
+type ScannedGroup = Result<Vec<ScannedImage>, ArchiveError>;
+
+/// Scans images in parallel, and the archives inside them as `nesting` says; results keep the
+/// order of `paths` (each image followed by the archives inside it), and the first failing image
+/// (in that order) is the error reported. `on_scan` hears of each image in turn, counts rising.
 pub fn scan_all(
     paths: &[ImageLocation],
+    nesting: &nested::Nesting,
     on_scan: OnScan,
 ) -> Result<Vec<ScannedImage>, ArchiveError> {
+    let room = nested::Room::default();
     // Counted and told under one lock: counted apart, a later count could be told first, and
     // the last thing a log said would be "1 of 2 images" after a scan of both.
     let told = Mutex::new(ScanProgress {
@@ -242,7 +263,7 @@ pub fn scan_all(
         ..ScanProgress::default()
     });
     let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<Result<ScannedImage, ArchiveError>>>> =
+    let results: Vec<Mutex<Option<ScannedGroup>>> =
         paths.iter().map(|_| Mutex::new(None)).collect();
     let threads = SCAN_THREADS.min(paths.len()).max(1);
     std::thread::scope(|scope| {
@@ -251,10 +272,10 @@ pub fn scan_all(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
-                    let result = scan_image(path);
-                    let found = result
-                        .as_ref()
-                        .map_or(0, |image| image.members.len() as u64);
+                    let result = scan_nested(path, nesting, &room);
+                    let found = result.as_ref().map_or(0, |group| {
+                        group.iter().map(|image| image.members.len() as u64).sum()
+                    });
                     {
                         let mut told = told.lock().unwrap_or_else(|p| p.into_inner());
                         told.images_done += 1;
@@ -266,14 +287,20 @@ pub fn scan_all(
             });
         }
     });
-    results
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .expect("not poisoned")
-                .expect("every image scanned")
-        })
-        .collect()
+    let mut all = Vec::with_capacity(paths.len());
+    for slot in results {
+        let group = slot
+            .into_inner()
+            .expect("not poisoned")
+            .expect("every image scanned")?;
+        // Positions in the group become positions in the whole list.
+        let start = all.len();
+        for mut image in group {
+            image.within = image.within.map(|w| w + start);
+            all.push(image);
+        }
+    }
+    Ok(all)
 }
 
 /// Paths for a message or a command line: all of them when few, else the first and the last.
@@ -303,7 +330,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_micros(200));
             heard.lock().unwrap().push(p.images_done);
         };
-        assert!(scan_all(&paths, &on_scan).is_err());
+        assert!(scan_all(&paths, &nested::Nesting::default(), &on_scan).is_err());
         let heard = heard.into_inner().unwrap();
         assert_eq!(heard, (1..=64).collect::<Vec<u64>>());
     }

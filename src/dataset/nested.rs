@@ -9,6 +9,8 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tracing::warn;
 
@@ -16,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use crate::archive::{self, Encoding, Member, MemberKind, ScannedImage, Span, format::Probe};
 use crate::source::ImageLocation;
-use crate::source::read_at::ReadAt;
+use crate::source::read_at::{ReadAt, Window};
 
 /// Which archives inside an archive are served as directories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -94,6 +96,13 @@ const COMPRESSED_TAR: [&str; 9] = [
     ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
 ];
 
+/// Names of the members that may be tars (their first bytes then decide)...
+const TAR_NAMES: [&str; 10] = [
+    ".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
+];
+/// ... and, with `--inner-archives all`, zips and squashfs images.
+const OTHER_NAMES: [&str; 4] = [".zip", ".npz", ".sqfs", ".squashfs"];
+
 /// Inner archives opened at most, in all the images of a dataset; and of those, archives whose
 /// scan keeps checkpoint tables (compressed tars, zips with large deflated members), each held
 /// open as a temporary file and mapped while mounted. Beyond them, archives are files (with a
@@ -101,29 +110,67 @@ const COMPRESSED_TAR: [&str; 9] = [
 const MAX_INNER: usize = 1 << 20;
 const MAX_INNER_WITH_TABLES: usize = 4096;
 
-/// What is left of those bounds while a dataset is expanded.
-struct Room {
-    inner: usize,
-    with_tables: usize,
-    warned: bool,
+/// What is left of those bounds while a dataset's images are expanded (by several scan threads).
+pub struct Room {
+    inner: AtomicUsize,
+    with_tables: AtomicUsize,
+    warned: AtomicBool,
 }
 
-/// `outer` and the archives inside it, as far as `nesting` says: `outer` first (its archive
-/// members taken out), then each inner archive after the image that holds it, whose position
-/// in the returned list its `within` gives.
-fn expand(outer: ScannedImage, nesting: &Nesting, room: &mut Room) -> Vec<ScannedImage> {
+impl Default for Room {
+    fn default() -> Room {
+        Room {
+            inner: AtomicUsize::new(MAX_INNER),
+            with_tables: AtomicUsize::new(MAX_INNER_WITH_TABLES),
+            warned: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Room {
+    /// Takes room for one inner archive (with checkpoint tables or not); false when none is left.
+    fn take(&self, tables: bool) -> bool {
+        let take = |n: &AtomicUsize| {
+            n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+        };
+        if !take(&self.inner) {
+            return false;
+        }
+        if tables && !take(&self.with_tables) {
+            self.inner.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
+/// `outer` (scanned from `data`) and the archives inside it, as far as `nesting` says: `outer`
+/// first (its archive members taken out), then each inner archive after the image that holds
+/// it, whose position in the returned list its `within` gives. Reads go through `data`, the
+/// scan's own reader: no second open of the image (a metadata request on a parallel FS).
+pub fn expand(
+    outer: ScannedImage,
+    data: Arc<dyn ReadAt>,
+    nesting: &Nesting,
+    room: &Room,
+) -> Vec<ScannedImage> {
     let mut group = vec![outer];
     if !nesting.expands() || group[0].stream.is_some() {
         // A compressed image's members lie in its decoded stream, not as stored bytes.
         return group;
     }
-    let mut next = 0;
+    let mut readers = vec![data];
     let mut depth_of = vec![0u32];
+    let mut next = 0;
     while next < group.len() {
         if depth_of[next] < nesting.depth && group[next].stream.is_none() {
-            let found = expand_one(&mut group[next], next, nesting, room);
-            for inner in found {
+            let data = readers[next].clone();
+            for (inner, window) in expand_one(&mut group[next], data, next, nesting, room) {
                 depth_of.push(depth_of[next] + 1);
+                readers.push(window);
                 group.push(inner);
             }
         }
@@ -132,51 +179,37 @@ fn expand(outer: ScannedImage, nesting: &Nesting, room: &mut Room) -> Vec<Scanne
     group
 }
 
-/// The archives among `image`'s members, scanned, their members' paths under the member's;
-/// the members that held them are taken out of `image`.
+/// The archives among `image`'s members (read through `data`), scanned, their members' paths
+/// under the member's, each with its window of `data`; the members that held them are taken
+/// out of `image`.
 fn expand_one(
     image: &mut ScannedImage,
+    data: Arc<dyn ReadAt>,
     at: usize,
     nesting: &Nesting,
-    room: &mut Room,
-) -> Vec<ScannedImage> {
+    room: &Room,
+) -> Vec<(ScannedImage, Arc<dyn ReadAt>)> {
+    // Candidates by name first: reading the head of every sample of a million-file shard would
+    // cost a read each (an RPC each on a cold parallel FS). Their bytes then decide.
     let candidates: Vec<usize> = (0..image.members.len())
         .filter(|&i| {
             let m = &image.members[i];
             m.kind == MemberKind::File
                 && m.size > 0
                 && matches!(m.encoding, Encoding::Stored | Encoding::StoredCrc)
+                && archive_name(image.path_of(m), nesting.kinds)
         })
         .collect();
     if candidates.is_empty() {
         return Vec::new();
     }
-    let data = match image.location.open_for_scan() {
-        Ok((data, now)) if now == image.fingerprint => data,
-        Ok(_) => {
-            warn!(
-                "{}: changed since it was scanned; its archive members are served as files",
-                image.path.display()
-            );
-            return Vec::new();
-        }
-        Err(e) => {
-            warn!(
-                "{}: cannot read it again ({e}); its archive members are served as files",
-                image.path.display()
-            );
-            return Vec::new();
-        }
-    };
     let mut taken = taken_names(image);
     let mut inners = Vec::new();
     let mut expanded = Vec::new();
     for i in candidates {
         let m = image.members[i];
         let name = image.path_of(&m).to_vec();
-        let window: std::sync::Arc<dyn ReadAt> = std::sync::Arc::new(
-            crate::source::read_at::Window::new(data.clone(), m.data_offset, m.size),
-        );
+        let window: Arc<dyn ReadAt> = Arc::new(Window::new(data.clone(), m.data_offset, m.size));
         if !is_archive(&*window, m.size, &name, nesting.kinds) {
             continue;
         }
@@ -207,10 +240,8 @@ fn expand_one(
                 continue;
             }
         };
-        let tables = inner.tables.is_some();
-        if room.inner == 0 || (tables && room.with_tables == 0) {
-            if !room.warned {
-                room.warned = true;
+        if !room.take(inner.tables.is_some()) {
+            if !room.warned.swap(true, Ordering::Relaxed) {
                 warn!(
                     image = %image.path.display(),
                     offset = m.header_offset,
@@ -222,8 +253,6 @@ fn expand_one(
             }
             continue;
         }
-        room.inner -= 1;
-        room.with_tables -= usize::from(tables);
         let dir = match nesting.strip_extension {
             true => stripped(&name)
                 .filter(|s| !taken.contains(*s))
@@ -234,7 +263,7 @@ fn expand_one(
         taken.insert(dir.clone());
         place_under(&mut inner, &dir, &m);
         inner.within = Some(at);
-        inners.push(inner);
+        inners.push((inner, window));
         expanded.push(i);
     }
     // The members that are now directories: each accounted for as merged into what it holds.
@@ -246,6 +275,13 @@ fn expand_one(
     });
     image.merged += expanded.len() as u64;
     inners
+}
+
+/// Whether a member's name is one an archive of `kinds` has.
+fn archive_name(name: &[u8], kinds: InnerKinds) -> bool {
+    let lower = name.to_ascii_lowercase();
+    let ends = |list: &[&str]| list.iter().any(|e| lower.ends_with(e.as_bytes()));
+    ends(&TAR_NAMES) || kinds == InnerKinds::All && ends(&OTHER_NAMES)
 }
 
 /// Whether the `len` bytes of `window` (a member named `name`) are an archive of `kinds`.
@@ -347,25 +383,6 @@ fn place_under(inner: &mut ScannedImage, dir: &[u8], holder: &Member) {
         // Served, and no header of the archive's: counted so the accounting stays whole.
         inner.headers += 1;
     }
-}
-
-/// Expands every image of `scanned` (in order), renumbering `within` to positions in the
-/// whole list.
-pub fn expand_all(scanned: Vec<ScannedImage>, nesting: &Nesting) -> Vec<ScannedImage> {
-    let mut all = Vec::with_capacity(scanned.len());
-    let mut room = Room {
-        inner: MAX_INNER,
-        with_tables: MAX_INNER_WITH_TABLES,
-        warned: false,
-    };
-    for outer in scanned {
-        let start = all.len();
-        for mut image in expand(outer, nesting, &mut room) {
-            image.within = image.within.map(|w| w + start);
-            all.push(image);
-        }
-    }
-    all
 }
 
 #[cfg(test)]
