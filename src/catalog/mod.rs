@@ -38,6 +38,24 @@ pub struct ImageInfo {
     pub within: Option<u32>,
 }
 
+/// Where `offset` of image `image` of `images` lies in the file or object that holds its bytes:
+/// itself, or for an archive inside another image, the outermost image around it. The one walk
+/// of the chain, for `ls --json` and for the tiers' reads.
+pub fn outermost(images: &[ImageInfo], mut image: u32, mut offset: u64) -> (u32, u64) {
+    while let Some(info) = images.get(image as usize) {
+        let (Some(outer), crate::source::ImageLocation::Within(w)) = (info.within, &info.location)
+        else {
+            break;
+        };
+        // Outer images come first (checked when an index is read): this ends.
+        if outer >= image {
+            break;
+        }
+        (image, offset) = (outer, offset.saturating_add(w.base));
+    }
+    (image, offset)
+}
+
 impl ImageInfo {
     /// Its name (the file's path, or the object's URL), for messages and the index.
     pub fn path(&self) -> &Path {
@@ -92,20 +110,8 @@ impl Catalog {
 
     /// Where `offset` of image `image` lies in the file or object that holds its bytes: itself,
     /// or for an archive inside another image, the outermost image around it.
-    pub fn outermost(&self, mut image: u32, mut offset: u64) -> (u32, u64) {
-        while let Some(info) = self.images.get(image as usize) {
-            let (Some(outer), crate::source::ImageLocation::Within(w)) =
-                (info.within, &info.location)
-            else {
-                break;
-            };
-            // Outer images come first (checked when an index is read): this ends.
-            if outer >= image {
-                break;
-            }
-            (image, offset) = (outer, offset.saturating_add(w.base));
-        }
-        (image, offset)
+    pub fn outermost(&self, image: u32, offset: u64) -> (u32, u64) {
+        outermost(&self.images, image, offset)
     }
 
     /// The index file this catalog is mapped from, if any.

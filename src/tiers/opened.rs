@@ -41,9 +41,9 @@ pub struct OpenedImage {
 
 pub struct OpenedImages {
     images: Vec<OpenedImage>,
-    /// For an archive stored as a member of another image: that image and where it starts
-    /// there. Reads of it are reads of the outer image (`resolve`), so they are cached, staged
-    /// and watched as the outer image's.
+    /// For an archive stored as a member of another image: the outermost image around it and
+    /// where it starts there (`catalog::outermost`, once at open). Reads of it are reads of that
+    /// image (`resolve`), so they are cached, staged and watched as its.
     within: Vec<Option<(u32, u64)>>,
     /// Each image's stamp when opened, and whether it has been seen changed since.
     stamps: Vec<Option<Stamp>>,
@@ -140,7 +140,8 @@ impl OpenedImages {
                         Arc::new(crate::source::read_at::Window::new(outer_data, base, len)),
                         len,
                     ));
-                    within.push(Some((outer, base)));
+                    let (outermost, at) = crate::catalog::outermost(images, outer, base);
+                    within.push(Some((outermost, at)));
                 }
                 (None, None) => unreachable!("only inner archives are left unopened"),
             }
@@ -158,18 +159,11 @@ impl OpenedImages {
 
     /// Where `offset` of `image` lies in the image that holds its bytes: itself, or for an inner
     /// archive the outermost image around it.
-    pub fn resolve(&self, mut image: u32, mut offset: u64) -> (u32, u64) {
-        // Each step goes to a lower number: at most as many steps as images.
-        while let Some(Some((outer, base))) = self.within.get(image as usize) {
-            image = *outer;
-            offset = offset.saturating_add(*base);
+    pub fn resolve(&self, image: u32, offset: u64) -> (u32, u64) {
+        match self.within.get(image as usize) {
+            Some(Some((outermost, base))) => (*outermost, offset.saturating_add(*base)),
+            _ => (image, offset),
         }
-        (image, offset)
-    }
-
-    /// Whether `image` is an archive stored inside another image (never staged itself).
-    pub fn is_inner(&self, image: u32) -> bool {
-        matches!(self.within.get(image as usize), Some(Some(_)))
     }
 
     /// Opens images that no catalog describes, and returns their fingerprints as found.
