@@ -21,6 +21,8 @@ operation. Each way of reading the data is then mounted on top of it, fresh for 
   packfs           packfs over the tar shards on the PFS, index on the PFS, nothing staged
   packfs-stage     the same with --stage /dev/shm/... (eager: every shard copied in the background)
   packfs-lazy      the same with --stage-mode lazy (the chunks reads touch)
+  packfs-hints     packfs, each pass's order sent to the mount first (packfs.Hints; the
+                   DataLoader through packfs.torch.HintedSampler): samples fetched ahead
   squashfuse_ll    over a squashfs image on the PFS
   kernel-squashfs  mount -o loop of the same image file on the PFS
   shm-copy         tar -x of the shards to /dev/shm first (time included), then local reads
@@ -43,8 +45,8 @@ import sharedfs  # noqa: E402  (a real shared file system in place of the simula
 
 PACKFS = os.path.join(HERE, "..", "target", "release", "packfs")
 PFSSIM = os.path.join(HERE, "..", "target", "pfssim", "release", "pfssim")
-CONFIGS = ["native", "packfs", "packfs-stage", "packfs-lazy", "squashfuse_ll", "kernel-squashfs",
-           "shm-copy"]
+CONFIGS = ["native", "packfs", "packfs-stage", "packfs-lazy", "packfs-hints", "squashfuse_ll",
+           "kernel-squashfs", "shm-copy"]
 META = ("lookup", "getattr", "open", "release", "opendir", "readdir", "releasedir", "readlink",
         "statfs")
 
@@ -145,7 +147,7 @@ class Config:
         if n.startswith("packfs"):
             cmd = [PACKFS, "mount", "-q", "--log-file", os.path.join(self.work, "packfs-pfs.log"),
                    self.pfs.path(os.path.basename(self.pfs.index)), self.mnt]
-            if n != "packfs":
+            if n not in ("packfs", "packfs-hints"):
                 shutil.rmtree(self.stage, ignore_errors=True)
                 cmd[3:3] = ["--stage", self.stage]
                 if n == "packfs-lazy":
@@ -175,7 +177,7 @@ class Config:
 
     def stage_counters(self):
         """The stage's counters now (None without a stage): copied, from reads, lagged reads."""
-        if not self.name.startswith("packfs-"):
+        if self.name not in ("packfs-stage", "packfs-lazy"):
             return None
         out = sh([PACKFS, "status", "--json", self.mnt])
         try:
@@ -218,8 +220,8 @@ def first_sample(root, rel):
         return len(f.read())
 
 
-def workload(kind, root, listing, readers, deadline, split="interleave"):
-    r = peers.run_workload(kind, readers, root, listing, deadline, split)
+def workload(kind, root, listing, readers, deadline, split="interleave", hints=False):
+    r = peers.run_workload(kind, readers, root, listing, deadline, split, hints)
     if "error" in r:
         raise RuntimeError(f"{kind} failed: {r['error']}")
     return r
@@ -264,7 +266,7 @@ def one_run(cfg, pfs, job, readers, listing, first, deadline, split="interleave"
                 out["waited_for_stage_s"] = round(waited, 2)
                 mark = pfs.counters()
         cpu0 = cpu_times(cfg.pid)
-        r = workload(kind, root, listing, n, deadline, split)
+        r = workload(kind, root, listing, n, deadline, split, cfg.name == "packfs-hints")
         cpu1 = cpu_times(cfg.pid)
         busy, idle, daemon = (b - a for a, b in zip(cpu0, cpu1))
         # Whether the pass was CPU-bound on this machine, and what packfs itself took.
@@ -320,6 +322,10 @@ def main():
     ap.add_argument("--keep-fs", action="store_true",
                     help="leave the real file system up with the dataset, for the next run")
     args = ap.parse_args()
+    # packfs-hints's workloads import this tree's packfs package, which drives the binary measured.
+    os.environ["PACKFS_BIN"] = os.path.abspath(args.packfs)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "..", "python")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     globals()["PACKFS"] = os.path.abspath(args.packfs)
     if args.chart:
         with open(args.chart) as f:

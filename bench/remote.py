@@ -12,10 +12,12 @@ order, as WebDataset's DataLoader workers do):
   - packfs: the samples in tar shards, mounted from a local index (`packfs mount INDEX`), N
     threads reading the files in random order through the mount;
   - packfs --stage: epoch 1 while the eager stager copies the shards to /dev/shm, then epoch 2
-    from a cold page cache once staging is complete.
-Requests and bytes are the server's counts. Usage:
+    from a cold page cache once staging is complete;
+  - packfs + hints: as packfs, the epoch's order first sent to the mount (`packfs.Hints`, what
+    packfs.torch's samplers do), so the daemon fetches the samples ahead of the readers.
+Requests and bytes are the server's counts; rss is the daemon's peak (VmHWM). Usage:
   bench/remote.sh [--files 4000] [--size 110000] [--shards 8] [--latency 5,20] [--readers 8,32]
-      [--order random|archive|shards] [--runs object,packfs,stage] [--mount-args "..."]
+      [--order random|archive|shards] [--runs object,packfs,stage,hints] [--mount-args "..."]
 """
 
 import argparse
@@ -34,6 +36,9 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PACKFS = os.path.join(ROOT, "target/release/packfs")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("PACKFS_BIN", PACKFS)
+import packfs as packfs_py  # noqa: E402 - the package of this tree, driving this tree's binary
 OBJSERVER = os.path.join(ROOT, "tests/support/objserver.py")
 
 
@@ -166,7 +171,25 @@ def stage_status(mnt):
     return st.get("status")
 
 
-def row(kind, latency, readers, secs, stats, files):
+def daemon_rss_mb(mnt):
+    """The mount's daemon's peak resident memory (VmHWM), in MB."""
+    out = subprocess.run([PACKFS, "status", "--json", mnt], capture_output=True, text=True).stdout
+    pid = json.loads(out)[0]["counters"]["pid"]
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def read_order(order):
+    """The files in the order the readers take them (each takes the last one left)."""
+    if order and isinstance(order[0], list):
+        return [name for walk in order for name in walk]
+    return order[::-1]
+
+
+def row(kind, latency, readers, secs, stats, files, rss=None):
     return {
         "run": kind,
         "latency_ms": latency,
@@ -177,6 +200,8 @@ def row(kind, latency, readers, secs, stats, files):
         "gets": stats["gets"],
         "mb": round(stats["bytes"] / 1e6, 1),
         "max_in_flight": stats.get("max_in_flight"),
+        "requests_per_file": round(stats["requests"] / files, 3),
+        "rss_mb": rss,
     }
 
 
@@ -237,7 +262,28 @@ def main():
                     packfs("mount", *extra, index, mnt, env=env)
                     control(url, "_reset")
                     secs = mount_epoch(mnt, order, readers)
-                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"), files_in(order)))
+                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"),
+                                    files_in(order), daemon_rss_mb(mnt)))
+                    packfs("umount", mnt)
+
+                if "hints" in runs:
+                    drop_caches()
+                    packfs("mount", *extra, index, mnt, env=env)
+                    control(url, "_reset")
+                    started = time.perf_counter()
+                    hints = packfs_py.Hints(mnt)
+                    hints.send(read_order(order))
+                    sent = time.perf_counter() - started
+                    secs = sent + mount_epoch(mnt, order, readers)
+                    hints.close()
+                    rows.append(row("packfs + hints", latency, readers, secs, control(url, "_stats"),
+                                    files_in(order), daemon_rss_mb(mnt)))
+                    time.sleep(1.1)
+                    la = packfs_py.status(mnt)[0]["counters"]["lookahead"]
+                    rows[-1]["hints"] = {k: la[k] for k in (
+                        "first_reads", "missed", "late", "fetched", "requests", "dropped_unread",
+                        "window_peak")}
+                    print(json.dumps(rows[-1]), flush=True)
                     packfs("umount", mnt)
 
                 if "stage" not in runs:
@@ -271,16 +317,16 @@ def main():
           f"({tar_bytes / 1e6:.0f} MB, {-(-tar_bytes // (1 << 20))} chunks of 1 MiB); cold epoch, "
           f"{args.order} order")
     print()
-    print("| latency | readers | run | files/s | vs one object per file | requests | GETs | MB |")
+    print("| latency | readers | run | files/s | vs first run | requests/file | MB | daemon RSS MB |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     base = {}
     for r in rows:
         key = (r["latency_ms"], r["readers"])
-        if r["run"] == "one object per file":
-            base[key] = r
-        b = base.get(key, r)
+        base.setdefault(key, r)
+        b = base[key]
         print(f"| {r['latency_ms']:g} ms | {r['readers']} | {r['run']} | {r['files_per_s']:,.0f} | "
-              f"{r['files_per_s'] / b['files_per_s']:.1f}x | {r['requests']:,} | {r['gets']:,} | {r['mb']:,.0f} |")
+              f"{r['files_per_s'] / b['files_per_s']:.2f}x | {r['requests_per_file']} | {r['mb']:,.0f} | "
+              f"{r['rss_mb'] if r['rss_mb'] is not None else ''} |")
 
 
 if __name__ == "__main__":

@@ -183,9 +183,11 @@ class Peer:
             time.sleep(0.01)
 
 
-def run_workload(kind, readers, root, listing, deadline, split="interleave"):
+def run_workload(kind, readers, root, listing, deadline, split="interleave", hints=False):
     cmd = [sys.executable, os.path.join(HERE, "workloads.py"), kind, root,
            "--readers", str(readers), "--deadline", str(deadline), "--split", split]
+    if hints:
+        cmd.append("--hints")
     if kind in ("read", "loader"):
         cmd += ["--list", listing]
     out = sh(cmd)

@@ -10,6 +10,8 @@ WORKLOAD is one of:
            imports, else the same scan by hand (sorted class folders, sorted walk of each)
   read     every file of --list (paths relative to ROOT, in the order given), opened, read whole and
            closed, split over --readers processes (dealt in turn, or --split contiguous slices)
+  With --hints the order is sent to the packfs mount first (packfs.Hints; the loader wraps its
+  sampler in packfs.torch.HintedSampler), within the timed pass.
   loader   a DataLoader epoch (PIL decode, resize to 64x64) with --readers workers over the first
            5 000 files of --list; needs torch and torchvision
 A pass stops at --deadline; the result then says complete=false and gives the rate so far.
@@ -61,7 +63,27 @@ def read_slice(job):
     return files, total, True
 
 
-def read(paths, readers, deadline, split="interleave"):
+def send_hints(paths):
+    """Tells the packfs mount the order the files are read in (what packfs.torch's samplers
+    do); timed with the pass."""
+    import packfs
+
+    packfs.Hints(paths[0]).send(paths)
+
+
+def read(paths, readers, deadline, split="interleave", hints=False):
+    if hints and paths:
+        if split == "contiguous":
+            # Each reader walks its own slice: the list is sent as the readers' order in time,
+            # one slice after another would not be it; send each slice as a rank of its own.
+            n = len(paths)
+            import packfs
+
+            h = packfs.Hints(paths[0])
+            for i in range(readers):
+                h.send(paths[i * n // readers:(i + 1) * n // readers], rank=i)
+        else:
+            send_hints(paths)
     if split == "contiguous":
         # Each reader its own run of the list (a DataLoader worker given a contiguous slice, the
         # shard-ordered sampler): in archive order, each walks its part of the shards in order.
@@ -77,9 +99,9 @@ def read(paths, readers, deadline, split="interleave"):
     return (sum(r[0] for r in results), sum(r[1] for r in results), all(r[2] for r in results))
 
 
-def loader(paths, workers, deadline):
+def loader(paths, workers, deadline, hints=False):
     from PIL import Image
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader, Dataset, SequentialSampler
     from torchvision import transforms
 
     class Files(Dataset):
@@ -95,7 +117,13 @@ def loader(paths, workers, deadline):
                 return self.t(Image.open(f).convert("RGB"))
 
     files = 0
-    for batch in DataLoader(Files(paths[:5000]), batch_size=64, num_workers=workers):
+    dataset = Files(paths[:5000])
+    sampler = SequentialSampler(dataset)
+    if hints:
+        import packfs.torch
+
+        sampler = packfs.torch.HintedSampler(sampler, paths=dataset.paths)
+    for batch in DataLoader(dataset, batch_size=64, num_workers=workers, sampler=sampler):
         files += len(batch)
         if time.perf_counter() > deadline:
             return files, 0, False
@@ -111,6 +139,8 @@ def main():
     ap.add_argument("--deadline", type=float, default=60)
     ap.add_argument("--split", choices=["interleave", "contiguous"], default="interleave",
                     help="read: the list dealt to the readers in turn, or in contiguous slices")
+    ap.add_argument("--hints", action="store_true",
+                    help="send the reading order to the packfs mount first (packfs.Hints)")
     args = ap.parse_args()
     paths = []
     if args.list:
@@ -130,9 +160,9 @@ def main():
     elif args.workload == "scan":
         files, nbytes, complete = scan(args.root, deadline)
     elif args.workload == "read":
-        files, nbytes, complete = read(paths, args.readers, deadline, args.split)
+        files, nbytes, complete = read(paths, args.readers, deadline, args.split, args.hints)
     else:
-        files, nbytes, complete = loader(paths, args.readers, deadline)
+        files, nbytes, complete = loader(paths, args.readers, deadline, args.hints)
     seconds = time.perf_counter() - start
     print(json.dumps({"files": files, "bytes": nbytes, "seconds": round(seconds, 4),
                       "complete": complete}))

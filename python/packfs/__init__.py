@@ -21,8 +21,10 @@ import importlib.metadata
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sysconfig
@@ -37,7 +39,18 @@ Sources = Union[PathLike, bytes, Sequence[Union[PathLike, bytes]]]
 #: A size as ``packfs mount`` takes it: bytes, or text with K, M, G suffixes (``"1G"``).
 Size = Union[int, str]
 
-__all__ = ["Catalog", "File", "Mount", "MountError", "binary", "mount", "open_bytes", "status"]
+__all__ = [
+    "Catalog",
+    "File",
+    "Hints",
+    "Mount",
+    "MountError",
+    "binary",
+    "mount",
+    "mount_point_of",
+    "open_bytes",
+    "status",
+]
 
 try:
     # The wheel's version, which is the binary's (both come from Cargo.toml).
@@ -588,3 +601,146 @@ def open_bytes(path: PathLike) -> bytes:
     finally:
         os.close(fd)
 
+
+
+def _unescape_mountinfo(field):
+    """A path as /proc/self/mountinfo writes it (space, tab, newline and backslash as octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_point_of(path: PathLike) -> Optional[Path]:
+    """The mount point of the packfs mount that holds ``path``, or None when it is not on one."""
+    real = os.path.realpath(os.fspath(path))
+    best = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            if len(fields) < 5 or not right:
+                continue
+            point = _unescape_mountinfo(fields[4])
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and (best is None or len(point) >= len(best[0])):
+                best = (point, right.split()[0])
+    if best is not None and best[1] == "fuse.packfs":
+        return Path(best[0])
+    return None
+
+
+class Hints:
+    """Tells a packfs mount which samples will be read next, in order, so that its daemon
+    fetches them ahead of the readers (docs/training.md, "Hints"). ``packfs.torch``'s samplers
+    use it; call it yourself from any loader::
+
+        hints = packfs.Hints("/mnt/imagenet")
+        hints.send(paths_in_the_order_they_will_be_read, rank=rank, epoch=epoch)
+
+    ``path`` is any path on the mount; ``stream`` names the list (a job with a training and a
+    validation loader sends two streams). A list replaces the previous one of its stream and
+    rank. The daemon's socket takes one JSON object per line (its format is in docs/training.md,
+    for loaders that are not Python)."""
+
+    #: How long ``send`` waits for the daemon's answer.
+    timeout = 120.0
+
+    def __init__(self, path: PathLike, stream: str = "default") -> None:
+        point = mount_point_of(path)
+        if point is None:
+            raise MountError(f"{os.fspath(path)} is not on a packfs mount: hints go to a mount")
+        self.mountpoint, self.stream = point, stream
+        self.socket_path = None
+        for record in status(point):
+            if Path(record.get("mountpoint", "")) == point:
+                counters = record.get("counters") or {}
+                self.socket_path = record.get("hints") or counters.get("hints")
+        if not self.socket_path:
+            raise MountError(
+                f"the packfs mount at {point} takes no hints: it was mounted with --lookahead 0 or "
+                "no RAM cache, or by an older packfs (`packfs status` says)"
+            )
+        self._sock = None
+        self._replies = None
+        self._lock = threading.Lock()
+        self._dirs = {}
+
+    def _relative(self, path):
+        """``path`` relative to the mount point, from the real path of its directory (cached:
+        a dataset's paths share a few thousand directories); as it is when not on the mount
+        (the daemon counts it unknown)."""
+        text = os.fsdecode(path)
+        if not os.path.isabs(text):
+            return text
+        head, tail = os.path.split(text)
+        if head not in self._dirs:
+            real = os.path.realpath(head)
+            point = os.fspath(self.mountpoint).rstrip("/")
+            if real == point:
+                self._dirs[head] = ""
+            elif real.startswith(point + "/"):
+                self._dirs[head] = real[len(point) + 1 :]
+            else:
+                self._dirs[head] = None
+        rel = self._dirs[head]
+        if rel is None:
+            return text
+        return f"{rel}/{tail}" if rel else tail
+
+    def _exchange(self, message):
+        line = (json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+        with self._lock:
+            for attempt in (0, 1):
+                try:
+                    if self._sock is None:
+                        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                        sock.settimeout(self.timeout)
+                        sock.connect(self.socket_path)
+                        self._sock, self._replies = sock, sock.makefile("rb")
+                    self._sock.sendall(line)
+                    answer = self._replies.readline()
+                    if not answer:
+                        raise ConnectionError("the daemon closed the connection")
+                    return json.loads(answer)
+                except (OSError, ValueError) as e:
+                    self.close()
+                    if attempt:
+                        raise MountError(f"cannot send hints to {self.socket_path}: {e}") from None
+
+    def send(self, paths, *, rank: int = 0, epoch: int = 0) -> dict:
+        """Sends the paths (on the mount, absolute or relative to its root) in the order they
+        will be read; returns the daemon's answer (``samples``, ``unknown``, ...)."""
+        rel = [self._relative(p) for p in paths]
+        answer = self._exchange(
+            {"stream": self.stream, "rank": int(rank), "epoch": int(epoch), "paths": rel}
+        )
+        if not answer.get("ok"):
+            raise MountError(f"the packfs daemon refused the hints: {answer.get('error')}")
+        return answer
+
+    def end(self, *, rank: int = 0) -> None:
+        """Says the list of ``rank`` is done with (the daemon also drops a list a minute after
+        its last read)."""
+        self._exchange({"stream": self.stream, "rank": int(rank), "end": True})
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._replies.close()
+                self._sock.close()
+            finally:
+                self._sock = self._replies = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self):
+        # DataLoader workers get a copy without the connection (each opens its own if it sends).
+        state = self.__dict__.copy()
+        state.update(_sock=None, _replies=None, _lock=None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

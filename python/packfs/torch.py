@@ -5,6 +5,9 @@
   ``--stage-share K/N``, and a fresh random ``q`` from the other nodes' shares each epoch.
 - ``ShardOrderedSampler``: for cold epochs without staging: images in random order, each read in
   runs of consecutive members, so the parallel file system sees long sequential reads.
+- ``HintedSampler``: wraps any sampler (``DistributedSampler``, ``RandomSampler``) and tells the
+  mount each epoch's order, so it fetches the samples ahead of the workers (docs/training.md,
+  "Hints"). ``ShareSampler`` and ``ShardOrderedSampler`` do that themselves (``hints=True``).
 - ``pil_loader``: torchvision's default loader without Python's per-open ``isatty`` round trip.
 
 Both samplers take any map-style dataset whose items are files of the mount: torchvision's
@@ -25,9 +28,9 @@ from torch.utils.data import Sampler
 
 from typing import Any, Dict, Iterator, Optional, Union
 
-from . import Catalog, Mount, PathLike, open_bytes
+from . import Catalog, Hints, Mount, MountError, PathLike, mount_point_of, open_bytes
 
-__all__ = ["ShareSampler", "ShardOrderedSampler", "pil_loader"]
+__all__ = ["HintedSampler", "ShareSampler", "ShardOrderedSampler", "pil_loader"]
 
 
 def pil_loader(path: PathLike):
@@ -135,6 +138,96 @@ def _ranks_per_node(given, num_replicas):
     return given
 
 
+class _Hinter:
+    """Sends each epoch's order of sample paths to the packfs mount they are on (``Hints``), so
+    its daemon fetches them ahead of the DataLoader's workers. A dataset that is not on a packfs
+    mount, or a mount that takes no hints, is said once and read as before."""
+
+    def __init__(self, where, stream):
+        self.hints = None
+        if where is None:
+            return
+        try:
+            if mount_point_of(where) is None:
+                return
+            self.hints = Hints(where, stream=stream)
+        except (MountError, OSError) as e:
+            warnings.warn(f"packfs: no hints for this sampler: {e}", stacklevel=4)
+
+    def send(self, paths, rank, epoch):
+        if self.hints is None:
+            return
+        try:
+            answer = self.hints.send(paths, rank=rank, epoch=epoch)
+        except MountError as e:
+            warnings.warn(f"packfs: hints stop: {e}", stacklevel=4)
+            self.hints = None
+            return
+        if answer.get("unknown"):
+            warnings.warn(
+                f"packfs: {answer['unknown']} of the sampler's paths are not files of the mount at "
+                f"{self.hints.mountpoint} (the first: {answer.get('first_unknown')}): those are read "
+                "without hints",
+                stacklevel=4,
+            )
+
+
+def _rank_of(sampler):
+    """The rank a sampler serves: its own, else torch.distributed's, else torchrun's RANK."""
+    rank = getattr(sampler, "rank", None)
+    if isinstance(rank, int):
+        return rank
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    value = os.environ.get("RANK", "0")
+    return int(value) if value.isdigit() else 0
+
+
+class HintedSampler(Sampler):
+    """Wraps any sampler (``DistributedSampler``, ``RandomSampler``, your own) and tells the
+    packfs mount the dataset's files are on the order of each epoch's samples when the
+    DataLoader asks for it, so the mount fetches them ahead of the workers: a cold epoch in
+    random order runs at the store's bandwidth instead of one round trip per sample
+    (docs/training.md, "Hints"). Iterates exactly as the wrapped sampler; ``set_epoch``,
+    ``state_dict`` and every other attribute are the wrapped sampler's.
+
+    ``dataset`` gives each index's file (ImageFolder and DatasetFolder have ``.samples``), or
+    ``paths`` does. ``stream`` names the list (give the training and the validation loader
+    different names). On a dataset not on a packfs mount it only iterates."""
+
+    def __init__(
+        self,
+        sampler: Any,
+        dataset: Any = None,
+        *,
+        paths: Optional[Any] = None,
+        stream: str = "default",
+    ) -> None:
+        self.sampler = sampler
+        self._paths = list(paths) if paths is not None else _paths(dataset)
+        self._hinter = _Hinter(self._paths[0] if self._paths else None, stream)
+        self._iterations = 0
+
+    def __iter__(self) -> Iterator[int]:
+        order = [int(i) for i in self.sampler]
+        epoch = getattr(self.sampler, "epoch", self._iterations)
+        self._iterations += 1
+        self._hinter.send([self._paths[i] for i in order], _rank_of(self.sampler), epoch)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __getattr__(self, name):
+        if name in ("sampler", "_paths", "_hinter", "_iterations"):
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
 def _catalog_and_root(catalog, root, shares):
     if isinstance(catalog, Mount):
         return Catalog(catalog, shares=shares), catalog.path if root is None else root
@@ -155,6 +248,14 @@ class _EpochSampler(Sampler):
         # Indices yielded by the current iteration; what the next one skips, or yields instead,
         # after load_state_dict.
         self._yielded, self._resume = 0, None
+        # Each index's path relative to the mount, and where hints go (`_hint_with`).
+        self._hint_paths, self._hinter = None, None
+
+    def _hint_with(self, located, root, hints, stream):
+        """Hints for this sampler's orders, when ``hints`` and the dataset is on a mount."""
+        if hints and root is not None:
+            self._hint_paths = [os.fsdecode(f.path) for f in located]
+            self._hinter = _Hinter(root, stream)
 
     def _sizes(self, num_replicas):
         if self.drop_last:
@@ -238,7 +339,10 @@ class _EpochSampler(Sampler):
             order, self._yielded = self.indices()[resume:], resume
         else:
             order, self._yielded = resume, 0
-        return self._counted(order.tolist())
+        order = order.tolist()
+        if self._hinter is not None:
+            self._hinter.send([self._hint_paths[i] for i in order], self.rank, self.epoch)
+        return self._counted(order)
 
     def _counted(self, order):
         for i in order:
@@ -343,6 +447,9 @@ class ShareSampler(_EpochSampler):
     a node whose share holds fewer samples than ``1 - q`` of its count reads the difference from
     other shares, and a larger share lends its surplus: counts stay equal, the local fraction
     of the smaller node drops (``local_fraction()`` tells).
+
+    With ``hints`` (the default) each epoch's order is sent to the mount under ``root``, which
+    fetches the samples ahead of the readers (``HintedSampler``); ``stream`` names the list.
     """
 
     def __init__(
@@ -359,6 +466,8 @@ class ShareSampler(_EpochSampler):
         seed: int = 0,
         drop_last: bool = False,
         world_size: Optional[int] = None,
+        hints: bool = True,
+        stream: str = "default",
     ) -> None:
         paths = _paths(dataset)
         super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
@@ -376,6 +485,7 @@ class ShareSampler(_EpochSampler):
                 f"with packfs.Catalog(..., shares={self.nodes})"
             )
         located = _locate(paths, catalog, root)
+        self._hint_with(located, root, hints, stream)
         shares = torch.tensor([catalog.image_shares[f.image] for f in located], dtype=torch.long)
         # Samples of each share, in dataset order.
         self._local = [torch.nonzero(shares == k).flatten() for k in range(self.nodes)]
@@ -444,7 +554,7 @@ class ShardOrderedSampler(_EpochSampler):
 
     Shards packed in path order hold one class after another: pack with ``packfs pack
     --shuffle`` so a run mixes classes. Counts, padding and ``drop_last`` are as
-    DistributedSampler's."""
+    DistributedSampler's; ``hints`` and ``stream`` as ``ShareSampler``'s."""
 
     def __init__(
         self,
@@ -460,6 +570,8 @@ class ShardOrderedSampler(_EpochSampler):
         seed: int = 0,
         drop_last: bool = False,
         world_size: Optional[int] = None,
+        hints: bool = True,
+        stream: str = "default",
     ) -> None:
         paths = _paths(dataset)
         super().__init__(len(paths), num_replicas or world_size, rank, shuffle, seed, drop_last)
@@ -468,6 +580,7 @@ class ShardOrderedSampler(_EpochSampler):
         self.run_length, self.buffer = run_length, buffer
         catalog, root = _catalog_and_root(catalog, root, None)
         located = _locate(paths, catalog, root)
+        self._hint_with(located, root, hints, stream)
         image = torch.tensor([f.image for f in located], dtype=torch.long)
         offset = torch.tensor([f.offset for f in located], dtype=torch.long)
         # Each image's samples in archive order: by offset, then (stable) by image.

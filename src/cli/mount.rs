@@ -65,6 +65,14 @@ pub struct Args {
     /// running --stage keeps are read in chunks whatever this says (the stager keeps them).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     ram_chunks: Option<bool>,
+    /// Bytes fetched ahead of the readers when a sampler sends its order (packfs.torch's
+    /// samplers, or a list on the hints socket: docs/training.md); K, M, G suffixes. Default:
+    /// half of --cache-size, within which it is held; 0 turns hints off.
+    #[arg(long, value_name = "BYTES", value_parser = super::size::parse_bytes)]
+    lookahead: Option<u64>,
+    /// Fetches ahead in flight at most (default: 32 for images in an object store, 16 for files).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    lookahead_depth: Option<u16>,
     /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and
     /// serve each chunk from there once it is complete and checked; a later mount resumes.
     #[arg(long, value_name = "DIR")]
@@ -180,6 +188,8 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             users: absolute(&args.users)?,
         },
         log,
+        lookahead: args.lookahead,
+        lookahead_depth: args.lookahead_depth.map(usize::from),
     };
     if args.daemon_child {
         // Its stderr is the launcher's pipe, where no bar is drawn.

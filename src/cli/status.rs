@@ -133,17 +133,31 @@ fn render(m: &MountStatus) -> String {
     }
     let served = &c.served;
     let (ram, staged, source) = (served.ram_bytes, served.staged_bytes, served.source_bytes);
+    let ahead = served.ahead_bytes;
     let _ = writeln!(
         out,
-        "  served    {} (page-cache misses): {} from RAM, {} staged, {} from the images ({} reads, \
+        "  served    {} (page-cache misses): {} from RAM{}, {} staged, {} from the images ({} reads, \
          {} checks for a rewrite)",
-        human(ram + staged + source),
-        human(ram),
+        human(ram + ahead + staged + source),
+        human(ram + ahead),
+        match ahead {
+            0 => String::new(),
+            n => format!(" ({} of it fetched ahead on hints)", human(n)),
+        },
         human(staged),
         human(source),
         c.source.reads,
         c.source.checks
     );
+    let _ = writeln!(
+        out,
+        "  waited    {} on storage, summed over readers (their reads of the images, and fetches \
+         ahead they waited for)",
+        duration(served.storage_wait_ns as f64 / 1e9)
+    );
+    if let Some(h) = &c.lookahead {
+        let _ = writeln!(out, "  hints     {}", hints_line(h, about.hints.as_deref()));
+    }
     if served.streams > 0 {
         let _ = writeln!(
             out,
@@ -247,6 +261,41 @@ fn render(m: &MountStatus) -> String {
         let _ = writeln!(out, "  counters  {}", path.display());
     }
     out
+}
+
+/// What samplers' hints did: lists, how many first reads found their sample fetched in time.
+fn hints_line(h: &packfs::tiers::lookahead::HintStats, socket: Option<&str>) -> String {
+    if h.lists == 0 {
+        return format!(
+            "none received yet (samplers send them to {})",
+            socket.unwrap_or("the mount's hints socket")
+        );
+    }
+    let pct = |n: u64| n as f64 * 100.0 / h.first_reads.max(1) as f64;
+    let in_time = h.first_reads.saturating_sub(h.missed + h.late);
+    let unknown = match h.unknown_paths {
+        0 => String::new(),
+        n => format!(", {n} paths named no file"),
+    };
+    format!(
+        "{} list(s) held of {} received (epoch {}), {} samples{unknown}; {:.1}% of {} first reads \
+         fetched in time, {:.1}% waited for the fetch, {:.1}% missed; {} fetched ahead in {} \
+         requests, window {} of {} (peak {}), {} extents dropped unread",
+        h.active_lists,
+        h.lists,
+        h.epoch,
+        h.samples,
+        pct(in_time),
+        h.first_reads,
+        pct(h.late),
+        pct(h.missed),
+        human(h.fetched_bytes),
+        h.requests,
+        human(h.window_held),
+        human(h.window),
+        human(h.window_peak),
+        h.dropped_unread
+    )
 }
 
 fn duration(secs: f64) -> String {

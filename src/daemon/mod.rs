@@ -3,6 +3,7 @@
 //! runs that in a detached daemon whose exit status is the mount's, `stats` publishes the
 //! counters, `unmount` also cleans stale mounts.
 
+pub mod hints;
 mod launcher;
 pub mod mounts;
 pub mod owners;

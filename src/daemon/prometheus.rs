@@ -42,6 +42,7 @@ impl Counters {
         );
         let tiers = [
             ("ram", self.served.ram_bytes),
+            ("ahead", self.served.ahead_bytes),
             ("stage", self.served.staged_bytes),
             ("source", self.served.source_bytes),
         ];
@@ -166,6 +167,62 @@ impl Counters {
             "Request latency quantiles since the mount started, by operation.",
             &quantiles,
         );
+        family(
+            "storage_wait_seconds_total",
+            "counter",
+            "Time readers waited on storage (their reads of the images, fetches ahead in flight), \
+             summed over readers: the data stall.",
+            &[(String::new(), self.served.storage_wait_ns as f64 / 1e9)],
+        );
+        if let Some(h) = &self.lookahead {
+            let in_time = h.first_reads.saturating_sub(h.missed + h.late);
+            let outcomes: Vec<_> = [("in_time", in_time), ("late", h.late), ("missed", h.missed)]
+                .iter()
+                .map(|(o, v)| (format!(",outcome=\"{o}\""), *v as f64))
+                .collect();
+            family(
+                "hinted_reads_total",
+                "counter",
+                "First reads of samples a sampler listed, by whether their fetch ahead was in \
+                 time, still in flight, or not made.",
+                &outcomes,
+            );
+            let singles = [
+                (
+                    "hint_lists_total",
+                    "counter",
+                    "Lists of samples received from samplers.",
+                    h.lists,
+                ),
+                (
+                    "lookahead_fetched_bytes_total",
+                    "counter",
+                    "Bytes fetched ahead of readers on samplers' hints.",
+                    h.fetched_bytes,
+                ),
+                (
+                    "lookahead_requests_total",
+                    "counter",
+                    "Requests made to fetch samples ahead.",
+                    h.requests,
+                ),
+                (
+                    "lookahead_window_bytes",
+                    "gauge",
+                    "Bytes fetched ahead and not yet read.",
+                    h.window_held,
+                ),
+                (
+                    "lookahead_dropped_bytes_total",
+                    "counter",
+                    "Bytes fetched ahead and dropped unread.",
+                    h.dropped_bytes,
+                ),
+            ];
+            for (name, kind, help, value) in singles {
+                family(name, kind, help, &one(value));
+            }
+        }
         if let Some(st) = &self.stage {
             family(
                 "stage_present_bytes",

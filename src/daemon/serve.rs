@@ -12,7 +12,7 @@ use signal_hook::iterator::Signals;
 use tracing::{debug, info, warn};
 
 use super::preflight::{check_fuse_available, check_mountpoint, raise_open_file_limit};
-use super::{MountError, stats, unmount};
+use super::{MountError, hints, stats, unmount};
 use crate::catalog::Catalog;
 use crate::dataset::OnScan;
 use crate::fs::{self, Core, FsOptions, Mounted};
@@ -56,6 +56,10 @@ pub struct MountRequest {
     pub owners: super::owners::Owners,
     /// Where the log goes, for the stats file and `packfs status`.
     pub log: String,
+    /// Bytes fetched ahead on a sampler's hints (`None`: half the RAM cache; 0: no hints).
+    pub lookahead: Option<u64>,
+    /// Fetches ahead in flight (`None`: by the source, `lookahead::default_depth`).
+    pub lookahead_depth: Option<usize>,
 }
 
 /// Sends panic messages to the log: a daemon's stderr goes nowhere once it is ready. (A panic in a
@@ -144,11 +148,22 @@ pub fn serve(
     set_readahead(&mountpoint, req.readahead);
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
+    let lookahead = start_lookahead(req, &files, &catalog, &mountpoint);
+    let hints = lookahead.as_ref().and_then(|la| {
+        let memory = files.images().ram().memory().clone();
+        let serves = req.fs.owner().uid;
+        hints::HintsSocket::start(&mountpoint, catalog.clone(), la.clone(), memory, serves)
+            .map_err(|e| warn!("{e}: samplers cannot send hints to this mount"))
+            .ok()
+    });
     let default_stats = stats::default_path(&mountpoint);
     let mut stats_paths = vec![default_stats.clone()];
     stats_paths.extend(req.stats_file.clone().filter(|p| *p != default_stats));
     let mut about = about(req, &catalog);
     about.transport = mounted.transport().name().to_string();
+    about.hints = hints
+        .as_ref()
+        .map(|h| h.path().to_string_lossy().into_owned());
     let what = format!(
         "mounted {} at {}: {} files in {} image(s){}",
         about.dataset,
@@ -167,6 +182,7 @@ pub fn serve(
         files: files.clone(),
         requests: observer.requests.clone(),
         about: about.clone(),
+        hints: lookahead.clone(),
     };
     let stats_file = stats::StatsFile::start(
         stats_paths,
@@ -192,6 +208,10 @@ pub fn serve(
         .map(|limit| unmount_when_idle(observer.requests.clone(), limit, mountpoint.clone()));
     wait_for_the_end(mounted, signals, &mountpoint)?;
     drop(idle);
+    drop(hints);
+    if let Some(la) = &lookahead {
+        la.stop();
+    }
     if let Some(stage) = &stage {
         stage.shut_down();
     }
@@ -207,6 +227,28 @@ pub fn serve(
         trace.finish();
     }
     Ok(())
+}
+
+/// The lookahead that samplers' hints drive (none with `--lookahead 0`, or without a RAM cache).
+fn start_lookahead(
+    req: &MountRequest,
+    files: &Arc<tiers::FileReader>,
+    catalog: &Arc<Catalog>,
+    mountpoint: &Path,
+) -> Option<Arc<tiers::lookahead::Lookahead>> {
+    let window = req.lookahead.unwrap_or(req.cache_size / 2);
+    if window == 0 || req.cache_size == 0 {
+        return None;
+    }
+    let remote = catalog.images().iter().any(|i| i.location.is_object());
+    let opts = tiers::lookahead::LookaheadOptions {
+        window: window.min(req.cache_size),
+        depth: req
+            .lookahead_depth
+            .unwrap_or_else(|| tiers::lookahead::default_depth(remote)),
+        mountpoint: Some(mountpoint.to_path_buf()),
+    };
+    Some(tiers::lookahead::start(files, catalog.clone(), opts))
 }
 
 /// What the stats file says of the mount besides its counters.
@@ -240,6 +282,8 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
         transport: String::new(),
         skipped_members: catalog.skipped().members,
         damaged_headers: catalog.skipped().damaged_headers,
+        // Known once listening.
+        hints: None,
     }
 }
 

@@ -152,6 +152,8 @@ pub struct About {
     /// Members the scan (or `packfs index`) left out with a warning; of those, damaged tar headers.
     pub skipped_members: u64,
     pub damaged_headers: u64,
+    /// The socket samplers send their hints to (absent: hints are off).
+    pub hints: Option<String>,
 }
 
 /// Every counter of a mount at one moment (docs/metrics.md says what each means). Written by the
@@ -184,6 +186,9 @@ pub struct Counters {
     pub errors: u64,
     /// Requests that came through FUSE-over-io_uring rings (0 with the classic transport).
     pub ring_requests: u64,
+    /// What samplers' hints did (absent: hints are off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookahead: Option<crate::tiers::lookahead::HintStats>,
 }
 
 /// What the counters are read from.
@@ -191,6 +196,7 @@ pub struct Sources {
     pub files: Arc<FileReader>,
     pub requests: Arc<Requests>,
     pub about: About,
+    pub hints: Option<Arc<crate::tiers::lookahead::Lookahead>>,
 }
 
 impl Counters {
@@ -216,6 +222,7 @@ impl Counters {
             requests,
             errors,
             ring_requests: src.requests.through_rings(),
+            lookahead: src.hints.as_ref().map(|h| h.stats()),
         }
     }
 
@@ -235,6 +242,9 @@ impl Counters {
         }
         if let Some(st) = &self.stage {
             info!("staging in {}: {} {}", st.dir, st.status, fields(st));
+        }
+        if let Some(h) = &self.lookahead {
+            info!("hints {}", fields(h));
         }
     }
 }
@@ -383,6 +393,7 @@ mod tests {
             files: Arc::new(files),
             requests: Arc::new(Requests::default()),
             about: About::default(),
+            hints: None,
         }
     }
 

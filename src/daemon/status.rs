@@ -37,6 +37,9 @@ pub struct MountStatus {
     pub counters: Option<Counters>,
     /// How long ago the daemon wrote them (it rewrites them every second).
     pub counters_age_s: Option<f64>,
+    /// The socket samplers send hints to, found even where the counters are not readable (a
+    /// mount root made for a job's user: the socket is that user's).
+    pub hints: Option<PathBuf>,
 }
 
 /// The mounts to show: those at `wanted` (all packfs mounts the caller may see if empty: root
@@ -82,6 +85,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
         stats_file: None,
         counters: None,
         counters_age_s: None,
+        hints: None,
     };
     let stale = format!(
         "its daemon is gone, so every access fails (\"Transport endpoint is not connected\"); \
@@ -92,6 +96,13 @@ fn status_of(m: &MountEntry) -> MountStatus {
     // daemon is stuck would hang the status command).
     let owner = m.fuse_owner().unwrap_or(0);
     let candidates = stats::candidate_paths(&m.mount_point, owner);
+    status.hints = candidates
+        .iter()
+        .map(|p| super::hints::socket_beside(p))
+        .find(|s| {
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::symlink_metadata(s).is_ok_and(|m| m.file_type().is_socket())
+        });
     let found = candidates
         .iter()
         .find_map(|p| read_counters(p, owner).map(|c| (p.clone(), c)));

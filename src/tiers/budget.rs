@@ -206,6 +206,14 @@ impl MemoryBudget {
         }
     }
 
+    /// A permit for no bytes, to join others to.
+    pub fn nothing(self: &Arc<Self>) -> Permit {
+        Permit {
+            budget: self.clone(),
+            bytes: 0,
+        }
+    }
+
     /// `bytes` from the budget if they are free now and nobody waits before this request.
     pub fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
         let want = bytes.min(self.total);
@@ -258,6 +266,13 @@ impl MemoryBudget {
 impl Permit {
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// One permit for the bytes of both (of the same budget).
+    pub fn join(mut self, mut other: Permit) -> Permit {
+        debug_assert!(Arc::ptr_eq(&self.budget, &other.budget));
+        self.bytes += std::mem::take(&mut other.bytes);
+        self
     }
 
     /// Gives back what is held beyond `bytes` (a unit smaller than reserved for it). Growing is

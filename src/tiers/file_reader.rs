@@ -52,12 +52,20 @@ impl Served<'_> {
     }
 }
 
+/// What hears of reads: (reader, catalog entry) -> whether a sampler listed that file.
+pub type ReadNotes = Box<dyn Fn(u32, u32) -> bool + Send + Sync>;
+
 pub struct FileReader {
     images: Arc<Images>,
+    /// Hears which reader reads which file (the lookahead, once a sampler may talk to the
+    /// mount), and says whether a sampler listed it.
+    hints: std::sync::OnceLock<ReadNotes>,
     /// Stored files checked against their CRC-32 so far, and those that failed: a bit per
     /// catalog entry each (250 KB for a million files).
     checked: Bits,
     failed: Bits,
+    /// Files read at least once: only those can be in the kernel's page cache of the mount.
+    served: Bits,
 }
 
 /// A fixed set of bits, set without locks.
@@ -148,13 +156,55 @@ impl FileReader {
     pub fn new(images: Arc<Images>, entries: usize) -> FileReader {
         FileReader {
             images,
+            hints: std::sync::OnceLock::new(),
             checked: Bits::new(entries),
             failed: Bits::new(entries),
+            served: Bits::new(entries),
         }
     }
 
     pub fn images(&self) -> &Images {
         &self.images
+    }
+
+    /// Whether catalog entry `file` was read since the lookahead started (so its pages may be in
+    /// the kernel's cache of the mount).
+    pub fn was_read(&self, file: u32) -> bool {
+        self.served.get(file)
+    }
+
+    /// Tells `notes` of every read from now on.
+    pub fn hear_reads(&self, notes: ReadNotes) {
+        let _ = self.hints.set(notes);
+    }
+
+    /// Decodes the units of `file` that are not in the RAM cache into it (a sampler said it
+    /// comes next); never waits for room.
+    pub fn decode_ahead(&self, file: Member<'_>) -> io::Result<()> {
+        let req = ReadRequest::waiting();
+        let images = &*self.images;
+        for piece in file.placement.plan(file.size, 0, file.size as usize) {
+            let piece = piece.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.why))?;
+            if let Piece::Decoded { unit, .. } = piece {
+                let image = file.image;
+                let bytes = ImageBytes {
+                    images,
+                    image,
+                    req: &req,
+                };
+                match images
+                    .ram()
+                    .fetch(image, unit.key(), unit.memory(), Room::IfFree, || {
+                        unit.decode(&bytes)
+                    }) {
+                    Ok(_) => {}
+                    // No room now: its reader decodes it.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reads `len` bytes at `offset` of `file` (the range lies inside it), for `req`: which tiers
@@ -173,6 +223,14 @@ impl FileReader {
             placement,
             size,
         } = file;
+        if let Some(hints) = self.hints.get() {
+            if hints(req.reader(), file) {
+                req.set_listed();
+            }
+            if !self.served.get(file) {
+                self.served.set(file);
+            }
+        }
         // Bytes of `buf` that hold this read. The buffer keeps its length between reads and is
         // only overwritten: clearing it first (resize with zeros) was 10% of the daemon's CPU
         // in an epoch on the simulated parallel file system (docs/benchmarks.md).

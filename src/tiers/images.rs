@@ -11,10 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::OpenedImages;
 use super::budget::MemoryBudget;
+use super::budget::Permit;
 use super::chunks::{Chunks, Fetch, Plan};
-use super::ram_cache::{RamCache, RamStats};
+use super::ram_cache::{CHUNK_TAG, Held, RamCache, RamStats};
 use super::request::{ReadRequest, Tiers};
 use super::stage::Stage;
+use super::window::{Found, Window};
 use crate::source::read_at::Wait;
 
 /// Bytes delivered to readers by each tier (page-cache misses of the mount).
@@ -30,6 +32,25 @@ pub struct TierStats {
     pub streamed_bytes: u64,
     pub staged_bytes: u64,
     pub source_bytes: u64,
+    /// Bytes served from the lookahead's window (fetched ahead on a sampler's word).
+    pub ahead_bytes: u64,
+    /// Time readers spent waiting on storage: their own reads of the source and chunks, and
+    /// fetches ahead they waited for (nanoseconds, summed over readers).
+    pub storage_wait_ns: u64,
+}
+
+/// Where a sample's bytes are and how to fetch them ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Stored bytes at `start` of `image` (the outermost image), fetched exactly.
+    Exact { image: u32, start: u64, len: u64 },
+    /// Stored bytes in chunks `first..=last` of `image`, which the chunk room fetches (the
+    /// stage copies the image, or every image goes by chunks).
+    Chunks { image: u32, first: u64, last: u64 },
+    /// Decoded units, decoded into the RAM cache.
+    Decode,
+    /// Nothing to fetch: local already, or not worth it (empty).
+    Resident,
 }
 
 pub struct Images {
@@ -38,9 +59,13 @@ pub struct Images {
     /// Whole chunks, and when to fetch them.
     chunks: Chunks,
     stage: Option<Arc<Stage>>,
+    /// What the lookahead fetched for readers to come (empty without hints).
+    window: Arc<Window>,
     ram_bytes: AtomicU64,
     staged_bytes: AtomicU64,
     source_bytes: AtomicU64,
+    ahead_bytes: AtomicU64,
+    storage_wait_ns: AtomicU64,
 }
 
 impl Images {
@@ -79,10 +104,63 @@ impl Images {
             ram,
             chunks,
             stage,
+            window: Arc::default(),
             ram_bytes: AtomicU64::new(0),
             staged_bytes: AtomicU64::new(0),
             source_bytes: AtomicU64::new(0),
+            ahead_bytes: AtomicU64::new(0),
+            storage_wait_ns: AtomicU64::new(0),
         }
+    }
+
+    pub fn window(&self) -> &Arc<Window> {
+        &self.window
+    }
+
+    /// How the lookahead fetches `len` stored bytes at `offset` of `image`: not at all when
+    /// they are staged or in the RAM cache, by the chunk room when reads of the image go by
+    /// chunks, else exactly.
+    pub fn ahead_class(&self, image: u32, offset: u64, len: u64) -> Class {
+        let (image, offset) = self.source.resolve(image, offset);
+        let size = self.chunks.chunk_size();
+        let (first, last) = (offset / size, (offset + len.max(1) - 1) / size);
+        let local = |i: u64| {
+            self.stage
+                .as_deref()
+                .is_some_and(|s| s.holds(image, i as usize))
+                || self.ram.contains(image, CHUNK_TAG | (i * size))
+        };
+        if (first..=last).all(local) {
+            return Class::Resident;
+        }
+        match self.chunks.by_chunks(image) {
+            true => Class::Chunks { image, first, last },
+            false => Class::Exact {
+                image,
+                start: offset,
+                len,
+            },
+        }
+    }
+
+    /// `len` bytes at `offset` of `image` (the outermost image) from the source, held under
+    /// `permit`, for the lookahead's window.
+    pub fn fetch_exact(
+        &self,
+        image: u32,
+        offset: u64,
+        len: u64,
+        permit: Permit,
+    ) -> io::Result<Held> {
+        let mut bytes = vec![0u8; len as usize];
+        self.source
+            .read_exact_at(image, offset, &mut bytes, Wait::May)?;
+        Ok(Held::under(bytes, permit))
+    }
+
+    /// Fetches chunk `i` of `image` ahead of its readers (the lookahead's word).
+    pub fn fetch_chunk_ahead(&self, image: u32, i: u64) {
+        self.chunks.fetch_ahead(image, i);
     }
 
     pub fn source(&self) -> &OpenedImages {
@@ -114,6 +192,8 @@ impl Images {
             ram_bytes: self.ram_bytes.load(Ordering::Relaxed),
             staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
+            ahead_bytes: self.ahead_bytes.load(Ordering::Relaxed),
+            storage_wait_ns: self.storage_wait_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -129,6 +209,18 @@ impl Images {
     ) -> io::Result<()> {
         // An inner archive's bytes are its outer image's: read, cached and staged as those.
         let (image, offset) = self.source.resolve(image, offset);
+        match self.window.serve(image, offset, buf, req.wait())? {
+            Found::No => {}
+            found => {
+                if let Found::Waited(took) = found {
+                    self.waited(took);
+                }
+                self.ahead_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                req.served_by(Tiers::RAM);
+                return Ok(());
+            }
+        }
         let plan = self
             .chunks
             .plan(req, image, offset, buf.len() as u64, fetch);
@@ -147,10 +239,14 @@ impl Images {
             if self.read_staged(req, stage, image, i, within, dst)? {
                 continue;
             }
+            let began = std::time::Instant::now();
             let fetched = match plan.chunked {
                 true => self.chunks.for_reader(req, image, i, plan),
                 false => Ok(None),
             };
+            if let Ok(Some((_, true))) = &fetched {
+                self.waited(began.elapsed());
+            }
             let (chunk, loaded) = match fetched {
                 Ok(Some(fetched)) => fetched,
                 Ok(None) => {
@@ -235,6 +331,12 @@ impl Images {
         Ok(true)
     }
 
+    /// Counts a reader's wait on storage.
+    fn waited(&self, took: std::time::Duration) {
+        self.storage_wait_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// Exactly `buf.len()` bytes at `offset`, from the source.
     fn read_source(
         &self,
@@ -244,7 +346,10 @@ impl Images {
         buf: &mut [u8],
     ) -> io::Result<()> {
         req.served_by(Tiers::SOURCE);
-        self.source.read_exact_at(image, offset, buf, req.wait())?;
+        let began = std::time::Instant::now();
+        let read = self.source.read_exact_at(image, offset, buf, req.wait());
+        self.waited(began.elapsed());
+        read?;
         self.source_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())

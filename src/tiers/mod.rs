@@ -11,11 +11,13 @@ pub mod chunks;
 pub mod faults;
 mod file_reader;
 mod images;
+pub mod lookahead;
 mod opened;
 mod ram_cache;
 pub mod read_everything;
 mod request;
 pub mod stage;
+pub mod window;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -45,6 +45,9 @@ pub struct ReadRequest {
     reader: u32,
     wait: Wait,
     served: AtomicU8,
+    /// A sampler listed the file read (`lookahead`): it fetches what comes next, so the read is
+    /// not taken for a walk in order (whose chunks and read-ahead would fetch it a second time).
+    listed: std::sync::atomic::AtomicBool,
 }
 
 impl ReadRequest {
@@ -53,6 +56,7 @@ impl ReadRequest {
             reader,
             wait,
             served: AtomicU8::new(0),
+            listed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -68,6 +72,15 @@ impl ReadRequest {
 
     pub fn wait(&self) -> Wait {
         self.wait
+    }
+
+    /// Notes that a sampler listed the file read.
+    pub fn set_listed(&self) {
+        self.listed.store(true, Ordering::Relaxed);
+    }
+
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
     }
 
     /// Notes that `tier` served some of the bytes.

@@ -2,6 +2,7 @@
 //! and read them with ordinary tools.
 #![allow(dead_code)]
 
+pub mod pfssim;
 pub mod remote;
 pub mod servers;
 

@@ -122,6 +122,20 @@ impl Chunks {
         Ok(got)
     }
 
+    /// Whether every read of `image`'s stored bytes goes by whole chunks: every image does, or
+    /// the stage copies this one now.
+    pub fn by_chunks(&self, image: u32) -> bool {
+        let staging =
+            (self.fetcher.stage.as_deref()).is_some_and(|s| s.keeps(image) && !s.stopped());
+        self.policy.has_ram() && (self.policy.every_image() || staging)
+    }
+
+    /// Fetches chunk `i` of `image` ahead of its readers, if it is still wanted (a sampler said
+    /// they come).
+    pub fn fetch_ahead(&self, image: u32, i: u64) {
+        self.fetcher.ahead(image, i);
+    }
+
     /// Chunk `i` of `image` if it is in memory; never reads the source.
     pub fn in_memory(&self, image: u32, i: u64) -> Option<Decoded> {
         let start = i * self.fetcher.chunk_size;

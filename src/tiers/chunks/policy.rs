@@ -160,10 +160,12 @@ impl Policy {
         let wants_chunks = fetch == Fetch::Chunks && self.has_ram;
         // A reader walking the image in order across files reads it in chunks (and so with
         // read-ahead): one request per chunk, not one per file (`streams`).
+        // A read of a sample a sampler listed is not: the lookahead fetches what comes next.
         let streaming = wants_chunks
             && self.holds_chunks
             && !self.every_image
             && !staging
+            && !req.listed()
             && self.streams.note(req.reader(), image, offset, len);
         Plan {
             kept,
@@ -175,6 +177,14 @@ impl Policy {
     /// Runs that became streams, and bytes read as part of one.
     pub fn streams(&self) -> (u64, u64) {
         (self.streams.detected(), self.streams.streamed())
+    }
+
+    pub fn every_image(&self) -> bool {
+        self.every_image
+    }
+
+    pub fn has_ram(&self) -> bool {
+        self.has_ram
     }
 }
 

@@ -528,6 +528,14 @@ impl Stage {
     }
 
     /// Whether this stage copies `image` (false for images of other nodes' shares).
+    /// Whether chunk `i` of `image` is complete locally.
+    pub fn holds(&self, image: u32, i: usize) -> bool {
+        match self.images.get(image as usize) {
+            Some(Some(img)) => i < img.chunks.len() && is_local(img.word(i)),
+            _ => false,
+        }
+    }
+
     pub fn keeps(&self, image: u32) -> bool {
         matches!(self.images.get(image as usize), Some(Some(_)))
     }

@@ -1,0 +1,550 @@
+//! The hints channel: a Unix socket beside the mount's stats file through which a training job
+//! tells the daemon which samples it reads next (docs/training.md, "Hints"). Each message is one
+//! JSON object, newline-separated:
+//!
+//! ```text
+//! {"stream": "train", "rank": 0, "epoch": 3, "paths": ["train/n01440764/a.JPEG", ...]}
+//! {"stream": "train", "rank": 0, "end": true}
+//! ```
+//!
+//! Paths are relative to the mount's root or absolute under the mount point. A list replaces
+//! the previous one of its user, stream and rank. Each message is answered with one line:
+//! `{"ok": true, "samples": N, "unknown": M, "first_unknown": "..."}` or `{"ok": false,
+//! "error": "..."}`.
+//!
+//! Only the daemon's user, root and the user the mount serves (`--uid`) may connect: the socket
+//! is theirs (mode 0600) in the private stats directory, and each peer's credentials are checked.
+//! Paths are resolved as they arrive, never held: a list costs 13 bytes per sample, drawn from
+//! the memory budget, and is at most four times the catalog's files.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use tracing::{debug, info, warn};
+
+use crate::catalog::{Catalog, Kind};
+use crate::tiers::budget::{MemoryBudget, Permit};
+use crate::tiers::lookahead::{ListKey, Lookahead, Submitted};
+
+/// Connections at once, at most.
+const MAX_CONNECTIONS: usize = 64;
+/// Bytes of a message between two paths, at most (a path, or the fields before them).
+const MAX_FIELD: u64 = 64 << 10;
+/// Characters of a stream name, at most.
+const MAX_STREAM: usize = 256;
+/// List bookkeeping bytes per sample (`lists::List`).
+const BYTES_PER_SAMPLE: u64 = 13;
+/// Memory is drawn for a list in steps of this many bytes.
+const PERMIT_STEP: u64 = 1 << 20;
+
+/// Where the hints socket of `mountpoint` is: the stats file's path with `.sock`, or, when that
+/// is longer than a socket address holds, the hash alone in the same directory.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    socket_beside(&super::stats::default_path(mountpoint))
+}
+
+/// The hints socket of the mount whose stats file is `stats_file` (a default path).
+pub fn socket_beside(stats_file: &Path) -> PathBuf {
+    let beside = stats_file.with_extension("sock");
+    if beside.as_os_str().len() < 100 {
+        return beside;
+    }
+    let name = beside.file_name().map(|n| n.to_string_lossy().into_owned());
+    let hash = name
+        .as_deref()
+        .and_then(|n| n.rsplit('.').nth(1))
+        .unwrap_or("hints");
+    beside.with_file_name(format!("{hash}.sock"))
+}
+
+/// The listening socket; removed when dropped.
+pub struct HintsSocket {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HintsError {
+    #[error("{}: {why}; remove it (no packfs daemon serves this mount point)", path.display())]
+    Occupied { path: PathBuf, why: String },
+    #[error("cannot listen at {}: {error}", path.display())]
+    Bind { path: PathBuf, error: io::Error },
+}
+
+/// What the connections share.
+struct Shared {
+    catalog: Arc<Catalog>,
+    lookahead: Arc<Lookahead>,
+    memory: Arc<MemoryBudget>,
+    mountpoint: PathBuf,
+    /// Users who may send hints.
+    allowed: Vec<u32>,
+    connections: AtomicUsize,
+    refused: AtomicU64,
+}
+
+impl HintsSocket {
+    /// Listens for hints on `mountpoint`'s socket, for `allowed` users besides root (the
+    /// daemon's and the one the mount serves; the socket is given to the latter).
+    pub fn start(
+        mountpoint: &Path,
+        catalog: Arc<Catalog>,
+        lookahead: Arc<Lookahead>,
+        memory: Arc<MemoryBudget>,
+        serves: u32,
+    ) -> Result<HintsSocket, HintsError> {
+        let path = socket_path(mountpoint);
+        clear_stale(&path)?;
+        let listener = UnixListener::bind(&path).map_err(|error| HintsError::Bind {
+            path: path.clone(),
+            error,
+        })?;
+        let me = nix::unistd::geteuid().as_raw();
+        let set_up = (|| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            if serves != me {
+                std::os::unix::fs::lchown(&path, Some(serves), None)?;
+            }
+            io::Result::Ok(())
+        })();
+        if let Err(error) = set_up {
+            let _ = std::fs::remove_file(&path);
+            return Err(HintsError::Bind { path, error });
+        }
+        let shared = Arc::new(Shared {
+            catalog,
+            lookahead,
+            memory,
+            mountpoint: mountpoint.to_path_buf(),
+            allowed: vec![0, me, serves],
+            connections: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("hints".into())
+            .spawn(move || accept_loop(listener, &shared, &flag))
+            .map_err(|error| HintsError::Bind {
+                path: path.clone(),
+                error,
+            })?;
+        info!("hints are heard at {}", path.display());
+        Ok(HintsSocket {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for HintsSocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Removes a socket a dead daemon left at `path`; anything else there is refused.
+fn clear_stale(path: &Path) -> Result<(), HintsError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => {
+            return Err(HintsError::Bind {
+                path: path.to_path_buf(),
+                error,
+            });
+        }
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let occupied = |why: String| HintsError::Occupied {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !meta.file_type().is_socket() {
+        return Err(occupied("it exists and is not a socket".into()));
+    }
+    if meta.uid() != me && me != 0 {
+        return Err(occupied(format!("it belongs to uid {}", meta.uid())));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(occupied("another daemon listens on it".into()));
+    }
+    std::fs::remove_file(path).map_err(|error| HintsError::Bind {
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
+fn accept_loop(listener: UnixListener, shared: &Arc<Shared>, stop: &AtomicBool) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let uid = match peer_uid(&stream) {
+            Ok(uid) => uid,
+            Err(e) => {
+                debug!("hints: no credentials of a peer: {e}");
+                continue;
+            }
+        };
+        if !shared.allowed.contains(&uid) {
+            if shared.refused.fetch_add(1, Ordering::Relaxed) < 3 {
+                warn!(
+                    "hints: refused a connection of uid {uid} (the mount serves uid {})",
+                    shared.allowed[2]
+                );
+            }
+            continue;
+        }
+        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let _ = reply(
+                &mut &stream,
+                &Reply::error(format!(
+                    "more than {MAX_CONNECTIONS} connections; close some"
+                )),
+            );
+            continue;
+        }
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hints-conn".into())
+            .spawn(move || {
+                serve_connection(stream, uid, &shared);
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            warn!("hints: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a ucred of `len` bytes, as SO_PEERCRED fills.
+    let done = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    match done {
+        0 => Ok(cred.uid),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// One answer line.
+#[derive(serde::Serialize, Default)]
+struct Reply {
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    samples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unknown: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_unknown: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    truncated: Option<bool>,
+}
+
+impl Reply {
+    fn error(why: String) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(why),
+            ..Reply::default()
+        }
+    }
+}
+
+fn reply(to: &mut impl Write, r: &Reply) -> io::Result<()> {
+    let mut line = serde_json::to_vec(r).expect("a reply serializes");
+    line.push(b'\n');
+    to.write_all(&line)
+}
+
+/// Counts the bytes read since the last `reset`, and fails past `MAX_FIELD`: a path (or any
+/// field) is never longer, and serde would hold it whole.
+struct Limited<R> {
+    inner: R,
+    since: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Limited<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.since.load(Ordering::Relaxed) > MAX_FIELD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("more than {MAX_FIELD} bytes without a path"),
+            ));
+        }
+        let n = self.inner.read(buf)?;
+        self.since.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Limited<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.since.load(Ordering::Relaxed) > MAX_FIELD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("more than {MAX_FIELD} bytes without a path"),
+            ));
+        }
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.since.fetch_add(amt as u64, Ordering::Relaxed);
+        self.inner.consume(amt)
+    }
+}
+
+fn serve_connection(stream: UnixStream, uid: u32, shared: &Shared) {
+    let since = Arc::new(AtomicU64::new(0));
+    let Ok(write_half) = stream.try_clone() else {
+        return;
+    };
+    let mut out = write_half;
+    let reader = Limited {
+        inner: BufReader::new(stream),
+        since: since.clone(),
+    };
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    loop {
+        since.store(0, Ordering::Relaxed);
+        let seed = MessageSeed {
+            shared,
+            since: &since,
+        };
+        let message = match seed.deserialize(&mut de) {
+            Ok(m) => m,
+            Err(e) if e.is_eof() => return,
+            Err(e) => {
+                // The stream cannot be resynchronised after bad JSON: answer and close.
+                let _ = reply(&mut out, &Reply::error(format!("not a hints message: {e}")));
+                return;
+            }
+        };
+        let answer = take(message, uid, shared);
+        if reply(&mut out, &answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// A message as parsed: its fields, the paths already resolved.
+#[derive(Default)]
+struct Message {
+    stream: Option<String>,
+    rank: Option<u32>,
+    epoch: Option<u64>,
+    end: bool,
+    entries: Option<Vec<u32>>,
+    unknown: u64,
+    first_unknown: Option<String>,
+    truncated: bool,
+    permit: Option<Permit>,
+}
+
+fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
+    let key = ListKey {
+        uid,
+        stream: m.stream.unwrap_or_default(),
+        rank: m.rank.unwrap_or(0),
+    };
+    if m.end {
+        shared.lookahead.end(&key);
+        return Reply {
+            ok: true,
+            ..Reply::default()
+        };
+    }
+    let Some(entries) = m.entries else {
+        return Reply::error("a message needs \"paths\" (a list) or \"end\": true".into());
+    };
+    let samples = entries.len() as u64;
+    if m.truncated {
+        warn!(
+            "hints: a list of stream {:?} rank {} was cut at {samples} samples (four times the \
+             mount's files)",
+            key.stream, key.rank
+        );
+    }
+    let permit = m.permit.unwrap_or_else(|| shared.memory.nothing());
+    shared.lookahead.submit(Submitted {
+        key,
+        epoch: m.epoch.unwrap_or(0),
+        entries,
+        unknown: m.unknown,
+        permit,
+    });
+    Reply {
+        ok: true,
+        samples: Some(samples),
+        unknown: Some(m.unknown),
+        first_unknown: m.first_unknown,
+        truncated: m.truncated.then_some(true),
+        ..Reply::default()
+    }
+}
+
+struct MessageSeed<'a> {
+    shared: &'a Shared,
+    since: &'a Arc<AtomicU64>,
+}
+
+impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
+    type Value = Message;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Message, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageSeed<'_> {
+    type Value = Message;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object with stream, rank, epoch and paths")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
+        use serde::de::Error;
+        let mut m = Message::default();
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "stream" => {
+                    let s: String = map.next_value()?;
+                    if s.chars().count() > MAX_STREAM {
+                        return Err(A::Error::custom(format!(
+                            "a stream name is at most {MAX_STREAM} characters"
+                        )));
+                    }
+                    m.stream = Some(s);
+                }
+                "rank" => m.rank = Some(map.next_value()?),
+                "epoch" => m.epoch = Some(map.next_value()?),
+                "end" => m.end = map.next_value()?,
+                "paths" => {
+                    let paths = map.next_value_seed(PathsSeed {
+                        shared: self.shared,
+                        since: self.since,
+                        m: &mut m,
+                    })?;
+                    m.entries = Some(paths);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(m)
+    }
+}
+
+struct PathsSeed<'a> {
+    shared: &'a Shared,
+    since: &'a Arc<AtomicU64>,
+    m: &'a mut Message,
+}
+
+impl<'de> DeserializeSeed<'de> for PathsSeed<'_> {
+    type Value = Vec<u32>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u32>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PathsSeed<'_> {
+    type Value = Vec<u32>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of paths")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u32>, A::Error> {
+        let catalog = &self.shared.catalog;
+        let most = (catalog.file_count() as usize)
+            .saturating_mul(4)
+            .saturating_add(1024);
+        let mut entries = Vec::new();
+        let mut permit = self.shared.memory.nothing();
+        let mut drawn = 0u64;
+        while let Some(path) = seq.next_element::<String>()? {
+            self.since.store(0, Ordering::Relaxed);
+            if entries.len() >= most {
+                self.m.truncated = true;
+                continue;
+            }
+            match resolve(catalog, &self.shared.mountpoint, &path) {
+                Some(entry) => {
+                    let need = (entries.len() as u64 + 1) * BYTES_PER_SAMPLE;
+                    if need > drawn {
+                        // A step more from the budget (waits for the cache to let go).
+                        let more = self.shared.memory.acquire(PERMIT_STEP);
+                        drawn += more.bytes();
+                        permit = permit.join(more);
+                    }
+                    entries.push(entry);
+                }
+                None => {
+                    self.m.unknown += 1;
+                    if self.m.first_unknown.is_none() {
+                        self.m.first_unknown = Some(path.chars().take(4096).collect());
+                    }
+                }
+            }
+        }
+        entries.shrink_to_fit();
+        self.m.permit = Some(permit);
+        Ok(entries)
+    }
+}
+
+/// The catalog entry of the file at `path` (relative to the mount's root, or absolute under
+/// `mountpoint`).
+fn resolve(catalog: &Catalog, mountpoint: &Path, path: &str) -> Option<u32> {
+    let relative = match Path::new(path).strip_prefix(mountpoint) {
+        Ok(rest) => rest.to_str()?,
+        Err(_) if path.starts_with('/') => return None,
+        Err(_) => path,
+    };
+    let id = catalog
+        .resolve(relative.trim_matches('/').as_bytes())
+        .ok()?;
+    (catalog.entry(id).ok()?.kind() == Kind::File).then_some(id)
+}
