@@ -326,6 +326,8 @@ def mount(
     stage_rate: Optional[Size] = None,
     chunk_size: Optional[Size] = None,
     ram_chunks: Optional[bool] = None,
+    lookahead: Optional[Size] = None,
+    lookahead_depth: Optional[int] = None,
     readahead: Optional[Size] = None,
     threads: Optional[int] = None,
     io_threads: Optional[int] = None,

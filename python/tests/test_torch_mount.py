@@ -91,7 +91,8 @@ def test_a_nodes_local_reads_are_its_staged_share(shards, tmp_path):
 
                 def settled():
                     now = m.status()["counters"]["served"]
-                    got = {k: now[k] - before[k] for k in ("ram_bytes", "staged_bytes", "source_bytes")}
+                    tiers = ("ram_bytes", "staged_bytes", "source_bytes", "ahead_bytes")
+                    got = {k: now[k] - before[k] for k in tiers}
                     return got if sum(got.values()) >= wanted else None
 
                 return wait_for("the counters", settled)
@@ -99,8 +100,11 @@ def test_a_nodes_local_reads_are_its_staged_share(shards, tmp_path):
             local = read(0.0)
             assert local["source_bytes"] == 0, local
             assert local["staged_bytes"] > 0, local
+            assert local["ahead_bytes"] == 0, "staged samples are not fetched ahead"
             remote = read(1.0)
-            assert remote["source_bytes"] > 0, remote
+            # The other shares come from the images: read there, or fetched ahead on the
+            # sampler's hints.
+            assert remote["source_bytes"] + remote["ahead_bytes"] > 0, remote
             assert remote["staged_bytes"] == 0, remote
 
 
