@@ -455,9 +455,11 @@ fn a_walk_in_archive_order_is_read_in_chunks_and_a_random_one_exactly() {
         c["served"]["streams"].as_u64().unwrap() >= 2
     });
     // The chunk where the halves meet is read by the second reader first and by the first one
-    // last, ten chunks later: an 8 MiB cache holds 8 chunks, so it is fetched twice.
+    // last, ten chunks later: an 8 MiB cache holds 8 chunks, so it is fetched twice. Each reader's
+    // first two files are read exactly, before its walk is found (4 GETs); under load a chunk
+    // fetched ahead may be evicted before its reader comes (seen once in a full run: 18).
     assert!(
-        interleaved * 10 <= (chunks + 1) * 12 + 20,
+        interleaved <= chunks + 1 + 4 + 2,
         "{interleaved} GETs for {chunks} chunks, two readers in turn: {counters}"
     );
     drop(m);
