@@ -199,7 +199,11 @@ fn accept_loop(listener: UnixListener, shared: &Arc<Shared>, stop: &AtomicBool) 
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok(stream) = stream else {
+            // Out of descriptors, say: not a reason to spin.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        };
         let uid = match peer_uid(&stream) {
             Ok(uid) => uid,
             Err(e) => {
