@@ -78,6 +78,18 @@ fn counters(mnt: &Path) -> Value {
     }
 }
 
+/// The mount's counters once `done` holds of them (the lookahead works in the background), or
+/// after 15 s, whatever they are then.
+fn counters_when(mnt: &Path, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let c = counters(mnt);
+        if done(&c) || start.elapsed() > Duration::from_secs(15) {
+            return c;
+        }
+    }
+}
+
 fn socket_of(mnt: &Path) -> PathBuf {
     let c = counters(mnt);
     PathBuf::from(c["hints"].as_str().expect("the mount takes hints"))
@@ -277,7 +289,7 @@ fn samples_in_the_page_cache_are_not_fetched_again() {
     let fetched = n(&first, "lookahead", "fetched");
     assert_eq!(n(&first, "lookahead", "in_page_cache"), 0);
     send(&socket, &list("train", 0, &order));
-    let again = counters(&mnt);
+    let again = counters_when(&mnt, |c| n(c, "lookahead", "in_page_cache") >= 100);
     assert_eq!(n(&again, "lookahead", "in_page_cache"), 100, "{again}");
     assert_eq!(
         n(&again, "source", "bytes"),
@@ -297,17 +309,20 @@ fn samples_in_the_page_cache_are_not_fetched_again() {
         };
         assert_eq!(done, 0);
     }
+    let dropped: u64 = order[..20]
+        .iter()
+        .map(|p| fs::metadata(src.join(p)).unwrap().len())
+        .sum();
     send(&socket, &list("train", 0, &order));
-    let third = counters(&mnt);
+    let third = counters_when(&mnt, |c| {
+        n(c, "lookahead", "in_page_cache") >= 176
+            && n(c, "source", "bytes") - n(&again, "source", "bytes") >= dropped
+    });
     // Samples back to back in the shard are fetched together: a cached one with a dropped one.
     let cached = n(&third, "lookahead", "in_page_cache") - 100;
     assert!((76..=80).contains(&cached), "{third}");
     assert_eq!(n(&third, "lookahead", "fetched"), fetched + 200, "{third}");
     let source = n(&third, "source", "bytes") - n(&again, "source", "bytes");
-    let dropped: u64 = order[..20]
-        .iter()
-        .map(|p| fs::metadata(src.join(p)).unwrap().len())
-        .sum();
     assert!(
         source >= dropped && source <= dropped + (80 - cached) * 48_000 + 20 * 1024,
         "{source} bytes fetched for the {dropped} dropped from the page cache"
