@@ -182,21 +182,10 @@ impl FileReader {
     /// comes next); never waits for room.
     pub fn decode_ahead(&self, file: Member<'_>) -> io::Result<()> {
         let req = ReadRequest::waiting();
-        let images = &*self.images;
         for piece in file.placement.plan(file.size, 0, file.size as usize) {
             let piece = piece.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.why))?;
             if let Piece::Decoded { unit, .. } = piece {
-                let image = file.image;
-                let bytes = ImageBytes {
-                    images,
-                    image,
-                    req: &req,
-                };
-                match images
-                    .ram()
-                    .fetch(image, unit.key(), unit.memory(), Room::IfFree, || {
-                        unit.decode(&bytes)
-                    }) {
+                match self.load_unit(&req, file.image, unit, Room::IfFree) {
                     Ok(_) => {}
                     // No room now: its reader decodes it.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -354,15 +343,28 @@ impl FileReader {
         outcome.map_err(|why| bad_crc(member.at, &why))
     }
 
-    /// A unit's decoded bytes, decoded once per cache lifetime.
-    fn decode(&self, req: &ReadRequest, image: u32, unit: Unit) -> Result<Decoded, ReadError> {
+    /// `unit` of `image` from the RAM cache, or decoded into it through the tiers (with `room`
+    /// for its memory); whether this call decoded it. For readers and the lookahead alike.
+    fn load_unit(
+        &self,
+        req: &ReadRequest,
+        image: u32,
+        unit: Unit,
+        room: Room,
+    ) -> io::Result<(Decoded, bool)> {
         let images = &*self.images;
-        let room = Room::for_read(req.wait());
-        let (block, loaded) = images
+        images
             .ram()
             .fetch(image, unit.key(), unit.memory(), room, || {
                 unit.decode(&ImageBytes { images, image, req })
             })
+    }
+
+    /// A unit's decoded bytes, decoded once per cache lifetime.
+    fn decode(&self, req: &ReadRequest, image: u32, unit: Unit) -> Result<Decoded, ReadError> {
+        let room = Room::for_read(req.wait());
+        let (block, loaded) = self
+            .load_unit(req, image, unit, room)
             .map_err(failed(unit.at))?;
         if !loaded {
             req.served_by(Tiers::RAM);
