@@ -8,11 +8,13 @@ MB/s, packfs's ratio to native and the daemons' CPU seconds per GB read.
     bench/large.sh [--sizes 1,8,64,512] [--total-mb 1024] [--readers 1,2,8]
                    [--modes read,1m,npload] [--peers native,tmpfs,packfs,squashfuse_ll,kernel-squashfs]
                    [--rounds 3] [--work /tmp/packfs-bench-large] [--packfs BINARY]
-                   [--mount-args "..."] [--out bench/out/large.json]
+                   [--before OLD_BINARY] [--mount-args "..."] [--out bench/out/large.json]
 
 Cold: the page cache is dropped before the pass (tmpfs keeps its files: they are its memory).
-Warm: the same pass again at once. Each cell is the median of `--rounds` passes. Root: it drops
-the page cache and mounts. The data is made once per (sizes, total) under --work.
+Warm: the same pass again at once. Each round measures every peer once, back to back in a
+rotating order; a cell is the median of `--rounds` passes, and packfs / native the median of
+each round's ratio. `--before` adds a second packfs build (`packfs-before`) to the same rounds.
+Root: it drops the page cache and mounts. The data is made once per (sizes, total) under --work.
 """
 import argparse
 import json
@@ -102,8 +104,9 @@ def cpu_seconds(pid):
 
 
 class Peer:
-    def __init__(self, name, work, mount_args):
+    def __init__(self, name, work, mount_args, binary=None):
         self.name, self.work, self.mount_args = name, work, mount_args
+        self.binary = binary or PACKFS
         self.mnt = os.path.join(work, "mnt", name)
         self.pid = None
 
@@ -119,10 +122,10 @@ class Peer:
                 open(os.path.join(copy, "done"), "w").close()
             return copy
         os.makedirs(self.mnt, exist_ok=True)
-        if self.name == "packfs":
+        if self.name.startswith("packfs"):
             shards = sorted(os.path.join(self.work, "shards", n)
                             for n in os.listdir(os.path.join(self.work, "shards")))
-            subprocess.run([PACKFS, "mount", "-q", *self.mount_args, *shards, self.mnt],
+            subprocess.run([self.binary, "mount", "-q", *self.mount_args, *shards, self.mnt],
                            check=True)
         elif self.name == "squashfuse_ll":
             subprocess.run(["squashfuse_ll", os.path.join(self.work, "image.sqfs"), self.mnt],
@@ -130,19 +133,37 @@ class Peer:
         elif self.name == "kernel-squashfs":
             subprocess.run(["mount", "-t", "squashfs", "-o", "loop,ro",
                             os.path.join(self.work, "image.sqfs"), self.mnt], check=True)
-        if self.name in ("packfs", "squashfuse_ll"):
+        if self.name.startswith("packfs") or self.name == "squashfuse_ll":
             self.pid = peers.daemon_pid(self.mnt)
         return self.mnt
 
     def stop(self):
         if self.name in ("native", "tmpfs"):
             return
-        tool = [PACKFS, "umount"] if self.name == "packfs" else ["umount"]
+        tool = [self.binary, "umount"] if self.name.startswith("packfs") else ["umount"]
         subprocess.run([*tool, self.mnt], capture_output=True)
         for _ in range(500):
             if not peers.is_mounted(self.mnt):
                 break
             time.sleep(0.01)
+
+
+def measure(peer, size, mode, readers, temp):
+    """One pass of `readers` processes over the files of `size` through `peer`: MB/s and the
+    daemon's CPU seconds per GB."""
+    if temp == "cold":
+        peers.drop_caches()
+    root = peer.start()
+    d = os.path.join(root, f"s{size}")
+    files = sorted(os.path.join(d, n) for n in os.listdir(d))
+    with Pool(readers) as pool:
+        if temp == "warm":
+            one_pass(pool, files, mode)
+        cpu0 = cpu_seconds(peer.pid)
+        total, secs = one_pass(pool, files, mode)
+        cpu = cpu_seconds(peer.pid) - cpu0
+    peer.stop()
+    return total / secs / MB, cpu / (total / 1e9)
 
 
 def one_pass(pool, files, mode):
@@ -161,6 +182,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default="/tmp/packfs-bench-large")
     ap.add_argument("--packfs", default=PACKFS)
+    ap.add_argument("--before", help="a second packfs build, measured in the same rounds "
+                    "(peer packfs-before)")
     ap.add_argument("--mount-args", default="")
     ap.add_argument("--out", default=os.path.join(HERE, "out", "large.json"))
     args = ap.parse_args()
@@ -173,35 +196,34 @@ def main():
              if p not in ("squashfuse_ll",) or shutil.which("squashfuse_ll")]
     if not os.path.exists(os.path.join(args.work, "image.sqfs")):
         names = [p for p in names if p not in ("squashfuse_ll", "kernel-squashfs")]
+    if args.before:
+        names.insert(names.index("packfs") if "packfs" in names else len(names), "packfs-before")
+    peer_of = {n: Peer(n, args.work, args.mount_args.split(),
+                       os.path.abspath(args.before) if n == "packfs-before" else None)
+               for n in names}
     rows = []
-    for peer_name in names:
-        peer = Peer(peer_name, args.work, args.mount_args.split())
-        for s in sizes:
-            for mode in args.modes.split(","):
-                for readers in [int(r) for r in args.readers.split(",")]:
-                    for temp in ("cold", "warm"):
-                        if temp == "cold" and peer_name == "tmpfs":
-                            continue  # tmpfs is memory: it has no cold
-                        speeds, cpus = [], []
-                        for _ in range(args.rounds):
-                            if temp == "cold":
-                                peers.drop_caches()
-                            root = peer.start()
-                            d = os.path.join(root, f"s{s}")
-                            files = sorted(os.path.join(d, n) for n in os.listdir(d))
-                            with Pool(readers) as pool:
-                                if temp == "warm":
-                                    one_pass(pool, files, mode)
-                                cpu0 = cpu_seconds(peer.pid)
-                                total, secs = one_pass(pool, files, mode)
-                                cpu = cpu_seconds(peer.pid) - cpu0
-                            peer.stop()
-                            speeds.append(total / secs / MB)
-                            cpus.append(cpu / (total / 1e9))
+    # Every round measures each peer once, in a rotating order: the disk and the host drift over
+    # minutes, and ratios are taken round by round (native and packfs measured back to back).
+    for s in sizes:
+        for mode in args.modes.split(","):
+            for readers in [int(r) for r in args.readers.split(",")]:
+                for temp in ("cold", "warm"):
+                    cell = [n for n in names if not (temp == "cold" and n == "tmpfs")]
+                    speeds = {n: [] for n in cell}
+                    cpus = {n: [] for n in cell}
+                    for k in range(args.rounds):
+                        for peer_name in cell[k % len(cell):] + cell[:k % len(cell)]:
+                            speed, cpu = measure(peer_of[peer_name], s, mode, readers, temp)
+                            speeds[peer_name].append(speed)
+                            cpus[peer_name].append(cpu)
+                    for peer_name in cell:
                         row = {"peer": peer_name, "size_mb": s, "mode": mode, "readers": readers,
-                               "temp": temp, "mb_s": round(statistics.median(speeds), 1),
-                               "mb_s_all": [round(x, 1) for x in speeds],
-                               "cpu_s_per_gb": round(statistics.median(cpus), 3)}
+                               "temp": temp, "mb_s": round(statistics.median(speeds[peer_name]), 1),
+                               "mb_s_all": [round(x, 1) for x in speeds[peer_name]],
+                               "cpu_s_per_gb": round(statistics.median(cpus[peer_name]), 3)}
+                        if "native" in speeds and peer_name != "native":
+                            row["vs_native_paired"] = round(statistics.median(
+                                a / b for a, b in zip(speeds[peer_name], speeds["native"])), 3)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -217,16 +239,22 @@ def report(rows, names):
         cells[(r["size_mb"], r["mode"], r["readers"], r["temp"], r["peer"])] = r
     keys = sorted({k[:4] for k in cells}, key=lambda k: (k[3], k[0], k[1], k[2]))
     print()
-    print("| temp | size | reads | readers | " + " | ".join(names) +
-          " | packfs / native | packfs CPU s/GB |")
-    print("|---|---:|---|---:|" + "---:|" * len(names) + "---:|---:|")
+    daemons = [n for n in names if n.startswith("packfs")]
+    print("| temp | size | reads | readers | " + " | ".join(names) + " | " +
+          " | ".join(f"{n} / native" for n in daemons) + " | " +
+          " | ".join(f"{n} CPU s/GB" for n in daemons) + " |")
+    print("|---|---:|---|---:|" + "---:|" * (len(names) + 2 * len(daemons)))
     for k in keys:
         got = [cells.get((*k, n)) for n in names]
-        nat, pk = cells.get((*k, "native")), cells.get((*k, "packfs"))
-        ratio = f"{pk['mb_s'] / nat['mb_s']:.2f}x" if nat and pk else ""
-        cpu = f"{pk['cpu_s_per_gb']:.3f}" if pk else ""
+        pks = [cells.get((*k, n)) for n in daemons]
+        ratios = [f"{p['vs_native_paired']:.2f}x" if p and "vs_native_paired" in p else ""
+                  for p in pks]
+        cpu = [f"{p['cpu_s_per_gb']:.2f}" if p else "" for p in pks]
         print(f"| {k[3]} | {k[0]} MB | {k[1]} | {k[2]} | " +
-              " | ".join(f"{g['mb_s']:,.0f}" if g else "" for g in got) + f" | {ratio} | {cpu} |")
+              " | ".join(f"{g['mb_s']:,.0f}" if g else "" for g in got) + " | " +
+              " | ".join(ratios) + " | " + " | ".join(cpu) + " |")
+    print("\n(packfs / native: the median over rounds of each round's ratio, native and packfs "
+          "measured back to back)")
 
 
 if __name__ == "__main__":

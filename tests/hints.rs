@@ -58,26 +58,6 @@ fn over_pfs(dir: &Path, n: usize, seed: u64, extra: &[&str]) -> (PathBuf, Vec<St
     (src, order, sim, mount)
 }
 
-/// The mount's counters once the daemon has rewritten them after this call (every second).
-fn counters(mnt: &Path) -> Value {
-    let read = || -> Value {
-        let out = run(packfs().args(["status", "--json"]).arg(mnt));
-        let all: Value = serde_json::from_str(&out).unwrap();
-        all[0]["counters"].clone()
-    };
-    let before = read()["uptime_s"].as_f64().unwrap_or(0.0);
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = read();
-        if now["uptime_s"].as_f64().unwrap_or(0.0) > before + 0.5
-            || start.elapsed() > Duration::from_secs(5)
-        {
-            return now;
-        }
-    }
-}
-
 /// The mount's counters once `done` holds of them (the lookahead works in the background), or
 /// after 15 s, whatever they are then.
 fn counters_when(mnt: &Path, done: impl Fn(&Value) -> bool) -> Value {

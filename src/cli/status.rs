@@ -136,7 +136,7 @@ fn render(m: &MountStatus) -> String {
     let ahead = served.ahead_bytes;
     let _ = writeln!(
         out,
-        "  served    {} (page-cache misses): {} from RAM{}, {} staged, {} from the images ({} reads, \
+        "  served    {} (page-cache misses): {} from RAM{}, {} staged, {} from the images ({} reads{}, \
          {} checks for a rewrite)",
         human(ram + ahead + staged + source),
         human(ram + ahead),
@@ -147,6 +147,10 @@ fn render(m: &MountStatus) -> String {
         human(staged),
         human(source),
         c.source.reads,
+        match served.spliced_bytes {
+            0 => String::new(),
+            n => format!(", {} spliced without a copy", human(n)),
+        },
         c.source.checks
     );
     let _ = writeln!(

@@ -57,6 +57,12 @@ impl Counters {
             &by_tier,
         );
         family(
+            "spliced_bytes_total",
+            "counter",
+            "Bytes of the source tier spliced from an image file into the kernel, not copied by the daemon.",
+            &one(self.served.spliced_bytes),
+        );
+        family(
             "source_reads_total",
             "counter",
             "Reads issued on the images for the mount.",

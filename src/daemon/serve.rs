@@ -145,7 +145,7 @@ pub fn serve(
 
     let core = Arc::new(Core::new(catalog.clone(), files.clone(), req.fs.owner()));
     let mounted = mount_and_check(core, &mountpoint, &req.fs, observer.clone())?;
-    set_readahead(&mountpoint, req.readahead);
+    set_readahead(&mountpoint, req.readahead, mounted.max_read());
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
     let lookahead = start_lookahead(req, &files, &catalog, &mountpoint);
@@ -379,12 +379,18 @@ fn mount_and_check(
     Ok(mounted)
 }
 
-/// Raises the kernel's readahead for the mount where allowed; the mount works either way.
-fn set_readahead(mountpoint: &Path, bytes: u64) {
+/// Raises the kernel's readahead for the mount where allowed; the mount works either way. With
+/// READs capped at `max_read`, the readahead is a multiple of it: 1 MiB of readahead in READs of
+/// 254 pages was a READ of 254 pages and one of 2, twice the requests.
+fn set_readahead(mountpoint: &Path, bytes: u64, max_read: Option<u32>) {
     if bytes == 0 {
         return;
     }
-    match fs::kernel_readahead::set(mountpoint, bytes) {
+    let whole_reads = match max_read.map(u64::from) {
+        Some(max) if bytes >= max => bytes - bytes % max,
+        _ => bytes,
+    };
+    match fs::kernel_readahead::set(mountpoint, whole_reads) {
         Ok(now) => debug!(bytes = now, "kernel readahead set"),
         Err(e) => {
             // Nothing to fix where the mount runs without root or with /sys read-only (a

@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
@@ -24,6 +24,8 @@ use super::dispatch::{
 use super::error::Refused;
 use super::options::{FsOptions, ReaddirPlus};
 use super::reads::{ReadJob, Reads};
+use super::splice::{Spliced, Splicer};
+use crate::tiers::FileRange;
 
 /// Asynchronous reads (readahead) the kernel keeps in flight. Above the number of reads that may
 /// be stuck in a slow region at once: at 64, 80 reads stalled in one region held every slot and
@@ -36,6 +38,8 @@ pub struct PackFs {
     readdirplus: ReaddirPlus,
     /// With `--transport uring`: told at INIT whether the kernel agreed to the rings.
     uring: Option<Sender<bool>>,
+    /// Set once the session is open (`session::mount`): READ replies spliced through it.
+    splicer: Arc<OnceLock<Arc<Splicer>>>,
 }
 
 impl PackFs {
@@ -50,7 +54,13 @@ impl PackFs {
             reads,
             readdirplus: opts.readdirplus,
             uring,
+            splicer: Arc::default(),
         })
+    }
+
+    /// Where the session's splicer goes once the session is open.
+    pub fn splicer_slot(&self) -> Arc<OnceLock<Arc<Splicer>>> {
+        self.splicer.clone()
     }
 }
 
@@ -90,6 +100,45 @@ impl AttrReply for ReplyAttr {
 impl DataReply for ReplyData {
     fn data(self, bytes: &[u8]) {
         ReplyData::data(self, bytes)
+    }
+}
+
+/// A READ's reply, which may be spliced (`splice`) when the session has a `Splicer`.
+pub struct ClassicRead {
+    reply: ReplyData,
+    unique: u64,
+    splicer: Option<Arc<Splicer>>,
+}
+
+impl Reply for ClassicRead {
+    fn error(self, errno: i32) {
+        Reply::error(self.reply, errno)
+    }
+}
+
+impl DataReply for ClassicRead {
+    fn data(self, bytes: &[u8]) {
+        self.reply.data(bytes)
+    }
+
+    fn can_splice(&self) -> bool {
+        self.splicer.is_some()
+    }
+
+    fn splice(self, range: &FileRange<'_>) -> Result<(), Self> {
+        let Some(splicer) = &self.splicer else {
+            return Err(self);
+        };
+        match splicer.reply(self.unique, range) {
+            Spliced::Sent | Spliced::Gone => {
+                // Answered: fuser's reply must not answer again (dropped unsent, it would send
+                // EIO for this request). Forgetting it leaks only a count on fuser's shared
+                // handle of /dev/fuse, which lives as long as the session anyway.
+                std::mem::forget(self.reply);
+                Ok(())
+            }
+            Spliced::NotSent => Err(self),
+        }
     }
 }
 
@@ -236,6 +285,11 @@ impl Filesystem for PackFs {
             size,
             started: Instant::now(),
             reader: req.pid(),
+        };
+        let reply = ClassicRead {
+            reply,
+            unique: req.unique().0,
+            splicer: self.splicer.get().cloned(),
         };
         self.reads.submit(ReadJob { call, reply });
     }

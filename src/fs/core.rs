@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::error::Error;
 use crate::catalog::{Catalog, Entry, EntryId, Kind};
 use crate::source::read_at::Wait;
-use crate::tiers::{FileReader, Member, ReadRequest, Served};
+use crate::tiers::{FileRange, FileReader, Member, ReadRequest, Served};
 
 /// Inode numbers are entry ids + 1 (FUSE's root is 1, the catalog's root is entry 0).
 pub type Ino = u64;
@@ -232,6 +232,30 @@ impl Core {
                     error: err.error,
                 },
             })
+    }
+
+    /// The read of up to `size` bytes at `offset` of file `ino` as a range of an image file, for
+    /// a transport that can splice it (`tiers::FileRange`); `None` when `read` must serve it
+    /// (any error included: `read` meets it again and reports it).
+    pub fn file_range(
+        &self,
+        req: &ReadRequest,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+    ) -> Option<FileRange<'_>> {
+        let (id, e) = self.entry(ino).ok()?;
+        if e.kind() != Kind::File || offset >= e.size || size == 0 {
+            return None;
+        }
+        let len = (e.size - offset).min(size as u64) as usize;
+        let member = Member {
+            entry: id,
+            image: e.image,
+            placement: self.catalog.placement(e).ok()?,
+            size: e.size,
+        };
+        self.files.file_range(req, member, offset, len)
     }
 
     pub fn usage(&self) -> Usage {

@@ -16,7 +16,7 @@ use super::error::{Error, Refused, counts_as_error, guarded};
 use super::requests::{Op, Request, Requests};
 use super::trace::Trace;
 use crate::source::read_at::Wait;
-use crate::tiers::{ReadRequest, Served};
+use crate::tiers::{FileRange, ReadRequest, Served};
 
 /// A read as a transport hands it over: what to read, when it came in (its latency includes any
 /// wait for a worker) and who asked.
@@ -60,6 +60,20 @@ pub trait DataReply: Reply {
         self.data(bytes);
         bytes.len() as u32
     }
+
+    /// Whether this reply may be sent as a range of an image file (`splice`).
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// Answers with the bytes of `range` without copying them through the daemon; gives the
+    /// reply back when it cannot (then it is answered the usual way).
+    fn splice(self, _range: &FileRange<'_>) -> Result<(), Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
 }
 
 /// The answer to STATFS: the figures of `attr::statfs_figures`.
@@ -73,29 +87,57 @@ pub trait DirReply: Reply + Listing {
 }
 
 /// A data reply handed to another thread (the read pool), whichever transport it belongs to.
-pub struct SentData(Box<Answer>);
+pub struct SentData(Box<dyn Pooled>);
 
-/// Sends the bytes, or the errno.
-type Answer = dyn FnOnce(Result<&[u8], i32>) + Send;
+/// `DataReply` for a boxed reply.
+trait Pooled: Send {
+    fn data(self: Box<Self>, bytes: &[u8]);
+    fn error(self: Box<Self>, errno: i32);
+    fn can_splice(&self) -> bool;
+    fn splice(self: Box<Self>, range: &FileRange<'_>) -> Result<(), Box<dyn Pooled>>;
+}
+
+impl<R: DataReply + Send + 'static> Pooled for R {
+    fn data(self: Box<Self>, bytes: &[u8]) {
+        DataReply::data(*self, bytes)
+    }
+
+    fn error(self: Box<Self>, errno: i32) {
+        Reply::error(*self, errno)
+    }
+
+    fn can_splice(&self) -> bool {
+        DataReply::can_splice(self)
+    }
+
+    fn splice(self: Box<Self>, range: &FileRange<'_>) -> Result<(), Box<dyn Pooled>> {
+        DataReply::splice(*self, range).map_err(|r| Box::new(r) as Box<dyn Pooled>)
+    }
+}
 
 impl SentData {
     pub fn new<R: DataReply + Send + 'static>(reply: R) -> SentData {
-        SentData(Box::new(move |answer| match answer {
-            Ok(bytes) => reply.data(bytes),
-            Err(errno) => reply.error(errno),
-        }))
+        SentData(Box::new(reply))
     }
 }
 
 impl Reply for SentData {
     fn error(self, errno: i32) {
-        (self.0)(Err(errno))
+        self.0.error(errno)
     }
 }
 
 impl DataReply for SentData {
     fn data(self, bytes: &[u8]) {
-        (self.0)(Ok(bytes))
+        self.0.data(bytes)
+    }
+
+    fn can_splice(&self) -> bool {
+        self.0.can_splice()
+    }
+
+    fn splice(self, range: &FileRange<'_>) -> Result<(), Self> {
+        self.0.splice(range).map_err(SentData)
     }
 }
 
@@ -258,11 +300,43 @@ impl Dispatch {
         }
     }
 
-    /// Answers a read, assembled in `buf` where it must be.
-    pub fn read(&self, call: ReadCall, buf: &mut Vec<u8>, reply: impl DataReply) {
+    /// Answers a read: spliced from its image file where the reply can be and the bytes lie
+    /// there as they are (`tiers::FileRange`), else assembled in `buf` where it must be.
+    pub fn read<R: DataReply>(&self, call: ReadCall, buf: &mut Vec<u8>, mut reply: R) {
         let req = ReadRequest::new(call.reader, Wait::May);
+        if reply.can_splice() {
+            reply = match self.splice_read(&req, call, reply) {
+                Ok(()) => return,
+                Err(reply) => reply,
+            };
+        }
         let answer = self.core_read(&req, call, buf);
         self.finish_read(&req, call, answer, reply);
+    }
+
+    /// The read spliced, recorded; the reply back if it was not.
+    fn splice_read<R: DataReply>(
+        &self,
+        req: &ReadRequest,
+        call: ReadCall,
+        reply: R,
+    ) -> Result<(), R> {
+        let ReadCall {
+            ino, offset, size, ..
+        } = call;
+        let range = guarded(
+            || format!("read of {size} bytes at {offset} of inode {ino}"),
+            || Ok(self.core.file_range(req, ino, offset, size)),
+        );
+        let Ok(Some(range)) = range else {
+            return Err(reply);
+        };
+        reply.splice(&range)?;
+        let done = Request::new(Op::Read, ino, call.started)
+            .at(offset, size)
+            .served_by(req.tiers());
+        self.observer.done(&done, Ok(range.len() as u32));
+        Ok(())
     }
 
     fn core_read<'b>(

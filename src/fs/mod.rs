@@ -4,7 +4,8 @@
 //! requests and encode replies: `classic` (fuser on /dev/fuse, the only module that knows fuser
 //! besides `session`, which mounts with the `options`) and `ring` (FUSE over io_uring). `reads`
 //! serves file data inline or from a worker pool, so that a slow read on the parallel filesystem
-//! never holds up a lookup; `kernel_readahead` sets the kernel's readahead for the mount (the
+//! never holds up a lookup; `splice` answers the classic loop's reads of stored bytes by splicing
+//! them from the image file into /dev/fuse (no copy in the daemon); `kernel_readahead` sets the kernel's readahead for the mount (the
 //! tiers' own read-ahead is `tiers::read_ahead`); `requests` counts every request and its
 //! latency, `trace` writes each one with `--trace`; `error_log` keeps a flood of failures from
 //! flooding the log.
@@ -22,6 +23,7 @@ mod reads;
 pub mod requests;
 mod ring;
 mod session;
+mod splice;
 pub mod trace;
 
 pub use self::core::{Attr, Core, DirEntry, Ino, Listing, Owner, ROOT_INO};

@@ -17,6 +17,7 @@ use super::dispatch::{Dispatch, Observer};
 use super::options::{FsOptions, SUBTYPE, Transport};
 use super::reads::Reads;
 use super::ring::{self, Rings};
+use super::splice::{self, Splicer};
 use super::{Core, PackFs};
 
 /// A mounted file system whose session runs on background threads.
@@ -24,6 +25,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     /// The transport in use (after any fallback).
     transport: Transport,
+    max_read: Option<u32>,
     ended: Receiver<io::Result<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -76,7 +78,18 @@ pub fn mount(
         SessionACL::Owner
     };
     config.n_threads = Some(opts.request_threads());
+    let splice_limit = (!uring).then(splice::reply_limit).flatten();
+    if let Some(limit) = splice_limit.filter(|&l| l < splice::LARGEST_READ) {
+        // READs a pipe can carry whole (`splice`).
+        config
+            .mount_options
+            .push(MountOption::CUSTOM(format!("max_read={limit}")));
+    }
+    let splicer = fs.splicer_slot();
     let session = Session::new(fs, mountpoint, &config)?;
+    if splice_limit.is_some() {
+        let _ = splicer.set(Arc::new(Splicer::new(session.as_fd())?));
+    }
     // The rings' own descriptor of the connection: fuser closes its own when its loop ends,
     // and a number the rings still used could by then name another file.
     let ring_fd = match uring {
@@ -104,6 +117,7 @@ pub fn mount(
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
         transport,
+        max_read: splice_limit.filter(|&l| l < splice::LARGEST_READ),
         ended,
         thread: Some(thread),
     })
@@ -150,6 +164,11 @@ impl Mounted {
 
     pub fn transport(&self) -> Transport {
         self.transport
+    }
+
+    /// The largest READ the kernel was asked to send, if capped (`splice`).
+    pub fn max_read(&self) -> Option<u32> {
+        self.max_read
     }
 
     /// Waits for the session to end (after an unmount), at most `timeout`. `None` if it has not.

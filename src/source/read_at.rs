@@ -87,6 +87,13 @@ pub trait ReadAt: Send + Sync {
     /// Hints that `len` bytes at `offset` will be read soon; the default does nothing.
     fn will_need(&self, _offset: u64, _len: u64) {}
 
+    /// The descriptor of a plain file whose bytes at an offset are the image's at that offset,
+    /// for replies spliced from it (`tiers::Extent`); `None` for anything else (memory, stores,
+    /// wrappers that change or count what is read).
+    fn file_descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// What the store says of the object now (size and modification time), to notice it being
     /// rewritten under a mount; `None` when it cannot tell (memory, test wrappers).
     fn current(&self) -> Option<io::Result<Stamp>> {
@@ -239,6 +246,10 @@ impl ReadAt for File {
             mtime: m.mtime(),
             mtime_nsec: m.mtime_nsec() as u32,
         }))
+    }
+
+    fn file_descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self))
     }
 
     fn will_need(&self, offset: u64, len: u64) {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::chunks::Fetch;
+use super::file_range::FileRange;
 use super::images::Images;
 use super::ram_cache::{Decoded, Room};
 use super::request::{ReadRequest, Tiers};
@@ -212,14 +213,7 @@ impl FileReader {
             placement,
             size,
         } = file;
-        if let Some(hints) = self.hints.get() {
-            if hints(req.reader(), file) {
-                req.set_listed();
-            }
-            if !self.served.get(file) {
-                self.served.set(file);
-            }
-        }
+        self.note_read(req, file, size);
         // Bytes of `buf` that hold this read. The buffer keeps its length between reads and is
         // only overwritten: clearing it first (resize with zeros) was 10% of the daemon's CPU
         // in an epoch on the simulated parallel file system (docs/benchmarks.md).
@@ -273,6 +267,54 @@ impl FileReader {
             }
         }
         Ok(Served::Buffer(&buf[..filled]))
+    }
+
+    /// Tells the lookahead of a read of catalog entry `file`, and remembers it was served.
+    fn note_read(&self, req: &ReadRequest, file: u32, size: u64) {
+        req.set_file(file, size);
+        if let Some(hints) = self.hints.get() {
+            if hints(req.reader(), file) {
+                req.set_listed();
+            }
+            if !self.served.get(file) {
+                self.served.set(file);
+            }
+        }
+    }
+
+    /// The read of `len` bytes at `offset` of `file` as a range of an image file, when its
+    /// bytes lie stored in one piece, need no check on the way (a CRC-32 over the bytes read)
+    /// and would be read straight from the source (`Images::file_range`); `None` when `read`
+    /// must serve it.
+    pub fn file_range(
+        &self,
+        req: &ReadRequest,
+        file: Member<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Option<FileRange<'_>> {
+        let mut pieces = file.placement.plan(file.size, offset, len);
+        let (Some(Ok(Piece::Stored { at, len: n, crc })), None) = (pieces.next(), pieces.next())
+        else {
+            return None;
+        };
+        if n != len {
+            return None;
+        }
+        if let Some(member) = crc {
+            let whole = member.at == at && member.len == n as u64;
+            // Found sound before; or a part of a file too large to check in parts
+            // (`check_whole`). A read of a whole file not yet checked is checked by `read`.
+            let sound = match self.checked.get(file.entry) {
+                true => !self.failed.get(file.entry),
+                false => !whole && member.len > CHECK_LIMIT,
+            };
+            if !sound {
+                return None;
+            }
+        }
+        self.note_read(req, file.entry, file.size);
+        self.images.file_range(req, file.image, at, n)
     }
 
     /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon

@@ -13,6 +13,7 @@ use super::OpenedImages;
 use super::budget::MemoryBudget;
 use super::budget::Permit;
 use super::chunks::{Chunks, Fetch, Plan};
+use super::file_range::{CountSpliced, FileRange};
 use super::ram_cache::{CHUNK_TAG, Held, RamCache, RamStats};
 use super::request::{ReadRequest, Tiers};
 use super::stage::Stage;
@@ -32,6 +33,9 @@ pub struct TierStats {
     pub streamed_bytes: u64,
     pub staged_bytes: u64,
     pub source_bytes: u64,
+    /// Of `source_bytes`, those spliced into the kernel from the image file, without a copy in
+    /// the daemon (`FileRange`).
+    pub spliced_bytes: u64,
     /// Bytes served from the lookahead's window (fetched ahead on a sampler's word).
     pub ahead_bytes: u64,
     /// Time readers spent waiting on storage: their own reads of the source and chunks, and
@@ -65,6 +69,7 @@ pub struct Images {
     staged_bytes: AtomicU64,
     source_bytes: AtomicU64,
     ahead_bytes: AtomicU64,
+    spliced_bytes: AtomicU64,
     storage_wait_ns: AtomicU64,
 }
 
@@ -109,6 +114,7 @@ impl Images {
             staged_bytes: AtomicU64::new(0),
             source_bytes: AtomicU64::new(0),
             ahead_bytes: AtomicU64::new(0),
+            spliced_bytes: AtomicU64::new(0),
             storage_wait_ns: AtomicU64::new(0),
         }
     }
@@ -193,6 +199,7 @@ impl Images {
             staged_bytes: self.staged_bytes.load(Ordering::Relaxed),
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
             ahead_bytes: self.ahead_bytes.load(Ordering::Relaxed),
+            spliced_bytes: self.spliced_bytes.load(Ordering::Relaxed),
             storage_wait_ns: self.storage_wait_ns.load(Ordering::Relaxed),
         }
     }
@@ -331,6 +338,31 @@ impl Images {
         Ok(true)
     }
 
+    /// `len` bytes at `offset` of `image` as a range of its file, when this read would go
+    /// straight to the source and the source is a plain file (`FileRange`); `None` when the
+    /// bytes are to be read otherwise (`read_exact_at`).
+    pub fn file_range(
+        &self,
+        req: &ReadRequest,
+        image: u32,
+        offset: u64,
+        len: usize,
+    ) -> Option<FileRange<'_>> {
+        let (image, offset) = self.source.resolve(image, offset);
+        if self.window.holds(image, offset, len as u64) {
+            return None;
+        }
+        let plan = self
+            .chunks
+            .plan(req, image, offset, len as u64, Fetch::Chunks);
+        if !plan.straight_to_source() {
+            return None;
+        }
+        let file = self.source.file_descriptor(image)?;
+        req.served_by(Tiers::SOURCE);
+        Some(FileRange::new(self, image, file, offset, len))
+    }
+
     /// Counts a reader's wait on storage.
     fn waited(&self, took: std::time::Duration) {
         self.storage_wait_ns
@@ -353,6 +385,16 @@ impl Images {
         self.source_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl CountSpliced for Images {
+    /// Counts a `FileRange` moved to the kernel, as `read_source` counts a read.
+    fn count_spliced(&self, image: u32, len: usize, took: std::time::Duration) {
+        self.waited(took);
+        self.source.count_spliced(image, len as u64);
+        self.source_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.spliced_bytes.fetch_add(len as u64, Ordering::Relaxed);
     }
 }
 

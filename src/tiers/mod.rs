@@ -9,6 +9,7 @@ pub mod chunks;
 /// Test-only: compiled for the tests (`testing` feature), never into a release build.
 #[cfg(any(test, feature = "testing"))]
 pub mod faults;
+mod file_range;
 mod file_reader;
 mod images;
 pub mod lookahead;
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use chunks::Fetch;
+pub use file_range::FileRange;
 pub use file_reader::{FileReader, Member, ReadError, Served};
 pub use images::{Images, TierStats};
 pub use opened::{OpenedImage, OpenedImages, SameBytes, SourceError, SourceStats};

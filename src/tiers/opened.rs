@@ -299,6 +299,27 @@ impl OpenedImages {
         read
     }
 
+    /// The plain file behind `image`, to splice a read from (`tiers::Extent`): none for an image
+    /// seen changed (its reads fail), or one that is not a plain file.
+    pub fn file_descriptor(&self, image: u32) -> Option<std::os::fd::BorrowedFd<'_>> {
+        if self.has_changed(image) {
+            return None;
+        }
+        self.data(image).ok()?.file_descriptor()
+    }
+
+    /// Counts a read of `len` bytes of `image` that was spliced rather than read through
+    /// `read_exact_at`, as that read would have been counted.
+    pub fn count_spliced(&self, image: u32, len: u64) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len, Ordering::Relaxed);
+        if let Some(flag) = self.read_since_check.get(image as usize)
+            && !flag.load(Ordering::Relaxed)
+        {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
     fn has_changed(&self, image: u32) -> bool {
         self.changed
             .get(image as usize)

@@ -3,7 +3,7 @@
 //! which tiers served it. Built once by the caller (the file system's dispatcher, a command) and
 //! passed down by reference to the source: nothing about a read travels beside its arguments.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use crate::source::read_at::Wait;
 
@@ -48,7 +48,12 @@ pub struct ReadRequest {
     /// A sampler listed the file read (`lookahead`): it fetches what comes next, so the read is
     /// not taken for a walk in order (whose chunks and read-ahead would fetch it a second time).
     listed: std::sync::atomic::AtomicBool,
+    /// The catalog entry read, once known (`NO_FILE` before), and its size.
+    file: std::sync::atomic::AtomicU32,
+    file_size: AtomicU64,
 }
+
+const NO_FILE: u32 = u32::MAX;
 
 impl ReadRequest {
     pub fn new(reader: u32, wait: Wait) -> ReadRequest {
@@ -57,6 +62,8 @@ impl ReadRequest {
             wait,
             served: AtomicU8::new(0),
             listed: std::sync::atomic::AtomicBool::new(false),
+            file: std::sync::atomic::AtomicU32::new(NO_FILE),
+            file_size: AtomicU64::new(0),
         }
     }
 
@@ -81,6 +88,22 @@ impl ReadRequest {
 
     pub fn listed(&self) -> bool {
         self.listed.load(Ordering::Relaxed)
+    }
+
+    /// Notes which catalog entry is read, and its size.
+    pub fn set_file(&self, file: u32, size: u64) {
+        self.file_size.store(size, Ordering::Relaxed);
+        self.file.store(file, Ordering::Relaxed);
+    }
+
+    /// The catalog entry read, if known.
+    pub fn file(&self) -> Option<u32> {
+        Some(self.file.load(Ordering::Relaxed)).filter(|&f| f != NO_FILE)
+    }
+
+    /// The size of the file read, if known.
+    pub fn file_size(&self) -> Option<u64> {
+        self.file().map(|_| self.file_size.load(Ordering::Relaxed))
     }
 
     /// Notes that `tier` served some of the bytes.

@@ -195,6 +195,11 @@ impl Window {
         }
     }
 
+    /// Whether an extent holds or fetches any of these bytes (such a read is served from it).
+    pub fn holds(&self, image: u32, offset: u64, len: u64) -> bool {
+        self.count.load(Ordering::Acquire) != 0 && self.lock().holding(image, offset, len).is_some()
+    }
+
     /// Counts `len` bytes as held before their fetch is announced: the fetches handed out at once
     /// must not take more than the window between them.
     pub fn reserve(&self, len: u64) {

@@ -525,3 +525,23 @@ pub fn text(seed: u64, len: usize) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// The mount's counters once the daemon has rewritten them after this call (every second).
+pub fn counters(mnt: &Path) -> serde_json::Value {
+    let read = || -> serde_json::Value {
+        let out = run(packfs().args(["status", "--json"]).arg(mnt));
+        let all: serde_json::Value = serde_json::from_str(&out).unwrap();
+        all[0]["counters"].clone()
+    };
+    let before = read()["uptime_s"].as_f64().unwrap_or(0.0);
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = read();
+        if now["uptime_s"].as_f64().unwrap_or(0.0) > before + 0.5
+            || start.elapsed() > Duration::from_secs(5)
+        {
+            return now;
+        }
+    }
+}

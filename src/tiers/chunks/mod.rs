@@ -95,7 +95,9 @@ impl Chunks {
     /// How `req`'s read of `len` bytes at `offset` of `image` fetches what it misses.
     pub fn plan(&self, req: &ReadRequest, image: u32, offset: u64, len: u64, fetch: Fetch) -> Plan {
         let stage = self.fetcher.stage.as_deref();
-        self.policy.plan(stage, req, image, offset, len, fetch)
+        let chunk_or_more = req.file_size().is_some_and(|s| s >= self.chunk_size());
+        self.policy
+            .plan(stage, req, image, offset, len, fetch, chunk_or_more)
     }
 
     /// Chunk `i` of `image` for `req`, and whether this call read it from the source; `None`

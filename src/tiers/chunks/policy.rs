@@ -140,7 +140,9 @@ impl Policy {
         }
     }
 
-    /// The plan for `req`'s read of `len` bytes at `offset` of `image`, which asks for `fetch`.
+    /// The plan for `req`'s read of `len` bytes at `offset` of `image`, which asks for `fetch`;
+    /// `chunk_or_more`: the file read is at least a chunk long.
+    #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &self,
         stage: Option<&Stage>,
@@ -149,6 +151,7 @@ impl Policy {
         offset: u64,
         len: u64,
         fetch: Fetch,
+        chunk_or_more: bool,
     ) -> Plan {
         // Chunks are fetched whole so the stager can keep them. Where it will not (an image of
         // another node's share; staging stopped: budget reached, directory full), a whole chunk
@@ -161,12 +164,19 @@ impl Policy {
         // A reader walking the image in order across files reads it in chunks (and so with
         // read-ahead): one request per chunk, not one per file (`streams`).
         // A read of a sample a sampler listed is not: the lookahead fetches what comes next.
+        // Nor is a read of a file of a chunk or more: its own reads are as large as the kernel
+        // makes them, and the source's readahead (the page cache's, the client's of a parallel
+        // file system) runs ahead of them; chunks only copied each byte twice more, so a cold
+        // walk of 64 MB files ran at 0.36-0.55x native files (docs/benchmarks/large.md).
         let streaming = wants_chunks
             && self.holds_chunks
             && !self.every_image
             && !staging
             && !req.listed()
-            && self.streams.note(req.reader(), image, offset, len);
+            && !chunk_or_more
+            && self
+                .streams
+                .note_of(req.reader(), image, offset, len, req.file());
         Plan {
             kept,
             staging,
