@@ -448,3 +448,20 @@ fn a_mount_without_lookahead_has_no_hints_socket() {
     let sock = packfs::daemon::hints::socket_path(&packfs::daemon::mounts::absolute(&mnt).unwrap());
     assert!(!sock.exists());
 }
+
+/// A daemon killed with SIGKILL cannot remove its socket; `packfs umount` of its mount does, as it
+/// removes the stats file (tests left one socket per killed daemon in /run/packfs).
+#[test]
+fn a_killed_daemons_socket_goes_with_its_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, tar, _) = dataset(dir.path(), 20, 9);
+    let mnt = dir.path().join("mnt");
+    let m = Mount::new(&[&tar], &mnt, &[]);
+    let sock = socket_of(&mnt);
+    assert!(sock.exists());
+    unsafe { libc::kill(m.pid, libc::SIGKILL) };
+    assert!(m.wait_daemon_exit(Duration::from_secs(10)));
+    assert!(sock.exists(), "a killed daemon removes nothing");
+    assert_ok(&packfs().arg("umount").arg(&mnt).output().unwrap());
+    assert!(!sock.exists(), "{} left behind", sock.display());
+}

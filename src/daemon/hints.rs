@@ -161,6 +161,12 @@ impl Drop for HintsSocket {
     }
 }
 
+/// Removes the socket a daemon that died left for `mountpoint`, as its stats file is removed at
+/// unmount (`stats::remove_if_orphaned`): one a daemon listens on, or anything not a socket, stays.
+pub fn remove_if_orphaned(mountpoint: &Path) {
+    let _ = clear_stale(&socket_path(mountpoint));
+}
+
 /// Removes a socket a dead daemon left at `path`; anything else there is refused.
 fn clear_stale(path: &Path) -> Result<(), HintsError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};

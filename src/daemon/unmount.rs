@@ -65,7 +65,8 @@ pub enum UnmountError {
 
 /// Unmounts the packfs mount at `path` (any FUSE mount with `any_fuse`). A busy mount is detached
 /// (lazily unmounted) rather than left behind; `lazy` detaches without trying a plain unmount
-/// first. Other mounts are refused. A stats file left by a daemon that died is removed.
+/// first. Other mounts are refused. The stats file and hints socket a daemon that died left are
+/// removed.
 pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, UnmountError> {
     let abs = checked_mount(path, any_fuse)?;
     let done = if nix::unistd::geteuid().is_root() {
@@ -74,6 +75,7 @@ pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, Unm
         unmount_with_fusermount(&abs, lazy)
     }?;
     super::stats::remove_if_orphaned(&abs);
+    super::hints::remove_if_orphaned(&abs);
     Ok(done)
 }
 

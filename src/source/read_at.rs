@@ -88,7 +88,7 @@ pub trait ReadAt: Send + Sync {
     fn will_need(&self, _offset: u64, _len: u64) {}
 
     /// The descriptor of a plain file whose bytes at an offset are the image's at that offset,
-    /// for replies spliced from it (`tiers::Extent`); `None` for anything else (memory, stores,
+    /// for replies spliced from it (`tiers::FileRange`); `None` for anything else (memory, stores,
     /// wrappers that change or count what is read).
     fn file_descriptor(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
@@ -226,6 +226,34 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<File> {
         io::ErrorKind::InvalidInput,
         format!("{what}, not a regular file: give tar, zip or squashfs image files or an index"),
     ))
+}
+
+/// Whether the file behind `fd` is on a local disk or in memory (ext4, XFS, btrfs, F2FS, ZFS,
+/// bcachefs, tmpfs, an overlay of them), where splicing from it reads its page cache as `pread`
+/// does. On a parallel or network file system it is not spliced: from a FUSE client (the
+/// simulated PFS) a 300 kB sample spliced cost 2.6 reads of the file system instead of one.
+pub fn on_local_disk(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    const LOCAL: [i64; 8] = [
+        0xEF53,     // ext2/3/4
+        0x58465342, // XFS
+        0x9123683E, // btrfs
+        0xF2F52010, // F2FS
+        0x2FC12FC1, // ZFS
+        0xCA451A4E, // bcachefs
+        0x01021994, // tmpfs
+        0x794C7630, // overlayfs
+    ];
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: fstatfs writes a `statfs` into memory sized for one; `fd` is open (borrowed).
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded and filled it.
+    // f_type is a `long` on glibc, narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    let kind = unsafe { st.assume_init() }.f_type as i64;
+    LOCAL.contains(&kind)
 }
 
 impl ReadAt for File {

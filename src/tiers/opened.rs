@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::catalog::ImageInfo;
 use crate::source::ImageLocation;
 use crate::source::fingerprint::stamp_differences;
-use crate::source::read_at::{ReadAt, Stamp, Wait};
+use crate::source::read_at::{ReadAt, Stamp, Wait, on_local_disk};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -45,6 +45,8 @@ pub struct OpenedImages {
     /// where it starts there (`catalog::outermost`, once at open). Reads of it are reads of that
     /// image (`resolve`), so they are cached, staged and watched as its.
     within: Vec<Option<(u32, u64)>>,
+    /// Images that are plain files on a local disk, to splice reads from (`on_local_disk`).
+    spliceable: Vec<bool>,
     /// Each image's stamp when opened, and whether it has been seen changed since.
     stamps: Vec<Option<Stamp>>,
     changed: Vec<AtomicBool>,
@@ -201,10 +203,15 @@ impl OpenedImages {
 
     /// A source whose images had these stamps when opened (checked for changes from then on).
     fn with_stamps(images: Vec<OpenedImage>, stamps: Vec<Option<Stamp>>) -> OpenedImages {
+        let spliceable = images
+            .iter()
+            .map(|i| i.data.file_descriptor().is_some_and(on_local_disk))
+            .collect();
         let changed = images.iter().map(|_| AtomicBool::new(false)).collect();
         let read_since_check = images.iter().map(|_| AtomicBool::new(false)).collect();
         OpenedImages {
             within: vec![None; images.len()],
+            spliceable,
             images,
             stamps,
             changed,
@@ -299,10 +306,10 @@ impl OpenedImages {
         read
     }
 
-    /// The plain file behind `image`, to splice a read from (`tiers::Extent`): none for an image
-    /// seen changed (its reads fail), or one that is not a plain file.
+    /// The plain file behind `image`, to splice a read from (`tiers::FileRange`): none for an
+    /// image seen changed (its reads fail), or one that is not a plain file on a local disk.
     pub fn file_descriptor(&self, image: u32) -> Option<std::os::fd::BorrowedFd<'_>> {
-        if self.has_changed(image) {
+        if self.has_changed(image) || !self.spliceable.get(image as usize).copied()? {
             return None;
         }
         self.data(image).ok()?.file_descriptor()

@@ -95,7 +95,10 @@ impl Chunks {
     /// How `req`'s read of `len` bytes at `offset` of `image` fetches what it misses.
     pub fn plan(&self, req: &ReadRequest, image: u32, offset: u64, len: u64, fetch: Fetch) -> Plan {
         let stage = self.fetcher.stage.as_deref();
-        let chunk_or_more = req.file_size().is_some_and(|s| s >= self.chunk_size());
+        // A file of a chunk or more on a local disk is spliced instead (`policy`). On a parallel
+        // file system the chunks' read-ahead keeps requests in flight, as before.
+        let chunk_or_more = req.file_size().is_some_and(|s| s >= self.chunk_size())
+            && self.fetcher.source.file_descriptor(image).is_some();
         self.policy
             .plan(stage, req, image, offset, len, fetch, chunk_or_more)
     }

@@ -141,7 +141,7 @@ impl Policy {
     }
 
     /// The plan for `req`'s read of `len` bytes at `offset` of `image`, which asks for `fetch`;
-    /// `chunk_or_more`: the file read is at least a chunk long.
+    /// `chunk_or_more`: the file read is at least a chunk long, in an image on a local disk.
     #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &self,
@@ -164,10 +164,10 @@ impl Policy {
         // A reader walking the image in order across files reads it in chunks (and so with
         // read-ahead): one request per chunk, not one per file (`streams`).
         // A read of a sample a sampler listed is not: the lookahead fetches what comes next.
-        // Nor is a read of a file of a chunk or more: its own reads are as large as the kernel
-        // makes them, and the source's readahead (the page cache's, the client's of a parallel
-        // file system) runs ahead of them; chunks only copied each byte twice more, so a cold
-        // walk of 64 MB files ran at 0.36-0.55x native files (docs/benchmarks/large.md).
+        // Nor is a read of a file of a chunk or more in an image on a local disk: its own reads
+        // are as large as the kernel makes them, the page cache's readahead runs ahead of them,
+        // and they are spliced; chunks only copied each byte twice more, so a cold walk of 64 MB
+        // files ran at 0.36-0.55x native files (docs/benchmarks/large.md).
         let streaming = wants_chunks
             && self.holds_chunks
             && !self.every_image
