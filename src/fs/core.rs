@@ -203,30 +203,17 @@ impl Core {
         size: u32,
         buf: &'b mut Vec<u8>,
     ) -> Result<Served<'b>, Error> {
-        let (id, e) = self.entry(ino)?;
-        match e.kind() {
-            Kind::File => {}
-            Kind::Dir => return Err(Error::IsDir),
-            Kind::Symlink => return Err(Error::NotFile),
-        }
-        if offset >= e.size || size == 0 {
+        let Some((member, len)) = self.member_at(ino, offset, size)? else {
             return Ok(Served::Buffer(&[]));
-        }
-        let len = (e.size - offset).min(size as u64) as usize;
-        let member = Member {
-            entry: id,
-            image: e.image,
-            placement: self.catalog.placement(e)?,
-            size: e.size,
         };
         self.files
             .read(req, member, offset, len, buf)
             .map_err(|err| match err.error.kind() {
                 io::ErrorKind::WouldBlock if req.wait() == Wait::Never => Error::WouldWait,
                 _ => Error::Io {
-                    image: self.files.images().source().image_path(e.image),
+                    image: self.files.images().source().image_path(member.image),
                     offset: err.image_offset,
-                    path: self.catalog.path_of(id),
+                    path: self.catalog.path_of(member.entry),
                     file_offset: offset,
                     len,
                     error: err.error,
@@ -244,18 +231,35 @@ impl Core {
         offset: u64,
         size: u32,
     ) -> Option<FileRange<'_>> {
-        let (id, e) = self.entry(ino).ok()?;
-        if e.kind() != Kind::File || offset >= e.size || size == 0 {
-            return None;
+        let (member, len) = self.member_at(ino, offset, size).ok()??;
+        self.files.file_range(req, member, offset, len)
+    }
+
+    /// File `ino` and how many of its bytes a read of `size` at `offset` covers; `None` when it
+    /// covers none (at or past its end).
+    fn member_at(
+        &self,
+        ino: Ino,
+        offset: u64,
+        size: u32,
+    ) -> Result<Option<(Member<'_>, usize)>, Error> {
+        let (id, e) = self.entry(ino)?;
+        match e.kind() {
+            Kind::File => {}
+            Kind::Dir => return Err(Error::IsDir),
+            Kind::Symlink => return Err(Error::NotFile),
+        }
+        if offset >= e.size || size == 0 {
+            return Ok(None);
         }
         let len = (e.size - offset).min(size as u64) as usize;
         let member = Member {
             entry: id,
             image: e.image,
-            placement: self.catalog.placement(e).ok()?,
+            placement: self.catalog.placement(e)?,
             size: e.size,
         };
-        self.files.file_range(req, member, offset, len)
+        Ok(Some((member, len)))
     }
 
     pub fn usage(&self) -> Usage {

@@ -79,7 +79,8 @@ pub fn mount(
     };
     config.n_threads = Some(opts.request_threads());
     let splice_limit = (!uring).then(splice::reply_limit).flatten();
-    if let Some(limit) = splice_limit.filter(|&l| l < splice::LARGEST_READ) {
+    let max_read = splice_limit.filter(|&l| l < splice::LARGEST_READ);
+    if let Some(limit) = max_read {
         // READs a pipe can carry whole (`splice`).
         config
             .mount_options
@@ -117,7 +118,7 @@ pub fn mount(
     Ok(Mounted {
         mountpoint: mountpoint.to_path_buf(),
         transport,
-        max_read: splice_limit.filter(|&l| l < splice::LARGEST_READ),
+        max_read,
         ended,
         thread: Some(thread),
     })

@@ -313,8 +313,9 @@ impl FileReader {
                 return None;
             }
         }
-        self.note_read(req, file.entry, file.size);
-        self.images.file_range(req, file.image, at, n)
+        self.images.file_range(req, file.image, at, n, || {
+            self.note_read(req, file.entry, file.size)
+        })
     }
 
     /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon
@@ -422,4 +423,67 @@ fn room(buf: &mut Vec<u8>, at: usize, n: usize) -> &mut [u8] {
         buf.resize(at + n, 0);
     }
     &mut buf[at..at + n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::placement::Placement;
+    use crate::source::read_at::{Wait, on_local_disk};
+    use crate::tiers::{OpenedImage, OpenedImages};
+    use std::sync::atomic::AtomicUsize;
+
+    /// A reader of one image holding `data` (through `file` if given), and how many reads it
+    /// heard of.
+    fn reader(data: Arc<dyn ReadAt>, size: u64) -> (FileReader, Arc<AtomicUsize>) {
+        let source = Arc::new(OpenedImages::new(vec![OpenedImage {
+            path: "image.tar".into(),
+            data,
+            size,
+        }]));
+        let images = Arc::new(Images::new(source, 16 << 20, 1 << 20, false, None));
+        let files = FileReader::new(images, 1);
+        let heard = Arc::new(AtomicUsize::new(0));
+        let count = heard.clone();
+        files.hear_reads(Box::new(move |_, _| {
+            count.fetch_add(1, Ordering::Relaxed);
+            false
+        }));
+        (files, heard)
+    }
+
+    fn member(size: u64) -> Member<'static> {
+        Member {
+            entry: 0,
+            image: 0,
+            placement: Placement::Stored { at: 512, crc: None },
+            size,
+        }
+    }
+
+    /// Asking whether a read can be spliced tells nobody of the read unless it will be: on an
+    /// image that is not a plain file on a local disk (memory here, a parallel file system or a
+    /// store in use), `read` then notes it, and a second note moved the lookahead's heads and
+    /// the walk detector twice per read.
+    #[test]
+    fn a_read_that_cannot_be_spliced_is_not_noted_by_asking() {
+        let (files, heard) = reader(Arc::new(vec![7u8; 4096]), 4096);
+        let req = ReadRequest::new(1, Wait::May);
+        assert!(files.file_range(&req, member(1000), 0, 1000).is_none());
+        assert_eq!(heard.load(Ordering::Relaxed), 0);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image.tar");
+        std::fs::write(&path, vec![7u8; 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let local = on_local_disk(std::os::fd::AsFd::as_fd(&file));
+        let (files, heard) = reader(Arc::new(file), 4096);
+        let range = files.file_range(&req, member(1000), 0, 1000);
+        assert_eq!(
+            range.is_some(),
+            local,
+            "a plain file on a local disk is spliced"
+        );
+        assert_eq!(heard.load(Ordering::Relaxed), usize::from(local));
+    }
 }

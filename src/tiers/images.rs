@@ -341,24 +341,31 @@ impl Images {
     /// `len` bytes at `offset` of `image` as a range of its file, when this read would go
     /// straight to the source and the source is a plain file (`FileRange`); `None` when the
     /// bytes are to be read otherwise (`read_exact_at`).
+    ///
+    /// The checks that change nothing come first; `noted` (the read told to whoever hears of
+    /// reads) is called only once they pass, before the plan, which weighs what it was told. A
+    /// read that is not spliced is noted and planned again by `read_exact_at`: on a parallel
+    /// file system, every read was.
     pub fn file_range(
         &self,
         req: &ReadRequest,
         image: u32,
         offset: u64,
         len: usize,
+        noted: impl FnOnce(),
     ) -> Option<FileRange<'_>> {
         let (image, offset) = self.source.resolve(image, offset);
+        let file = self.source.file_descriptor(image)?;
         if self.window.holds(image, offset, len as u64) {
             return None;
         }
+        noted();
         let plan = self
             .chunks
             .plan(req, image, offset, len as u64, Fetch::Chunks);
         if !plan.straight_to_source() {
             return None;
         }
-        let file = self.source.file_descriptor(image)?;
         req.served_by(Tiers::SOURCE);
         Some(FileRange::new(self, image, file, offset, len))
     }
