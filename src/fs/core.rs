@@ -262,6 +262,19 @@ impl Core {
         Ok(Some((member, len)))
     }
 
+    /// Whether some read of this mount may be spliced (`tiers::Images::may_splice`): some image
+    /// holds its members' bytes as they are, not in a compressed stream (theirs or the image's
+    /// around them). Only then are READs made small enough for a pipe (`fs::splice`): the extra
+    /// READ that splits each 1 MiB sample otherwise only costs memory and requests.
+    pub fn may_splice(&self) -> bool {
+        let images = self.catalog.images();
+        let stored = |i: usize| images.get(i).is_some_and(|info| info.stream.is_none());
+        (0..images.len()).any(|i| {
+            let (outer, _) = crate::catalog::outermost(images, i as u32, 0);
+            stored(i) && stored(outer as usize) && self.files.images().may_splice(i as u32)
+        })
+    }
+
     pub fn usage(&self) -> Usage {
         Usage {
             bytes: self.catalog.file_bytes(),

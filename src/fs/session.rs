@@ -11,7 +11,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 
 use std::os::fd::AsFd;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::dispatch::{Dispatch, Observer};
 use super::options::{FsOptions, SUBTYPE, Transport};
@@ -48,6 +48,11 @@ pub fn mount(
             }
         };
     let (inited, init_done) = crossbeam_channel::bounded(1);
+    // Splicing needs READs a pipe carries whole; a mount that never splices keeps 1 MiB ones.
+    let may_splice = !uring && core.may_splice();
+    if !uring && !may_splice {
+        debug!("no image's bytes can be spliced (compressed, staged, or not on a local disk)");
+    }
     let dispatch = Arc::new(Dispatch::new(core, observer));
     let reads = Arc::new(Reads::start(
         opts.request_threads(),
@@ -78,7 +83,7 @@ pub fn mount(
         SessionACL::Owner
     };
     config.n_threads = Some(opts.request_threads());
-    let splice_limit = (!uring).then(splice::reply_limit).flatten();
+    let splice_limit = may_splice.then(splice::reply_limit).flatten();
     let max_read = splice_limit.filter(|&l| l < splice::LARGEST_READ);
     if let Some(limit) = max_read {
         // READs a pipe can carry whole (`splice`).

@@ -338,6 +338,15 @@ impl Images {
         Ok(true)
     }
 
+    /// Whether reads of `image` may be spliced from its file (`file_range`): it lies in a plain
+    /// file on a local disk (itself or the image around it), and no stage keeps it (staged
+    /// chunks are read from the stage).
+    pub fn may_splice(&self, image: u32) -> bool {
+        let (image, _) = self.source.resolve(image, 0);
+        self.source.file_descriptor(image).is_some()
+            && !self.stage.as_ref().is_some_and(|s| s.keeps(image))
+    }
+
     /// `len` bytes at `offset` of `image` as a range of its file, when this read would go
     /// straight to the source and the source is a plain file (`FileRange`); `None` when the
     /// bytes are to be read otherwise (`read_exact_at`).
