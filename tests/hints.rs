@@ -465,3 +465,23 @@ fn a_killed_daemons_socket_goes_with_its_mount() {
     assert_ok(&packfs().arg("umount").arg(&mnt).output().unwrap());
     assert!(!sock.exists(), "{} left behind", sock.display());
 }
+
+/// A daemon whose socket file was removed while it served (its runtime directory cleaned, as a
+/// test or a tmp cleaner does) still exits after its unmount: it woke its accepting thread by
+/// connecting to the path, found nothing there, and waited forever (a CI run left one daemon
+/// of tests/unprivileged.rs behind).
+#[test]
+fn a_daemon_whose_socket_was_removed_exits_after_its_unmount() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, tar, _) = dataset(dir.path(), 20, 10);
+    let mnt = dir.path().join("mnt");
+    let m = Mount::new(&[&tar], &mnt, &[]);
+    let sock = socket_of(&mnt);
+    std::fs::remove_file(&sock).unwrap();
+    assert_ok(&packfs().arg("umount").arg(&mnt).output().unwrap());
+    let exited = m.wait_daemon_exit(Duration::from_secs(10));
+    if !exited {
+        unsafe { libc::kill(m.pid, libc::SIGKILL) };
+    }
+    assert!(exited, "the daemon still runs 10 s after its unmount");
+}

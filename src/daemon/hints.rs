@@ -65,6 +65,8 @@ pub fn socket_beside(stats_file: &Path) -> PathBuf {
 /// The listening socket; removed when dropped.
 pub struct HintsSocket {
     path: PathBuf,
+    /// The listening socket, shut down to wake the accepting thread when dropped.
+    listening: UnixListener,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -127,6 +129,10 @@ impl HintsSocket {
             connections: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
         });
+        let listening = listener.try_clone().map_err(|error| HintsError::Bind {
+            path: path.clone(),
+            error,
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -139,6 +145,7 @@ impl HintsSocket {
         info!("hints are heard at {}", path.display());
         Ok(HintsSocket {
             path,
+            listening,
             stop,
             thread: Some(thread),
         })
@@ -152,8 +159,11 @@ impl HintsSocket {
 impl Drop for HintsSocket {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wakes the accepting thread.
-        let _ = UnixStream::connect(&self.path);
+        // Wakes the accepting thread (accept fails with EINVAL). Not by connecting to the path:
+        // with the socket file removed under it (the runtime directory cleaned, say) the
+        // connection went nowhere and the daemon never exited after its unmount.
+        // SAFETY: shutdown of a socket this value owns (a duplicate of the listener).
+        unsafe { libc::shutdown(self.listening.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
