@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -484,4 +485,63 @@ fn a_daemon_whose_socket_was_removed_exits_after_its_unmount() {
         unsafe { libc::kill(m.pid, libc::SIGKILL) };
     }
     assert!(exited, "the daemon still runs 10 s after its unmount");
+}
+
+/// Senders that stop in the middle of a list (a sampler under SIGSTOP or a debugger, or a user
+/// doing it on purpose) hold only what they had: 40 of them on a `.tar.gz` mounted with
+/// `--cache-size 16M` (each took 1 MiB of the budget at its first path, and readers queued
+/// behind them: no read in 130 s) and every sample is still read, right, by 4 readers. A sender
+/// stalled mid-message is cut off after 10 s; one quiet between messages is not.
+#[test]
+fn stalled_hint_senders_never_stall_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tar, order) = dataset(dir.path(), 300, 11);
+    let gz = dir.path().join("d.tar.gz");
+    run(Command::new("gzip").arg("-k").arg("-9").arg(&tar));
+    fs::rename(tar.with_extension("tar.gz"), &gz).unwrap();
+    let mnt = dir.path().join("mnt");
+    let _m = Mount::new(&[&gz], &mnt, &["--cache-size", "16M"]);
+    let socket = socket_of(&mnt);
+    let stalled: Vec<UnixStream> = (0..40)
+        .map(|i| {
+            let mut s = UnixStream::connect(&socket).unwrap();
+            let head = format!("{{\"stream\": \"s{i}\", \"paths\": [\"{}\", ", order[i]);
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (m, s, o) = (mnt.clone(), src.clone(), order.clone());
+    std::thread::spawn(move || {
+        read_all(&m, &s, &o, 4);
+        let _ = done_tx.send(());
+    });
+    // A hang, not a speed, is what this looks for: the reads take a second or two.
+    assert!(
+        done_rx.recv_timeout(Duration::from_secs(120)).is_ok(),
+        "the readers made no progress behind 40 stalled hint senders"
+    );
+    // A quiet connection between two messages is kept...
+    let mut quiet = UnixStream::connect(&socket).unwrap();
+    let mut answers = BufReader::new(quiet.try_clone().unwrap());
+    let mut line = serde_json::to_vec(&list("quiet", 0, &order[..5])).unwrap();
+    line.push(b'\n');
+    quiet.write_all(&line).unwrap();
+    let mut answer = String::new();
+    answers.read_line(&mut answer).unwrap();
+    assert!(answer.contains("\"ok\":true"), "{answer}");
+    std::thread::sleep(Duration::from_secs(12));
+    quiet.write_all(&line).unwrap();
+    answer.clear();
+    answers.read_line(&mut answer).unwrap();
+    assert!(answer.contains("\"ok\":true"), "kept while quiet: {answer}");
+    // ... and the ones stalled in the middle of a message were cut off, with a word why.
+    for s in &stalled {
+        let mut answer = String::new();
+        BufReader::new(s.try_clone().unwrap())
+            .read_line(&mut answer)
+            .unwrap();
+        assert!(answer.contains("stalled for 10 s"), "{answer}");
+    }
 }

@@ -521,3 +521,65 @@ fn an_index_whose_inner_archive_lies_within_itself_is_refused() {
         "{err}"
     );
 }
+
+/// A zip whose central directory lists one stored inner tar under many names (the 2 MB zip that
+/// made 40 M catalog entries and took 8 GB): Info-ZIP unzip refuses it as a zip bomb; packfs
+/// serves the first name, skips the others with a warning naming the image, the offset and the
+/// fix, and its listing holds the inner tar's members once.
+#[test]
+fn a_zip_listing_one_inner_tar_under_many_names_opens_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for i in 0..200 {
+        write_file(
+            &d.join(format!("t/f{i:03}.txt")),
+            format!("{i}\n").as_bytes(),
+            0o644,
+        );
+    }
+    sh("tar --format=gnu -cf inner.tar -C t .", d);
+    let bomb = d.join("bomb.zip");
+    run(Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import struct, sys, zlib\n\
+             data = open(sys.argv[1], 'rb').read(); crc = zlib.crc32(data)\n\
+             name = b'c00000.tar'\n\
+             local = struct.pack('<IHHHHHIIIHH', 0x04034b50, 20, 0, 0, 0, 0x21, crc, len(data), len(data), len(name), 0) + name\n\
+             out = bytearray(local + data); cd = bytearray()\n\
+             for i in range(300):\n\
+             \x20   n = b'c%05d.tar' % i\n\
+             \x20   cd += struct.pack('<IHHHHHHIIIHHHHHII', 0x02014b50, 0x031e, 20, 0, 0, 0, 0x21, crc, len(data), len(data), len(n), 0, 0, 0, 0, 0o100644 << 16, 0) + n\n\
+             end = struct.pack('<IHHHHIIH', 0x06054b50, 0, 0, 300, 300, len(cd), len(out), 0)\n\
+             open(sys.argv[2], 'wb').write(out + cd + end)\n",
+        )
+        .arg(d.join("inner.tar"))
+        .arg(&bomb));
+    let unzip_test = Command::new("unzip")
+        .arg("-tq")
+        .arg(&bomb)
+        .output()
+        .unwrap();
+    assert!(
+        !unzip_test.status.success(),
+        "unzip accepted the overlapping entries: {unzip_test:?}"
+    );
+    let out = packfs()
+        .args(["ls", "--inner-archives", "all"])
+        .arg(&bomb)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let members = listing.lines().filter(|l| l.ends_with(".txt")).count();
+    assert_eq!(members, 200, "the inner tar's members, once: {listing}");
+    assert!(listing.contains("c00000.tar/f000.txt"), "{listing}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("skipping member \"c00001.tar\"")
+            && stderr.contains("overlap those of the member whose local header is at offset 0")
+            && stderr.contains("bomb.zip")
+            && stderr.contains("zip -r"),
+        "{stderr}"
+    );
+}

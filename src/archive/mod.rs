@@ -165,6 +165,14 @@ impl ScannedImage {
         }
     }
 
+    /// Gives back what the member and string lists reserved beyond their length: kept for the
+    /// whole scan of a dataset with 100 000 archives inside its images, the slack cost more than
+    /// their members.
+    pub fn shrink_to_fit(&mut self) {
+        self.members.shrink_to_fit();
+        self.strings.shrink_to_fit();
+    }
+
     /// Headers the scan read but neither served, merged nor warned about: a scanner bug (a
     /// member lost without a word), described; `None` when every header is accounted for.
     pub fn unaccounted(&self) -> Option<String> {

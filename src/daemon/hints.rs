@@ -17,7 +17,7 @@
 //! Paths are resolved as they arrive, never held: a list costs 13 bytes per sample, drawn from
 //! the memory budget, and is at most four times the catalog's files.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -39,8 +39,13 @@ const MAX_FIELD: u64 = 64 << 10;
 const MAX_STREAM: usize = 256;
 /// List bookkeeping bytes per sample (`lists::List`).
 const BYTES_PER_SAMPLE: u64 = 13;
-/// Memory is drawn for a list in steps of this many bytes.
-const PERMIT_STEP: u64 = 1 << 20;
+/// Memory is drawn for a list in steps of this many bytes (about 5 000 samples).
+const PERMIT_STEP: u64 = 64 << 10;
+/// All lists together hold at most this share of the memory budget: the rest is the readers'.
+const LISTS_SHARE: u64 = 4;
+/// A sender that stops in the middle of a message for this long is cut off (its list dropped);
+/// between messages a connection may stay quiet for as long as it likes.
+const STALL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where the hints socket of `mountpoint` is: the stats file's path with `.sock`, or, when that
 /// is longer than a socket address holds, the hash alone in the same directory.
@@ -89,6 +94,19 @@ struct Shared {
     allowed: Vec<u32>,
     connections: AtomicUsize,
     refused: AtomicU64,
+    /// The lists' share of `memory`: each list's bytes are drawn from both, never waited for.
+    lists: Arc<MemoryBudget>,
+}
+
+impl Shared {
+    /// `bytes` for a list from its share and from the budget, at once or not at all: a list
+    /// never waits for memory, so a sender that stalls in the middle of one holds only what it
+    /// has, and readers never queue behind it.
+    fn draw(&self, bytes: u64) -> Option<Vec<Permit>> {
+        let share = self.lists.try_acquire(bytes)?;
+        let main = self.memory.try_acquire(bytes)?;
+        Some(vec![share, main])
+    }
 }
 
 impl HintsSocket {
@@ -123,11 +141,12 @@ impl HintsSocket {
         let shared = Arc::new(Shared {
             catalog,
             lookahead,
-            memory,
             mountpoint: mountpoint.to_path_buf(),
             allowed: vec![0, me, serves],
             connections: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            lists: MemoryBudget::new(memory.stats().total / LISTS_SHARE),
+            memory,
         });
         let listening = listener.try_clone().map_err(|error| HintsError::Bind {
             path: path.clone(),
@@ -315,56 +334,83 @@ fn reply(to: &mut impl Write, r: &Reply) -> io::Result<()> {
 }
 
 /// Counts the bytes read since the last `reset`, and fails past `MAX_FIELD`: a path (or any
-/// field) is never longer, and serde would hold it whole.
+/// field) is never longer, and serde would hold it whole. The socket has a read timeout
+/// (`STALL`): between messages it only means a quiet sender and the read goes on; in the middle
+/// of a message it ends the connection, and the list read so far with it.
 struct Limited<R> {
     inner: R,
     since: Arc<AtomicU64>,
+    /// Whether a byte of the current message (other than white space) has come.
+    started: Arc<AtomicBool>,
+}
+
+impl<R> Limited<R> {
+    fn check_field(&self) -> io::Result<()> {
+        match self.since.load(Ordering::Relaxed) > MAX_FIELD {
+            true => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("more than {MAX_FIELD} bytes without a path"),
+            )),
+            false => Ok(()),
+        }
+    }
 }
 
 impl<R: Read> Read for Limited<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.since.load(Ordering::Relaxed) > MAX_FIELD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("more than {MAX_FIELD} bytes without a path"),
-            ));
+        self.check_field()?;
+        let n = loop {
+            match self.inner.read(buf) {
+                Ok(n) => break n,
+                Err(e) if is_timeout(&e) && !self.started.load(Ordering::Relaxed) => continue,
+                Err(e) if is_timeout(&e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "the sender stalled for {} s in the middle of a message",
+                            STALL.as_secs()
+                        ),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if buf[..n].iter().any(|b| !b.is_ascii_whitespace()) {
+            self.started.store(true, Ordering::Relaxed);
         }
-        let n = self.inner.read(buf)?;
         self.since.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
 
-impl<R: BufRead> BufRead for Limited<R> {
-    fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        if self.since.load(Ordering::Relaxed) > MAX_FIELD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("more than {MAX_FIELD} bytes without a path"),
-            ));
-        }
-        self.inner.fill_buf()
-    }
-
-    fn consume(&mut self, amt: usize) {
-        self.since.fetch_add(amt as u64, Ordering::Relaxed);
-        self.inner.consume(amt)
-    }
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 fn serve_connection(stream: UnixStream, uid: u32, shared: &Shared) {
     let since = Arc::new(AtomicU64::new(0));
+    let started = Arc::new(AtomicBool::new(false));
     let Ok(write_half) = stream.try_clone() else {
         return;
     };
+    if stream.set_read_timeout(Some(STALL)).is_err() {
+        return;
+    }
     let mut out = write_half;
+    // serde_json reads a byte at a time: the buffer under the limit keeps that cheap, and the
+    // limit sees each byte as it is taken.
     let reader = Limited {
         inner: BufReader::new(stream),
         since: since.clone(),
+        started: started.clone(),
     };
     let mut de = serde_json::Deserializer::from_reader(reader);
     loop {
         since.store(0, Ordering::Relaxed);
+        started.store(false, Ordering::Relaxed);
         let seed = MessageSeed {
             shared,
             since: &since,
@@ -374,6 +420,9 @@ fn serve_connection(stream: UnixStream, uid: u32, shared: &Shared) {
             Err(e) if e.is_eof() => return,
             Err(e) => {
                 // The stream cannot be resynchronised after bad JSON: answer and close.
+                if e.is_io() {
+                    debug!("hints: connection of uid {uid} closed: {e}");
+                }
                 let _ = reply(&mut out, &Reply::error(format!("not a hints message: {e}")));
                 return;
             }
@@ -396,7 +445,9 @@ struct Message {
     unknown: u64,
     first_unknown: Option<String>,
     truncated: bool,
-    permit: Option<Permit>,
+    /// Samples left out for want of memory (the lists' share or the budget full).
+    no_room: u64,
+    permits: Vec<Permit>,
 }
 
 fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
@@ -423,13 +474,30 @@ fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
             key.stream, key.rank
         );
     }
-    let permit = m.permit.unwrap_or_else(|| shared.memory.nothing());
+    if m.no_room > 0 {
+        let share = shared.lists.stats();
+        warn!(
+            "hints: a list of stream {:?} rank {} was refused: no memory for {} of its samples \
+             (the lists hold {} of their {} share of the memory budget)",
+            key.stream, key.rank, m.no_room, share.held, share.total
+        );
+        return Reply::error(format!(
+            "no memory for this list ({} samples could not be held: the lists hold {} of their \
+             {} bytes, the budget {} of {}); end other streams' lists, send shorter ones, or \
+             mount with a larger --cache-size",
+            m.no_room,
+            share.held,
+            share.total,
+            shared.memory.stats().held,
+            shared.memory.stats().total
+        ));
+    }
     shared.lookahead.submit(Submitted {
         key,
         epoch: m.epoch.unwrap_or(0),
         entries,
         unknown: m.unknown,
-        permit,
+        permits: m.permits,
     });
     Reply {
         ok: true,
@@ -522,7 +590,7 @@ impl<'de> Visitor<'de> for PathsSeed<'_> {
             .saturating_mul(4)
             .saturating_add(1024);
         let mut entries = Vec::new();
-        let mut permit = self.shared.memory.nothing();
+        let mut permits = Vec::new();
         let mut drawn = 0u64;
         while let Some(path) = seq.next_element::<String>()? {
             self.since.store(0, Ordering::Relaxed);
@@ -530,14 +598,27 @@ impl<'de> Visitor<'de> for PathsSeed<'_> {
                 self.m.truncated = true;
                 continue;
             }
+            if self.m.no_room > 0 {
+                // Refused: the rest is read (the message must end) but not held.
+                self.m.no_room += 1;
+                continue;
+            }
             match resolve(catalog, &self.shared.mountpoint, &path) {
                 Some(entry) => {
                     let need = (entries.len() as u64 + 1) * BYTES_PER_SAMPLE;
                     if need > drawn {
-                        // A step more from the budget (waits for the cache to let go).
-                        let more = self.shared.memory.acquire(PERMIT_STEP);
-                        drawn += more.bytes();
-                        permit = permit.join(more);
+                        match self.shared.draw(PERMIT_STEP) {
+                            Some(more) => {
+                                drawn += PERMIT_STEP;
+                                permits.extend(more);
+                            }
+                            None => {
+                                self.m.no_room = 1;
+                                entries = Vec::new();
+                                permits.clear();
+                                continue;
+                            }
+                        }
                     }
                     entries.push(entry);
                 }
@@ -550,7 +631,7 @@ impl<'de> Visitor<'de> for PathsSeed<'_> {
             }
         }
         entries.shrink_to_fit();
-        self.m.permit = Some(permit);
+        self.m.permits = permits;
         Ok(entries)
     }
 }

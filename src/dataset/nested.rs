@@ -110,6 +110,15 @@ const OTHER_NAMES: [&str; 4] = [".zip", ".npz", ".sqfs", ".squashfs"];
 const MAX_INNER: usize = 1 << 20;
 const MAX_INNER_WITH_TABLES: usize = 4096;
 
+/// An archive inside an image adds at most one member per this many of its bytes (and 1 024
+/// members to any): a tar's member takes 512 bytes at least, a zip's 76, and real samples far
+/// more. Nesting then never adds more entries than the bytes that hold them could describe.
+const BYTES_PER_ENTRY: u64 = 32;
+
+fn entries_in(size: u64) -> u64 {
+    (size / BYTES_PER_ENTRY).max(1024)
+}
+
 /// What is left of those bounds while a dataset's images are expanded (by several scan threads).
 pub struct Room {
     inner: AtomicUsize,
@@ -206,9 +215,28 @@ fn expand_one(
     let mut taken = taken_names(image);
     let mut inners = Vec::new();
     let mut expanded = Vec::new();
+    // The byte ranges of the archives opened so far: one stored twice under two names (a
+    // squashfs image shares the blocks of equal files; a crafted image points many members at
+    // one) is opened once, so nesting never multiplies what the bytes hold.
+    let mut opened: Vec<(u64, u64)> = Vec::new();
     for i in candidates {
         let m = image.members[i];
         let name = image.path_of(&m).to_vec();
+        let end = m.data_offset.saturating_add(m.size);
+        if let Some(&(at, _)) = opened
+            .iter()
+            .find(|&&(start, stop)| m.data_offset < stop && start < end)
+        {
+            warn!(
+                image = %image.path.display(),
+                offset = m.header_offset,
+                "member {:?} is served as a file, not opened as an archive: its bytes overlap \
+                 those of the archive at offset {at}, opened already (archives inside an image \
+                 are opened once)",
+                String::from_utf8_lossy(&name)
+            );
+            continue;
+        }
         let window: Arc<dyn ReadAt> = Arc::new(Window::new(data.clone(), m.data_offset, m.size));
         if !is_archive(&*window, m.size, &name, nesting.kinds) {
             continue;
@@ -240,6 +268,20 @@ fn expand_one(
                 continue;
             }
         };
+        let most = entries_in(m.size);
+        if inner.members.len() as u64 > most {
+            warn!(
+                image = %image.path.display(),
+                offset = m.header_offset,
+                "member {:?} is served as a file, not opened as an archive: its {} bytes \
+                 declare {} members, more than the one per {BYTES_PER_ENTRY} bytes an archive \
+                 inside an image may add ({most})",
+                String::from_utf8_lossy(&name),
+                m.size,
+                inner.members.len()
+            );
+            continue;
+        }
         if !room.take(inner.tables.is_some()) {
             if !room.warned.swap(true, Ordering::Relaxed) {
                 warn!(
@@ -262,6 +304,8 @@ fn expand_one(
         };
         taken.insert(dir.clone());
         place_under(&mut inner, &dir, &m);
+        inner.shrink_to_fit();
+        opened.push((m.data_offset, end));
         inner.within = Some(at);
         inners.push((inner, window));
         expanded.push(i);

@@ -91,8 +91,8 @@ pub struct List {
     heads: Vec<Head>,
     pub last_read: Instant,
     pub stats: ListStats,
-    /// The memory budget's permit for this bookkeeping.
-    pub permit: Option<crate::tiers::budget::Permit>,
+    /// The memory budget's permits for this bookkeeping.
+    pub permits: Vec<crate::tiers::budget::Permit>,
 }
 
 /// The reader number of the head a list starts with, before any read (its epoch's start).
@@ -120,7 +120,7 @@ impl List {
             }],
             last_read: now,
             stats: ListStats::default(),
-            permit: None,
+            permits: Vec::new(),
         }
     }
 

@@ -121,7 +121,8 @@ pub struct Submitted {
     pub epoch: u64,
     pub entries: Vec<u32>,
     pub unknown: u64,
-    pub permit: Permit,
+    /// The list's bookkeeping bytes, from the budget (and the lists' share of it).
+    pub permits: Vec<Permit>,
 }
 
 impl Lookahead {
@@ -155,7 +156,7 @@ impl Lookahead {
         }
         // The permit goes with the list's memory: it is dropped with it.
         let mut fresh = List::new(id, list.key, list.entries, now);
-        fresh.permit = Some(list.permit);
+        fresh.permits = list.permits;
         board.lists.push(fresh);
         self.lists.store(board.lists.len(), Ordering::Relaxed);
         drop(board);
