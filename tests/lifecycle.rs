@@ -354,3 +354,29 @@ fn mounting_the_same_dataset_again_reuses_the_mount() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("already a mount point"));
 }
+
+/// A mountpoint given through a symlink is mounted at its target, and `packfs status LINK` and
+/// `packfs umount LINK` find it there (umount said "not a mount point" and left it mounted).
+#[test]
+fn a_mountpoint_given_through_a_symlink_is_found_by_status_and_umount() {
+    let dir = tempfile::tempdir().unwrap();
+    let tar = shard(dir.path());
+    let real = dir.path().join("real");
+    fs::create_dir(&real).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink("real", &link).unwrap();
+    let out = mount_cmd(&[&tar], &link, &[], None);
+    assert_ok(&out);
+    let _guard = UnmountOnDrop(real.clone());
+    assert!(is_mounted(&real), "mounted at the link's target");
+    let status = packfs().arg("status").arg(&link).output().unwrap();
+    assert_ok(&status);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&*real.to_string_lossy()),
+        "{status:?}"
+    );
+    let out = packfs().arg("umount").arg(&link).output().unwrap();
+    assert_ok(&out);
+    assert!(!is_mounted(&real), "unmounted through the link");
+    assert!(link.is_symlink() && real.is_dir(), "both left as they were");
+}

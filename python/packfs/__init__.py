@@ -389,7 +389,9 @@ def mount(
         except FileExistsError:
             pass
     else:
-        path = Path(mountpoint)
+        # Resolved once: a mountpoint given through a link is mounted at its target, where
+        # unmount() and the other ranks must find it.
+        path = Path(os.path.realpath(mountpoint))
     place = _Place(path, runtime_dir)
     _cleanup_on_sigterm()
     setup = _open_private(place.lock)
@@ -405,10 +407,12 @@ def mount(
                 mounted = Mount(sources, path, own_dir, users, place, attached=True)
                 users = None
                 return mounted
+        if not own_dir:
+            _check_mountpoint(path)
         _mount_here(sources, flags, path, place)
         try:
             place.forget_listings()
-            place.marker.write_text(json.dumps(wanted))
+            _write_marker(place.marker, {**wanted, "daemon": _daemon_at(path)})
         except BaseException:
             Mount(sources, path, own_dir, None, None).unmount()
             raise
@@ -435,19 +439,106 @@ _MOUNT_OPTIONS = [
 
 
 def _attach(path, place, wanted):
-    """The mount at ``path``, if it is the one ``wanted``; raises if it is another."""
+    """The mount at ``path``, if it is the one ``wanted`` and this user's daemon that this
+    module started made it; raises if it is another. The marker alone proves nothing: one left
+    by a job killed with ``kill -9`` outlives its mount, and another user may have mounted their
+    own dataset at the same directory since."""
+    found = _mounted_at(path)
+    me = os.geteuid()
+    if found is None:
+        return None
+    if found["fstype"] != "fuse.packfs" or found["owner"] != me:
+        raise MountError(
+            f"{path} is a {found['fstype']} mount of uid {found['owner']}, not a packfs mount of "
+            f"this user's (uid {me}): refusing to read it as the dataset; pick another "
+            "mountpoint (a directory of your own), or ask its owner to unmount it"
+        )
     try:
         there = json.loads(place.marker.read_text())
     except (OSError, ValueError):
         there = None
-    if there == wanted:
+    daemon = (there or {}).get("daemon") or {}
+    now = _daemon_at(path, quiet=True)
+    if not daemon or now != daemon:
+        raise MountError(
+            f"{path} is a packfs mount of this user's that this module did not make (its daemon "
+            f"{now or 'is unknown'}; recorded: {daemon or 'none'}): unmount it (packfs umount "
+            f"{path}) or pick another mountpoint"
+        )
+    if {k: there.get(k) for k in wanted} == wanted:
         return True
-    what = f"{there['sources']} with {there['options'] or 'no options'}" if there else "elsewhere"
+    what = f"{there['sources']} with {there['options'] or 'no options'}"
     raise MountError(
         f"{path} is already mounted, from {what}, not {wanted['sources']} with "
         f"{wanted['options'] or 'no options'}: unmount it (packfs umount {path}) or pick another "
         "mountpoint"
     )
+
+
+def _mounted_at(path):
+    """The last mount at ``path`` in this mount namespace: its type, its FUSE owner (the
+    ``user_id=`` the kernel records for the user who mounted it) and its device, or None."""
+    target = os.fspath(path)
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, after = left.split(), right.split()
+            if len(fields) < 5 or len(after) < 3 or _unescape_mountinfo(fields[4]) != target:
+                continue
+            owners = [o[8:] for o in after[2].split(",") if o.startswith("user_id=")]
+            found = {"fstype": after[0], "owner": int(owners[0]) if owners else None,
+                     "dev": fields[2]}
+    return found
+
+
+def _start_time(pid):
+    """A process's start time (clock ticks since boot): with its pid, it names the process
+    however often pids are reused."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _daemon_at(path, quiet=False):
+    """Which daemon serves the mount at ``path``: its pid and start time, and the mount's
+    device, as the marker records them; None (or MountError unless ``quiet``) when no live
+    packfs daemon of this user answers for it."""
+    found = _mounted_at(path)
+    pid = None
+    for record in status(path):
+        if Path(record["mountpoint"]) == Path(path):
+            pid = (record.get("counters") or {}).get("pid")
+    start = _start_time(pid) if pid else None
+    if found is None or start is None:
+        if quiet:
+            return None
+        raise MountError(f"packfs mounted {path}, but its daemon does not answer for it")
+    return {"pid": pid, "start": start, "dev": found["dev"]}
+
+
+def _write_marker(marker, record):
+    fd = _open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record))
+
+
+def _check_mountpoint(path):
+    """A mountpoint another user owns, or that others may write, is refused: its owner could
+    put their own mount there for this user to read as the dataset (root's too)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # packfs mount says what is wrong with it
+    me = os.geteuid()
+    if st.st_uid not in (me, 0) or st.st_mode & 0o022:
+        raise MountError(
+            f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: a "
+            f"mountpoint must be a directory of this user's (uid {me}) or root's that others "
+            f"cannot write; make one (mkdir -m 0755 DIR) or pass no mountpoint"
+        )
 
 
 def _mount_here(sources, flags, path, place):

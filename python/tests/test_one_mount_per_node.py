@@ -243,3 +243,119 @@ def test_the_ranks_of_a_node_list_the_catalog_once(shards, tmp_path, monkeypatch
     listed = calls.read_text().split()
     assert listed.count("ls") == 2, listed
     assert not list(m._place.base.parent.glob(m._place.base.name + ".ls-*")), "left behind"
+
+
+ATTACK = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    import packfs
+    victim, attacker, mnt, conf, hold = sys.argv[1:6]
+    # This mount namespace only: non-root users may mount with --allow-other here.
+    subprocess.run(["mount", "--bind", conf, "/etc/fuse.conf"], check=True)
+    # The victim's job mounts and is killed with kill -9: its daemon unmounts, the marker stays.
+    job = subprocess.Popen([sys.executable, "-c", hold, victim, mnt], stdout=subprocess.PIPE)
+    assert job.stdout.readline() == b"ready\\n"
+    job.kill(); job.wait()
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mnt):
+        assert time.monotonic() < deadline, "the killed job's daemon did not unmount"
+        time.sleep(0.05)
+    # Another user takes the directory (theirs now, as if they had replaced it through a parent
+    # they may write) and mounts their own tar there.
+    os.chown(mnt, 7, 7)
+    os.chmod(mnt, 0o777)
+    subprocess.run(["setpriv", "--reuid=7", "--regid=7", "--clear-groups", "--",
+                    packfs.binary(), "mount", "--allow-other", attacker, mnt], check=True)
+    try:
+        with packfs.mount(victim, mnt) as m:
+            print("ATTACHED" if m.attached else "MOUNTED", sorted(os.listdir(mnt)))
+    except packfs.MountError as e:
+        print("REFUSED", e)
+    finally:
+        subprocess.run([packfs.binary(), "umount", "--lazy", mnt])
+    """
+)
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    import packfs
+    with packfs.mount(sys.argv[1], sys.argv[2]):
+        print("ready", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def _world_dir(tmp_path, name, owner, mode):
+    """A directory another user (uid ``owner``) can reach: under /tmp, not pytest's 0700 one."""
+    import tempfile
+    base = tempfile.mkdtemp(prefix="packfs-attack-")
+    os.chmod(base, 0o755)
+    path = os.path.join(base, name)
+    os.mkdir(path)
+    os.chown(path, owner, owner)
+    os.chmod(path, mode)
+    return base, path
+
+
+def _tar_for(base, name, content, owner):
+    src = os.path.join(base, name + "-src")
+    os.mkdir(src)
+    with open(os.path.join(src, "data.txt"), "w") as f:
+        f.write(content)
+    tar = os.path.join(base, name + ".tar")
+    subprocess.run(["tar", "-cf", tar, "-C", src, "data.txt"], check=True)
+    os.chown(tar, owner, owner)
+    return tar
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: another user and a mount namespace")
+def test_a_stale_marker_never_attaches_to_another_users_mount(tmp_path):
+    """kill -9 of a job leaves its marker; another user mounts their own tar at the same
+    directory; the victim's next packfs.mount there used to report "attached" and read the
+    planted bytes. It must refuse, naming the other user."""
+    import shutil
+    base, mnt = _world_dir(tmp_path, "mnt", 0, 0o755)
+    try:
+        victim = _tar_for(base, "victim", "the real data\n", 0)
+        attacker = _tar_for(base, "attacker", "planted\n", 7)
+        conf = os.path.join(base, "fuse.conf")
+        with open(conf, "w") as f:
+            f.write("user_allow_other\n")
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", ATTACK,
+             victim, attacker, mnt, conf, HOLD],
+            capture_output=True, timeout=120,
+        )
+        out = done.stdout.decode()
+        assert done.returncode == 0, (out, done.stderr.decode())
+        assert out.startswith("REFUSED"), out
+        assert "uid 7" in out and "not a packfs mount of this user's" in out, out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make another user's directory")
+def test_a_mountpoint_another_user_owns_or_may_write_is_refused(shards, tmp_path):
+    import shutil
+    for owner, mode in [(7, 0o755), (0, 0o777)]:
+        base, mnt = _world_dir(tmp_path, "mnt", owner, mode)
+        try:
+            with pytest.raises(packfs.MountError, match=f"belongs to uid {owner} with mode {mode:o}"):
+                packfs.mount(shards.split(",")[0], mnt)
+            assert not mounted(mnt)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_mountpoint_given_through_a_symlink_is_left_unmounted(shards, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to("real")
+    with packfs.mount(shards.split(",")[0], link) as m:
+        assert m.path == real
+        assert mounted(real)
+    assert not mounted(real), "unmount() found the mount at the link's target"
+    assert link.is_symlink() and real.is_dir()

@@ -90,8 +90,32 @@ pub fn find(path: &Path) -> io::Result<Option<MountEntry>> {
         .find(|m| m.mount_point == path))
 }
 
-/// Makes `path` absolute and resolves symlinks in its parent, never in its last component.
+/// Makes `path` absolute and resolves symlinks in its parent; its last component is resolved
+/// only when it is a symlink itself (by reading the link, never by a stat through it: the
+/// mountpoint of a dead FUSE daemon answers every stat with ENOTCONN). A mountpoint given
+/// through a link is mounted at the link's target, so `umount LINK` and `status LINK` must find
+/// the target too.
 pub fn absolute(path: &Path) -> io::Result<PathBuf> {
+    let mut path = path.to_path_buf();
+    // As many links as the kernel follows in one path.
+    for _ in 0..40 {
+        let abs = absolute_lexical(&path)?;
+        match std::fs::symlink_metadata(&abs) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&abs)?;
+                path = match abs.parent() {
+                    Some(parent) => parent.join(target),
+                    None => target,
+                };
+            }
+            _ => return Ok(abs),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+/// `path` absolute, `.` and `..` taken lexically, symlinks resolved in its parent only.
+fn absolute_lexical(path: &Path) -> io::Result<PathBuf> {
     let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -141,5 +165,19 @@ mod tests {
         assert!(abs.ends_with("mountinfo"));
         assert!(abs.is_absolute());
         assert!(!abs.to_string_lossy().contains(".."));
+    }
+
+    /// A mountpoint given through a link (or a chain of them, relative or not) is its target:
+    /// mounted there, then `packfs umount LINK` said "not a mount point" and left it mounted.
+    #[test]
+    fn a_link_in_the_last_component_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("one")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("one"), dir.path().join("two")).unwrap();
+        assert_eq!(absolute(&dir.path().join("two")).unwrap(), real);
+        std::os::unix::fs::symlink("loop", dir.path().join("loop")).unwrap();
+        assert!(absolute(&dir.path().join("loop")).is_err());
     }
 }
