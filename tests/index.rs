@@ -352,3 +352,80 @@ fn damaged_chunk_fails_only_its_entries() {
     assert!(log.contains("fails its checksum"), "{log}");
     assert!(log.contains("damaged chunk(s)"), "{log}");
 }
+
+/// `packfs index --checksums` records the CRC-32 of every stored member (one read of the data),
+/// `ls --json` and `status` say they are in force, and a mount of that index catches a member
+/// rewritten in place with its mtime kept on the next whole-file read (EIO), where an index
+/// without them serves the new bytes: what docs/semantics.md states.
+#[test]
+fn an_index_with_checksums_catches_a_member_rewritten_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            (
+                format!("d/f{i:02}.bin"),
+                bytes(i, 5_000 + 3_000 * i as usize),
+            )
+        })
+        .collect();
+    let (src, tar) = tar_of(tmp.path(), "t", &files);
+    let plain = tmp.path().join("plain.packfs-index");
+    run(packfs().arg("index").arg(&tar).arg("-o").arg(&plain));
+    let checked = tmp.path().join("checked.packfs-index");
+    let said = run(packfs()
+        .args(["index", "--checksums"])
+        .arg(&tar)
+        .arg("-o")
+        .arg(&checked));
+    assert!(said.contains("20 files (20 with checksums)"), "{said}");
+
+    // ls --json: how many, and each file's CRC-32 as zlib computes it.
+    let listing = run(packfs().args(["ls", "--json"]).arg(&checked));
+    let lines: Vec<serde_json::Value> = listing
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["checksummed_files"], 20, "{}", lines[0]);
+    let victim = lines
+        .iter()
+        .find(|l| l["path"] == "d/f07.bin")
+        .expect("listed");
+    let want = format!(
+        "{:08x}",
+        crc32fast::hash(&fs::read(src.join("d/f07.bin")).unwrap())
+    );
+    assert_eq!(victim["crc32"], want.as_str());
+    let plain_head = run(packfs().args(["ls", "--json"]).arg(&plain));
+    assert!(
+        plain_head.starts_with(r#"{"packfs_ls":1,"images":1,"entries":21,"checksummed_files":0}"#)
+    );
+    assert!(!plain_head.contains("crc32"));
+
+    // The member rewritten in place, size and mtime kept.
+    let at = victim["offset"].as_u64().unwrap() + 100;
+    damage_in_place(&tar, at, 0xff);
+    let mnt = tmp.path().join("m");
+    let m = Mount::new(&[&checked], &mnt, &[]);
+    let status = run(packfs().arg("status").arg(&mnt));
+    assert!(
+        status.contains("every file's reads are checked against the index's checksums"),
+        "{status}"
+    );
+    let err = fs::read(mnt.join("d/f07.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(
+        fs::read(mnt.join("d/f06.bin")).unwrap(),
+        fs::read(src.join("d/f06.bin")).unwrap()
+    );
+    drop(m);
+    let m = Mount::new(&[&plain], &mnt, &[]);
+    let status = run(packfs().arg("status").arg(&mnt));
+    assert!(status.contains("checksums none"), "{status}");
+    let served = fs::read(mnt.join("d/f07.bin")).unwrap();
+    assert_ne!(
+        served,
+        fs::read(src.join("d/f07.bin")).unwrap(),
+        "without checksums the rewritten bytes are served"
+    );
+    drop(m);
+}

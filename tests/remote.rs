@@ -560,3 +560,57 @@ fn read_ahead_behind_its_readers_fetches_no_chunk_twice() {
         "{gets} GETs for {chunks} chunks: {counters}"
     );
 }
+
+/// A store (or a proxy before it) that ignores If-Match answers a replaced object's ranges with
+/// its new bytes and their new ETag: 120 of 120 such reads were served. The answer's ETag is
+/// compared with the one opened, and the reads fail, saying why.
+#[test]
+fn a_store_that_ignores_if_match_cannot_serve_a_replaced_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, shards) = tree_and_shards(dir.path());
+    let server = objserver(shards[0].parent(), None);
+    let home = dir.path();
+    let urls = format!("{}/shard-{{000000..000002}}.tar", server.url);
+    let log = dir.path().join("mount.log");
+    let mnt = dir.path().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mut cmd = pk("http://127.0.0.1:9", home);
+    // Each read a GET of its own (no chunk read before the change serves the rest).
+    cmd.arg("mount")
+        .args(["--log-file", log.to_str().unwrap(), "--ram-chunks", "false"])
+        .arg(&urls);
+    let m = RemoteMount::new(cmd, &mnt);
+    assert_eq!(
+        fs::read(m.dir.join("many/00001.txt")).unwrap(),
+        fs::read(src.join("many/00001.txt")).unwrap()
+    );
+    control(&server, "_ifmatch?ignore=1");
+    // Every shard replaced by itself with one byte changed (size kept, a new mtime: a new ETag).
+    std::thread::sleep(Duration::from_millis(20));
+    for shard in &shards {
+        let mut bytes = fs::read(shard).unwrap();
+        bytes[600] ^= 0xff;
+        fs::write(shard, &bytes).unwrap();
+    }
+    let mut failed = 0;
+    for i in 2..40 {
+        let name = format!("many/{i:05}.txt");
+        match fs::read(m.dir.join(&name)) {
+            Ok(got) => assert_eq!(
+                got,
+                fs::read(src.join(&name)).unwrap(),
+                "{name}: other bytes"
+            ),
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(
+        failed > 30,
+        "only {failed} of 38 reads of replaced objects failed"
+    );
+    let logged = fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("was replaced since it was opened (the answer's ETag is"),
+        "{logged}"
+    );
+}

@@ -269,9 +269,30 @@ fn default_runtime_dir_made_by_another_user_is_refused() {
     assert!(!is_mounted(&mnt));
     assert!(
         err.contains(&format!("{} is not safe", squatted.display()))
-            && err.contains("belongs to uid 0"),
+            && err.contains("belongs to uid 0")
+            && err.contains("set XDG_RUNTIME_DIR to a private directory of your own"),
         "{err}"
     );
+    // The way out the message gives works: a private runtime directory of their own.
+    let runtime = dir.path().join("run-7");
+    fs::create_dir(&runtime).unwrap();
+    chown(&runtime, Some(uid), Some(uid)).unwrap();
+    fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+    let as_user_with_runtime = |args: &[&str]| {
+        Command::new("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .args(["--clear-groups", "--"])
+            .arg(&bin)
+            .args(args)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .output()
+            .unwrap()
+    };
+    assert_ok(&as_user_with_runtime(&["mount", args[0], args[1]]));
+    assert!(runtime.join("packfs").is_dir());
+    assert_ok(&as_user_with_runtime(&["umount", args[1]]));
     // Their own directory, private, is used.
     fs::remove_dir(&squatted).unwrap();
     assert_ok(&as_user(uid, &bin, &["mount", args[0], args[1]]));

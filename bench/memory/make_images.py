@@ -11,6 +11,11 @@
                                        ("hello\n"), whose inode table holds SIZE of metadata
                                        blocks of zeros before the two inodes (unsquashfs -l
                                        lists it; whoever reads the whole table holds SIZE)
+  make_images.py zipnest OUT.zip NAMESxFILES  a zip whose NAMES central directory entries all
+                                       name one stored tar of FILES empty files (20000x2000:
+                                       2.1 MB, 40 M entries if each name were opened; unzip -t
+                                       refuses it as overlapping)
+  make_images.py widenest OUT.tar N    a tar of N honest inner tars of one small file each
 
 SIZE is in MiB with an M suffix or in GiB with G (256M, 40G). Both are made in seconds: the deflate stream is one full-flushed segment of 64 KiB
 of zeros repeated (a full flush resets the dictionary and aligns to a byte, so segments decode
@@ -200,8 +205,47 @@ def write_sqfs(out, comp, mib):
         f.write(img)
 
 
+def inner_tar(files):
+    """A tar of `files` empty files, as bytes (GNU tar reads it)."""
+    body = b"".join(tar_header(b"f%06d.txt" % i, 0) for i in range(files))
+    return body + bytes(1024)
+
+
+def write_zipnest(out, names, files):
+    data = inner_tar(files)
+    crc = zlib.crc32(data)
+    name = b"c%07d.tar" % 0
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0x21, crc, len(data), len(data),
+                        len(name), 0) + name
+    central = bytearray()
+    for i in range(names):
+        n = b"c%07d.tar" % i
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 0x031E, 20, 0, 0, 0, 0x21, crc,
+                               len(data), len(data), len(n), 0, 0, 0, 0, 0o100644 << 16, 0) + n
+    start = len(local) + len(data)
+    count = min(names, 0xFFFF)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), start, 0)
+    with open(out, "wb") as f:
+        f.write(local + data + central + end)
+
+
+def write_widenest(out, n):
+    with open(out, "wb") as f:
+        for i in range(n):
+            data = tar_header(b"x.txt", 2) + b"x\n" + bytes(510) + bytes(1024)
+            f.write(tar_header(b"n%07d.tar" % i, len(data)) + data)
+        f.write(bytes(1024))
+
+
 if __name__ == "__main__":
     kind, out, size = sys.argv[1], sys.argv[2], sys.argv[3]
+    if kind == "zipnest":
+        names, files = (int(x) for x in size.split("x"))
+        write_zipnest(out, names, files)
+        sys.exit(0)
+    if kind == "widenest":
+        write_widenest(out, int(size))
+        sys.exit(0)
     mib = int(size[:-1]) << {"M": 0, "G": 10}[size[-1].upper()]
     if kind.startswith("sqfs-"):
         write_sqfs(out, kind[len("sqfs-"):], mib)

@@ -355,6 +355,14 @@ impl<'a> Placement<'a> {
 }
 
 impl Placement<'_> {
+    /// The CRC-32 of the whole file that the catalog records, if any.
+    pub fn crc(&self) -> Option<u32> {
+        match self {
+            Placement::Stored { crc, .. } | Placement::Deflate { crc, .. } => *crc,
+            _ => None,
+        }
+    }
+
     /// Where the file's bytes begin in its image: the offset of the first encoded byte a read of
     /// its start uses (for a member of a `.tar.gz`, of the compressed interval that holds it).
     /// Files of one image sorted by it are read in the image's order.

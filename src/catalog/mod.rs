@@ -19,6 +19,7 @@ pub use entry::{Entry, Kind};
 pub use store::CatalogError;
 use store::Store;
 
+use crate::archive::Encoding;
 use crate::archive::placement::{Placement, read_checkpoints};
 use crate::source::{Fingerprint, ImageLocation};
 
@@ -129,6 +130,29 @@ impl Catalog {
 
     pub fn skipped(&self) -> Skipped {
         self.skipped
+    }
+
+    /// Regular files whose reads are checked against a checksum the catalog holds: a CRC-32 of
+    /// the whole file (zip members, `packfs pack`'s shards, `packfs index --checksums`) or of
+    /// each decoded interval (members of compressed images, large deflated zip members). The
+    /// others are served as their image holds them now (docs/semantics.md). One walk of the
+    /// entries: for status and listings, not for the read path.
+    pub fn checksummed_files(&self) -> u64 {
+        (0..self.len() as EntryId)
+            .filter_map(|id| self.entry(id).ok())
+            .filter(|e| e.kind() == Kind::File)
+            .filter(|e| {
+                let compressed = self
+                    .images
+                    .get(e.image as usize)
+                    .is_some_and(|i| i.stream.is_some());
+                compressed
+                    || matches!(
+                        e.encoding(),
+                        Ok(Encoding::StoredCrc | Encoding::ZipDeflated | Encoding::Checkpointed)
+                    )
+            })
+            .count() as u64
     }
 
     /// Sum of the sizes of all regular files.

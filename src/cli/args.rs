@@ -88,6 +88,7 @@ impl Merge {
                 depth: self.inner_depth,
                 strip_extension: self.strip_inner_extension,
             },
+            checksums: false,
         }
     }
 }

@@ -82,11 +82,19 @@ fn rebuild(stale: &StaleIndex) -> String {
         .iter()
         .map(|p| shell_quoted(p))
         .collect();
-    format!(
-        "rebuild the index with `packfs index -o {} {}`",
+    let command = format!(
+        "packfs index{} -o {} {}",
+        if stale.checksums { " --checksums" } else { "" },
         shell_quoted(&stale.index.to_string_lossy()),
         patterns.join(" ")
-    )
+    );
+    match stale.checksums {
+        true => format!("rebuild the index with `{command}` (which keeps its checksums)"),
+        false => format!(
+            "rebuild the index with `{command}` (with --checksums, reads are checked against \
+             the images' bytes as they are then: docs/semantics.md)"
+        ),
+    }
 }
 
 /// `word` as one shell word: single-quoted unless it is plain.
@@ -123,6 +131,7 @@ mod tests {
                 images: (0..3)
                     .map(|i| PathBuf::from(format!("/d/train-{i:06}.tar")))
                     .collect(),
+                checksums: true,
             }),
         };
         let text = error.to_string();
@@ -135,8 +144,8 @@ mod tests {
         );
         assert_eq!(
             hints[1],
-            "rebuild the index with `packfs index -o /d/train.packfs-index \
-             '/d/train-{000000..000002}.tar'`"
+            "rebuild the index with `packfs index --checksums -o /d/train.packfs-index \
+             '/d/train-{000000..000002}.tar'` (which keeps its checksums)"
         );
     }
 }

@@ -19,6 +19,12 @@ pub struct Args {
     /// Replace the output file even if it is not a packfs index.
     #[arg(long)]
     force: bool,
+    /// Record the CRC-32 of every stored member (one read of all the data, with progress), so
+    /// that a mount checks each whole-file read against it, as it does for `packfs pack`'s
+    /// shards and for zip members: an image rewritten in place then fails with EIO instead of
+    /// serving bytes the index does not describe (docs/semantics.md).
+    #[arg(long)]
+    checksums: bool,
     #[command(flatten)]
     merge: Merge,
 }
@@ -32,15 +38,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let bar = ScanBar::new();
-    let catalog = packfs::dataset::load(&args.images.images, &args.merge.options(), &|p| {
-        bar.update(p)
-    })?;
+    let merge = packfs::dataset::Merge {
+        checksums: args.checksums,
+        ..args.merge.options()
+    };
+    let catalog = packfs::dataset::load(&args.images.images, &merge, &|p| bar.update(p))?;
     drop(bar);
     let scanned = started.elapsed().as_secs_f64();
     let written = index::write(&catalog, &args.output)?;
+    let checked = catalog.checksummed_files();
     println!(
-        "{}: {} files, {} entries, {} images; {} bytes ({:.1} per entry); scanned in {:.2} s, \
-         written in {:.2} s",
+        "{}: {} files ({checked} with checksums), {} entries, {} images; {} bytes ({:.1} per \
+         entry); scanned in {:.2} s, written in {:.2} s",
         args.output.display(),
         catalog.file_count(),
         written.entries,

@@ -22,9 +22,10 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
     let mut line = Vec::with_capacity(256);
     writeln!(
         out,
-        "{{\"packfs_ls\":{VERSION},\"images\":{},\"entries\":{}}}",
+        "{{\"packfs_ls\":{VERSION},\"images\":{},\"entries\":{},\"checksummed_files\":{}}}",
         catalog.images().len(),
-        catalog.len().saturating_sub(1)
+        catalog.len().saturating_sub(1),
+        catalog.checksummed_files()
     )?;
     for (i, image) in catalog.images().iter().enumerate() {
         line.clear();
@@ -68,6 +69,9 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
                     ",\"size\":{},\"image\":{image},\"offset\":{offset}",
                     e.size
                 )?;
+                if let Some(crc) = catalog.placement(e)?.crc() {
+                    write!(line, ",\"crc32\":\"{crc:08x}\"")?;
+                }
             }
             Kind::Symlink => field(&mut line, "target", catalog.symlink_target(e)?),
             Kind::Dir => {}

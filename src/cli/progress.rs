@@ -61,6 +61,24 @@ impl ScanBar {
     pub fn update(&self, p: ScanProgress) {
         self.0.set_length(p.images);
         self.0.set_position(p.images_done);
+        if p.bytes_to_check > 0 {
+            // The checksums' pass: the bar follows the bytes read.
+            let (done, total) = (p.bytes_checked, p.bytes_to_check);
+            let percent = (done as f64 * 100.0 / total as f64) as u64;
+            self.0.set_length(total.max(1));
+            self.0.set_position(done);
+            self.0.set_message(format!(
+                "{} members, CRC-32 of {percent}% of their bytes",
+                p.members
+            ));
+            self.1.say(|| {
+                format!(
+                    "checksums: {done} of {total} bytes of {} members read",
+                    p.members
+                )
+            });
+            return;
+        }
         self.0.set_message(format!("{} members", p.members));
         self.1.say(|| {
             format!(

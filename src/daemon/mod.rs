@@ -55,7 +55,11 @@ pub enum MountError {
         .0.display()
     )]
     NotEmpty(PathBuf),
-    #[error("{0} (it holds the stats files; --stats-file PATH puts one elsewhere)")]
+    #[error(
+        "{0} (the runtime directory: it holds the mount's stats file and hints socket, also \
+         with --stats-file; remove it if it is not yours, or set XDG_RUNTIME_DIR to a private \
+         directory of your own, as a login session does)"
+    )]
     StatsDir(crate::util::safe_file::DirError),
     #[error("cannot use mountpoint {}: {error}", path.display())]
     Mountpoint { path: PathBuf, error: io::Error },

@@ -282,6 +282,7 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
         transport: String::new(),
         skipped_members: catalog.skipped().members,
         damaged_headers: catalog.skipped().damaged_headers,
+        checksummed_files: catalog.checksummed_files(),
         // Known once listening.
         hints: None,
     }

@@ -152,6 +152,9 @@ pub struct About {
     /// Members the scan (or `packfs index`) left out with a warning; of those, damaged tar headers.
     pub skipped_members: u64,
     pub damaged_headers: u64,
+    /// Files whose reads are checked against a checksum in the catalog (`Catalog::
+    /// checksummed_files`); the others are served as their image holds them now.
+    pub checksummed_files: u64,
     /// The socket samplers send their hints to (absent: hints are off).
     pub hints: Option<String>,
 }

@@ -1,6 +1,7 @@
 //! From image arguments to a catalog: expand the patterns, then map one index or scan the images
 //! in parallel and merge them.
 
+pub mod checksums;
 pub mod classes;
 pub mod expand;
 pub mod nested;
@@ -64,6 +65,9 @@ pub struct Merge {
     pub images_dir: Option<std::path::PathBuf>,
     /// Which archives inside the images are served as directories.
     pub nesting: nested::Nesting,
+    /// Record the CRC-32 of every stored member (one read of the data), so that reads are
+    /// checked against it (`packfs index --checksums`).
+    pub checksums: bool,
 }
 
 impl From<DuplicatePolicy> for Merge {
@@ -73,6 +77,7 @@ impl From<DuplicatePolicy> for Merge {
             classes: None,
             images_dir: None,
             nesting: nested::Nesting::default(),
+            checksums: false,
         }
     }
 }
@@ -83,6 +88,10 @@ pub struct ScanProgress {
     pub images_done: u64,
     pub images: u64,
     pub members: u64,
+    /// With checksums, once the images are scanned: bytes of their members read so far, of
+    /// `bytes_to_check`.
+    pub bytes_checked: u64,
+    pub bytes_to_check: u64,
 }
 
 /// Told about the scan as it goes.
@@ -203,6 +212,19 @@ fn load_paths(
 ) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
     let mut scanned = scan_all(paths, &merge.nesting, on_scan)?;
+    if merge.checksums {
+        let members = scanned.iter().map(|s| s.members.len() as u64).sum();
+        let images = paths.len() as u64;
+        checksums::record(&mut scanned, &|done, total| {
+            on_scan(ScanProgress {
+                images_done: images,
+                images,
+                members,
+                bytes_checked: done.min(total),
+                bytes_to_check: total,
+            })
+        })?;
+    }
     let scan_secs = started.elapsed().as_secs_f64();
     let mut catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
     if let Some(source) = &merge.classes {

@@ -92,7 +92,10 @@ pub enum OpenError {
 #[derive(Debug)]
 pub struct StaleIndex {
     pub index: PathBuf,
+    /// The images given to `packfs index` (not the archives inside them).
     pub images: Vec<PathBuf>,
+    /// Whether it recorded checksums of its files, which the rebuild should keep.
+    pub checksums: bool,
 }
 
 /// Opens the images of `catalog` (checking their fingerprints) and stacks the tiers over them.
@@ -104,8 +107,10 @@ pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenErr
                 images: catalog
                     .images()
                     .iter()
+                    .filter(|i| i.within.is_none())
                     .map(|i| i.path().to_path_buf())
                     .collect(),
+                checksums: catalog.checksummed_files() > 0,
             }),
             _ => None,
         };

@@ -20,11 +20,17 @@ pub fn urls(text: &str) -> Cow<'_, str> {
     while let Some(at) = rest.find("://") {
         let (before, url_and_after) = rest.split_at(at + 3);
         out.push_str(before);
-        // A URL ends at white space, a quote or a bracket (as it stands in messages and in
-        // `Debug` output, where quotes are escaped with a backslash).
-        let end = url_and_after
-            .find(|c: char| c.is_whitespace() || "\"'<>`\\[]{}|^".contains(c))
+        // A URL ends at white space or a quote (as it stands in messages and in `Debug` output,
+        // where quotes are escaped with a backslash), and after its userinfo at a bracket too: a
+        // password may hold `[` or `?`, which must not end it early.
+        let hard = url_and_after
+            .find(|c: char| c.is_whitespace() || "\"'<>`\\".contains(c))
             .unwrap_or(url_and_after.len());
+        let candidate = &url_and_after[..hard];
+        let from = userinfo_end(candidate).map_or(0, |at| at + 1);
+        let end = candidate[from..]
+            .find(|c: char| "[]{}|^".contains(c))
+            .map_or(hard, |at| from + at);
         let (url, after) = url_and_after.split_at(end);
         let cleaned = clean(url);
         changed |= cleaned != url;
@@ -81,17 +87,16 @@ fn clean(url: &str) -> String {
 }
 
 /// Where the userinfo of a URL (after its `://`) ends: its `@`, if it has one. A password may
-/// hold a `/` or a `#` that a URL parser takes for the end of the host (AWS secret keys often
-/// hold `/`; the parser's "invalid port number" then quotes the whole URL): so a `user:` before
-/// the first `@` ahead of any query makes that `@` the end too. Hiding a little too much in a
-/// path that holds both `:` and `@` is the price.
+/// hold a `/`, `#`, `?` or `[` that a URL parser takes for the end of the host (AWS secret keys
+/// often hold `/`; the parser's "invalid port number" then quotes the whole URL, and a glob's
+/// error the whole pattern): so a `user:` before the first `@` makes that `@` the end too.
+/// Hiding a little too much of a URL that holds both `:` and `@` is the price.
 fn userinfo_end(url: &str) -> Option<usize> {
-    let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+    let authority_end = url.find(['/', '?', '#', '[']).unwrap_or(url.len());
     if let Some(at) = url[..authority_end].rfind('@') {
         return Some(at);
     }
-    let query = url.find('?').unwrap_or(url.len());
-    let at = url[..query].find('@')?;
+    let at = url.find('@')?;
     url[..at].contains(':').then_some(at)
 }
 
@@ -123,6 +128,16 @@ mod tests {
             "invalid port number: https://REDACTED@s3.example:9000/b/k.tar?x=REDACTED"
         );
         assert_eq!(urls("s3://AKIA:a/b/c@host/k"), "s3://REDACTED@host/k");
+        // A '?' or '[' in the password, as a glob's error quotes the pattern.
+        assert_eq!(
+            urls("cannot expand \"https://u:pa?ss@h/t-*.tar\": no"),
+            "cannot expand \"https://REDACTED@h/t-*.tar\": no"
+        );
+        assert_eq!(
+            urls("bad pattern \"https://u:p[a]s@h/t-[0-9].tar\""),
+            "bad pattern \"https://REDACTED@h/t-[0-9].tar\""
+        );
+        assert_eq!(urls("[http://h/x] y"), "[http://h/x] y");
         // '@' in a path alone (no 'user:' before it) is a path.
         assert_eq!(urls("https://h/a@b/c"), "https://h/a@b/c");
         // Escaped quotes in Debug output end the URL too.

@@ -14,6 +14,8 @@ Control (on the same port, never forwarded):
   GET /_fault?deny=shard        every matching request answers 403 (until /_fault?clear=1)
   GET /_fault?clear=1           no faults
   GET /_latency?ms=20&bps=0     per-request latency, and a bandwidth cap in bytes/s (0: none)
+  GET /_ifmatch?ignore=1        answer as a store that ignores If-Match (some gateways and
+                                proxies do): the current bytes, with their own ETag
   GET /_creds?ttl=4&require=1&bearer=T&revoke=1   credentials it issues last 4 s; with require=1 every
                                 store request must be signed with issued, unexpired keys and their
                                 session token (else 403 ExpiredToken, InvalidAccessKeyId or
@@ -54,6 +56,7 @@ STATS = {"requests": 0, "gets": 0, "heads": 0, "lists": 0, "bytes": 0, "by_path"
 IN_FLIGHT = [0]
 FAULTS = {"status": None, "stall": None, "count": 0, "match": "", "deny": None}
 LATENCY = {"ms": 0.0, "bps": 0}
+IF_MATCH = {"ignore": False}
 CREDS = {"ttl": 3600.0, "require": False, "bearer": "", "imds_tokens": set()}
 # Issued key id -> (session token, expiry as a Unix time).
 ISSUED = {}
@@ -117,6 +120,9 @@ class Handler(BaseHTTPRequestHandler):
                 if "revoke" in q:
                     ISSUED.clear()
                 body = json.dumps({k: v for k, v in CREDS.items() if k != "imds_tokens"}).encode()
+            elif path == "/_ifmatch":
+                IF_MATCH["ignore"] = q.get("ignore") == "1"
+                body = json.dumps(IF_MATCH).encode()
             elif path == "/_latency":
                 LATENCY["ms"] = float(q.get("ms", 0))
                 LATENCY["bps"] = int(q.get("bps", 0))
@@ -340,7 +346,7 @@ class Handler(BaseHTTPRequestHandler):
         st = os.stat(full)
         etag = '"%x-%x"' % (st.st_size, st.st_mtime_ns)
         match = self.headers.get("If-Match")
-        if match and match != etag:
+        if match and match != etag and not IF_MATCH["ignore"]:
             self.count(path, self.command, 0)
             return self.send_error_status(412)
         size = st.st_size

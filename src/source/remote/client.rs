@@ -231,15 +231,18 @@ impl Client {
         })
     }
 
-    /// `buf.len()` bytes at `offset`, refused with a "changed" error if the object's ETag is no
-    /// longer `if_match`.
+    /// `buf.len()` bytes at `offset`, refused with a "changed" error if the object's ETag or
+    /// size is no longer the one it had when `opened`: asked with If-Match, and checked in the
+    /// answer too (a store or proxy that ignores If-Match served 120 of 120 reads of a replaced
+    /// object as if nothing had changed).
     pub fn get_range(
         &self,
         loc: &Location,
         offset: u64,
         buf: &mut [u8],
-        if_match: Option<&str>,
+        opened: Option<&ObjectMeta>,
     ) -> io::Result<()> {
+        let if_match = opened.and_then(|m| m.etag.as_deref());
         if buf.is_empty() {
             return Ok(());
         }
@@ -280,6 +283,27 @@ impl Client {
                          Content-Range {range:?}"
                     ))));
                 }
+                let total = range.rsplit('/').next().and_then(|t| t.parse::<u64>().ok());
+                if let (Some(opened), Some(total)) = (opened, total)
+                    && total != opened.size
+                {
+                    return Err(Failure::Final(replaced(
+                        loc,
+                        &format!(
+                            "its size is {total} bytes, it was {} when opened",
+                            opened.size
+                        ),
+                    )));
+                }
+            }
+            let answered = resp.headers().get("etag").and_then(|v| v.to_str().ok());
+            if let (Some(want), Some(got)) = (if_match, answered)
+                && !same_etag(want, got)
+            {
+                return Err(Failure::Final(replaced(
+                    loc,
+                    &format!("the answer's ETag is {got}, it was {want} when opened"),
+                )));
             }
             let mut body = resp.into_body();
             let mut reader = body.as_reader();
@@ -501,10 +525,7 @@ impl Client {
             }
             412 => final_error(
                 io::ErrorKind::Other,
-                format!(
-                    "{loc} was replaced since it was opened (its ETag changed); its files fail \
-                     until it is indexed and mounted again"
-                ),
+                replaced(loc, "its ETag changed").to_string(),
             ),
             416 => final_error(
                 io::ErrorKind::UnexpectedEof,
@@ -584,4 +605,19 @@ fn meta_of(loc: &Location, headers: &ureq::http::HeaderMap) -> Result<ObjectMeta
         etag: text("etag").map(str::to_string),
         mtime,
     })
+}
+
+/// The error for an object replaced since it was opened: its files fail from then on.
+fn replaced(loc: &Location, how: &str) -> io::Error {
+    io::Error::other(format!(
+        "{loc} was replaced since it was opened ({how}); its files fail until it is indexed \
+         and mounted again"
+    ))
+}
+
+/// Whether two ETags name the same version: a weak validator (`W/"x"`) matches its strong form,
+/// as a proxy may weaken the ETag of what it passes on.
+fn same_etag(a: &str, b: &str) -> bool {
+    let strong = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    strong(a) == strong(b)
 }

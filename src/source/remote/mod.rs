@@ -75,7 +75,7 @@ impl ReadAt for RemoteObject {
         }
         let n = (self.meta.size - offset).min(buf.len() as u64) as usize;
         self.store
-            .get_range(&self.loc, offset, &mut buf[..n], self.meta.etag.as_deref())?;
+            .get_range(&self.loc, offset, &mut buf[..n], Some(&self.meta))?;
         Ok(n)
     }
     // No `read_at_now`: a request to the store always waits for the network.

@@ -15,13 +15,13 @@ pub trait ObjectStore: Send + Sync {
     fn head(&self, loc: &Location) -> io::Result<ObjectMeta>;
 
     /// Fills `buf` from `offset` of the object; fails, saying the object was replaced, if its
-    /// ETag is no longer `if_match`.
+    /// ETag or size is no longer the one it had when `opened`.
     fn get_range(
         &self,
         loc: &Location,
         offset: u64,
         buf: &mut [u8],
-        if_match: Option<&str>,
+        opened: Option<&ObjectMeta>,
     ) -> io::Result<()>;
 
     /// Keys of `bucket` that start with `prefix` and that `keep` takes, in key order.
@@ -43,9 +43,9 @@ impl ObjectStore for Client {
         loc: &Location,
         offset: u64,
         buf: &mut [u8],
-        if_match: Option<&str>,
+        opened: Option<&ObjectMeta>,
     ) -> io::Result<()> {
-        Client::get_range(self, loc, offset, buf, if_match)
+        Client::get_range(self, loc, offset, buf, opened)
     }
 
     fn list(
@@ -139,9 +139,10 @@ impl ObjectStore for MemoryStore {
         loc: &Location,
         offset: u64,
         buf: &mut [u8],
-        if_match: Option<&str>,
+        opened: Option<&ObjectMeta>,
     ) -> io::Result<()> {
         let (bytes, version) = self.get(loc)?;
+        let if_match = opened.and_then(|m| m.etag.as_deref());
         if if_match.is_some_and(|etag| etag != format!("\"v{version}\"")) {
             return Err(io::Error::other(format!(
                 "{loc} was replaced since it was opened (its ETag changed)"

@@ -1,0 +1,157 @@
+//! CRC-32 of every stored member, for an index that checks reads as pack's does (`packfs index
+//! --checksums`). A tar records no checksum of its members' data, so an image rewritten in place
+//! (same size, or its mtime restored) would be served as the new bytes until the watcher's turn,
+//! or forever; with a CRC-32 in the index, the mount checks each whole-file read against it and
+//! answers EIO on a mismatch (`Encoding::StoredCrc`, as zip members and pack's shards have).
+//!
+//! One sequential read of each image's data, members in offset order, the archives inside an
+//! image read with it (their members' bytes lie in the outermost image).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::archive::placement::crc_record;
+use crate::archive::{ArchiveError, Encoding, MemberKind, ScannedImage};
+use crate::source::ImageLocation;
+
+/// Bytes read at a time (one buffer per thread).
+const BLOCK: usize = 1 << 20;
+/// Images read at once: like the scan, the reads wait on the storage more than on the CPU.
+const THREADS: usize = 8;
+
+/// Told how many bytes have been read of how many, as the reading goes.
+pub type OnBytes<'a> = &'a (dyn Fn(u64, u64) + Sync);
+
+/// Whether a member's data is stored as it is in a plain image, where a CRC-32 can be recorded.
+fn wants_crc(image: &ScannedImage, kind: MemberKind, encoding: Encoding) -> bool {
+    kind == MemberKind::File && encoding == Encoding::Stored && image.stream.is_none()
+}
+
+/// One member to checksum: its bytes' place in the outermost image, and where it is listed.
+struct Job {
+    at: u64,
+    size: u64,
+    image: usize,
+    member: usize,
+}
+
+/// Records the CRC-32 of every stored file of `scanned` (the images of one scan, each inner
+/// archive after the image that holds it): each becomes `Encoding::StoredCrc`.
+pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), ArchiveError> {
+    // Where each image's bytes start in its outermost image, and which one that is.
+    let mut root = vec![0usize; scanned.len()];
+    let mut base = vec![0u64; scanned.len()];
+    for i in 0..scanned.len() {
+        root[i] = i;
+        if let (Some(outer), ImageLocation::Within(w)) = (scanned[i].within, &scanned[i].location)
+            && outer < i
+        {
+            root[i] = root[outer];
+            base[i] = base[outer].saturating_add(w.base);
+        }
+    }
+    let mut groups: Vec<Vec<Job>> = (0..scanned.len()).map(|_| Vec::new()).collect();
+    let mut total = 0u64;
+    for (i, image) in scanned.iter().enumerate() {
+        for (j, m) in image.members.iter().enumerate() {
+            if wants_crc(image, m.kind, m.encoding) {
+                total = total.saturating_add(m.size);
+                groups[root[i]].push(Job {
+                    at: base[i].saturating_add(m.data_offset),
+                    size: m.size,
+                    image: i,
+                    member: j,
+                });
+            }
+        }
+    }
+    let read = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let found: Mutex<Vec<(usize, usize, u32)>> = Mutex::new(Vec::new());
+    let failed: Mutex<Option<ArchiveError>> = Mutex::new(None);
+    let scanned_ro: &[ScannedImage] = scanned;
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS.min(groups.len()).max(1) {
+            scope.spawn(|| {
+                let mut buf = vec![0u8; BLOCK];
+                loop {
+                    let g = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(jobs) = groups.get(g) else { break };
+                    if jobs.is_empty() || failed.lock().expect("not poisoned").is_some() {
+                        continue;
+                    }
+                    let location = &scanned_ro[g].location;
+                    match crcs_of(location, jobs, &mut buf, &|n| {
+                        on_bytes(read.fetch_add(n, Ordering::Relaxed) + n, total)
+                    }) {
+                        Ok(crcs) => found.lock().expect("not poisoned").extend(crcs),
+                        Err(e) => {
+                            failed.lock().expect("not poisoned").get_or_insert(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    drop(groups);
+    if let Some(e) = failed.into_inner().expect("not poisoned") {
+        return Err(e);
+    }
+    for (i, j, crc) in found.into_inner().expect("not poisoned") {
+        let image = &mut scanned[i];
+        let record = crc_record(image.members[j].data_offset, crc);
+        let link = image.push_string(&record);
+        let m = &mut image.members[j];
+        m.link = link;
+        m.encoding = Encoding::StoredCrc;
+    }
+    Ok(())
+}
+
+/// The CRC-32 of each of `jobs` (members of the image at `location`), read in offset order.
+fn crcs_of(
+    location: &ImageLocation,
+    jobs: &[Job],
+    buf: &mut [u8],
+    progress: &dyn Fn(u64),
+) -> Result<Vec<(usize, usize, u32)>, ArchiveError> {
+    let (data, _) = location
+        .open_for_scan()
+        .map_err(|e| ArchiveError::io(location.name(), e))?;
+    let mut order: Vec<&Job> = jobs.iter().collect();
+    order.sort_unstable_by_key(|j| j.at);
+    // The bytes in `buf`: `held` of them, from offset `from` of the image.
+    let (mut from, mut held) = (0u64, 0usize);
+    let mut crcs = Vec::with_capacity(order.len());
+    for job in order {
+        let mut hasher = crc32fast::Hasher::new();
+        let end = job.at.saturating_add(job.size);
+        let mut pos = job.at;
+        while pos < end {
+            if !(from <= pos && pos < from + held as u64) {
+                from = pos;
+                held = data
+                    .read_up_to(buf, pos)
+                    .map_err(|e| ArchiveError::io(location.name(), e))?;
+                if held == 0 {
+                    return Err(ArchiveError::malformed(
+                        location.name(),
+                        pos,
+                        format!(
+                            "the image ends inside a member ({} bytes at offset {}); it changed \
+                             since it was scanned: index it again",
+                            job.size, job.at
+                        ),
+                    ));
+                }
+                progress(held as u64);
+            }
+            let start = (pos - from) as usize;
+            let stop = (end - from).min(held as u64) as usize;
+            hasher.update(&buf[start..stop]);
+            pos = from + stop as u64;
+        }
+        crcs.push((job.image, job.member, hasher.finalize()));
+    }
+    Ok(crcs)
+}
