@@ -148,6 +148,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
             name: None,
             shards: ShardCount::Count(opts.shards.min(opts.files)),
             shuffle: Some(42),
+            deal: None,
             mtime: Some(1_700_000_000),
             resume: false,
             force: true,

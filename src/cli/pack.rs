@@ -33,9 +33,14 @@ pub struct Args {
     /// every shard is a random sample of the dataset.
     #[arg(long)]
     shuffle: bool,
-    /// Seed of --shuffle: the same seed and input make the same bytes.
+    /// Seed of --shuffle: the same seed, input and deal make the same bytes.
     #[arg(long, default_value_t = 0, requires = "shuffle")]
     seed: u64,
+    /// How --shuffle deals samples to shards: 2 (the default: every shard within 1% of the mean
+    /// bytes) or 1 (packfs 0.2's, to make an older pack's shards again from its seed). The
+    /// manifest records it, and --resume keeps the deal of the pack it resumes.
+    #[arg(long, value_name = "N", requires = "shuffle", value_parser = clap::value_parser!(u32).range(1..=2))]
+    deal: Option<u32>,
     /// One modification time for every member (seconds since 1970), instead of the sources'.
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     mtime: Option<i64>,
@@ -101,6 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         name: args.name,
         shards,
         shuffle: args.shuffle.then_some(args.seed),
+        deal: args.deal,
         mtime: args.mtime,
         resume: args.resume,
         force: args.force,

@@ -7,7 +7,7 @@
 //! its path. Its bytes stay where they are: a read of an inner member is one read of the outer
 //! image, cached and staged as the outer image's. Nothing is extracted.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -177,11 +177,25 @@ pub fn expand(
     while next < group.len() {
         if depth_of[next] < nesting.depth && group[next].stream.is_none() {
             let data = readers[next].clone();
-            for (inner, window) in expand_one(&mut group[next], data, next, nesting, room) {
-                depth_of.push(depth_of[next] + 1);
-                readers.push(window);
-                group.push(inner);
-            }
+            // Taken out while its archives join the group (a placeholder that allocates nothing
+            // holds its place), so they go straight in: collected apart first, 100 000 inner
+            // archives were held twice at the peak.
+            let placeholder =
+                ScannedImage::new(ImageLocation::File(PathBuf::new()), Default::default());
+            let mut image = std::mem::replace(&mut group[next], placeholder);
+            let first = group.len();
+            expand_one(
+                &mut image,
+                data,
+                next,
+                nesting,
+                room,
+                &mut group,
+                &mut readers,
+            );
+            group[next] = image;
+            depth_of.resize(group.len(), depth_of[next] + 1);
+            debug_assert!(group.len() >= first);
         }
         next += 1;
     }
@@ -189,15 +203,17 @@ pub fn expand(
 }
 
 /// The archives among `image`'s members (read through `data`), scanned, their members' paths
-/// under the member's, each with its window of `data`; the members that held them are taken
-/// out of `image`.
+/// under the member's, pushed onto `group` with their windows of `data` onto `readers`; the
+/// members that held them are taken out of `image`.
 fn expand_one(
     image: &mut ScannedImage,
     data: Arc<dyn ReadAt>,
     at: usize,
     nesting: &Nesting,
     room: &Room,
-) -> Vec<(ScannedImage, Arc<dyn ReadAt>)> {
+    group: &mut Vec<ScannedImage>,
+    readers: &mut Vec<Arc<dyn ReadAt>>,
+) {
     // Candidates by name first: reading the head of every sample of a million-file shard would
     // cost a read each (an RPC each on a cold parallel FS). Their bytes then decide.
     let candidates: Vec<usize> = (0..image.members.len())
@@ -210,22 +226,26 @@ fn expand_one(
         })
         .collect();
     if candidates.is_empty() {
-        return Vec::new();
+        return;
     }
     let mut taken = taken_names(image);
-    let mut inners = Vec::new();
     let mut expanded = Vec::new();
+    // At most one each: reserved exactly, not by doubling.
+    group.reserve(candidates.len());
+    readers.reserve(candidates.len());
     // The byte ranges of the archives opened so far: one stored twice under two names (a
     // squashfs image shares the blocks of equal files; a crafted image points many members at
     // one) is opened once, so nesting never multiplies what the bytes hold.
-    let mut opened: Vec<(u64, u64)> = Vec::new();
+    let mut opened: BTreeMap<u64, u64> = BTreeMap::new();
     for i in candidates {
         let m = image.members[i];
         let name = image.path_of(&m).to_vec();
         let end = m.data_offset.saturating_add(m.size);
-        if let Some(&(at, _)) = opened
-            .iter()
-            .find(|&&(start, stop)| m.data_offset < stop && start < end)
+        // The ranges are disjoint: only the last to start before this one's end can overlap it.
+        if let Some((&at, _)) = opened
+            .range(..end)
+            .next_back()
+            .filter(|&(_, &stop)| m.data_offset < stop)
         {
             warn!(
                 image = %image.path.display(),
@@ -305,9 +325,10 @@ fn expand_one(
         taken.insert(dir.clone());
         place_under(&mut inner, &dir, &m);
         inner.shrink_to_fit();
-        opened.push((m.data_offset, end));
+        opened.insert(m.data_offset, end);
         inner.within = Some(at);
-        inners.push((inner, window));
+        group.push(inner);
+        readers.push(window);
         expanded.push(i);
     }
     // The members that are now directories: each accounted for as merged into what it holds.
@@ -318,7 +339,8 @@ fn expand_one(
         keep
     });
     image.merged += expanded.len() as u64;
-    inners
+    group.shrink_to_fit();
+    readers.shrink_to_fit();
 }
 
 /// Whether a member's name is one an archive of `kinds` has.

@@ -46,6 +46,9 @@ pub fn write(
         "files": report.files,
         "data_bytes": report.data_bytes,
         "shuffle_seed": opts.shuffle,
+        // How the shuffled samples were dealt to shards: a seed gives the same shards under
+        // its deal (plan::deal).
+        "deal": opts.shuffle.map(|_| opts.deal.unwrap_or(super::plan::DEAL)),
         "mtime": opts.mtime,
         "compression": opts.compress.map(|c| c.describe()),
         "frame_size": opts.compress.map(|c| c.frame),

@@ -43,6 +43,9 @@ pub struct PackOptions {
     pub shards: ShardCount,
     /// Seed of the shuffle of samples; `None` keeps them in path order.
     pub shuffle: Option<u64>,
+    /// How shuffled samples are dealt to shards (`plan::deal`): `None` for `plan::DEAL`, or with
+    /// `resume` the deal the interrupted pack began with (`deal_of_earlier_pack`).
+    pub deal: Option<u32>,
     /// One mtime for every member, instead of the sources'.
     pub mtime: Option<i64>,
     pub resume: bool,
@@ -200,6 +203,27 @@ pub fn pack(
         .build()
         .map_err(|e| PackError::Source(format!("cannot start reader threads: {e}")))?;
 
+    let deal = match opts.deal {
+        Some(version) => version,
+        None if opts.resume => deal_of_earlier_pack(&out_dir, &name)?,
+        None => plan::DEAL,
+    };
+    if !(1..=plan::DEAL).contains(&deal) {
+        return Err(PackError::Usage(format!(
+            "deal {deal} is not one this packfs knows (1 to {})",
+            plan::DEAL
+        )));
+    }
+    let opts = &PackOptions {
+        deal: Some(deal),
+        ..opts.clone()
+    };
+    if opts.shuffle.is_some() {
+        // Before any shard: a --resume of this pack, cut short, must deal as it did.
+        let state = state_path(&out_dir, &name);
+        crate::util::safe_file::replace(&state, format!("{{\"deal\":{deal}}}\n").as_bytes(), 0o644)
+            .map_err(|error| PackError::Write { path: state, error })?;
+    }
     let (items, dirs, skipped) = gather(opts, &sources, &pool, on_progress)?;
     info!(
         members = items.len(),
@@ -372,7 +396,7 @@ fn plan_shards(
     let assignment: Vec<Vec<usize>> = if samples.is_empty() {
         vec![Vec::new()]
     } else if opts.shuffle.is_some() {
-        plan::deal(&samples, count)
+        plan::deal(&samples, count, opts.deal.unwrap_or(plan::DEAL))
     } else {
         plan::split(&samples, count)
             .into_iter()
@@ -399,6 +423,54 @@ fn plan_shards(
             }
         })
         .collect())
+}
+
+/// Where a shuffled pack notes its deal before it writes a shard (`.NAME.pack-state`, kept
+/// beside the lock file: the manifest, which records it too, comes only at the end).
+fn state_path(out_dir: &Path, name: &str) -> PathBuf {
+    out_dir.join(format!(".{name}.pack-state"))
+}
+
+/// The deal of the pack of `name` in `out_dir` that `--resume` goes on with: the one its state
+/// file notes (a pack cut short), else its manifest's (a whole pack; none recorded: 1), else 1
+/// if shards of it exist (written before deals had versions), else the current one.
+fn deal_of_earlier_pack(out_dir: &Path, name: &str) -> Result<u32, PackError> {
+    let read = |path: PathBuf| -> Result<Option<serde_json::Value>, PackError> {
+        let file = match crate::util::safe_file::no_follow().read(true).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(PackError::Read { path, error }),
+        };
+        crate::util::safe_file::check_owned(&file, &path).map_err(|error| PackError::Read {
+            path: path.clone(),
+            error,
+        })?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(&file, 1 << 24), &mut text)
+            .map_err(|error| PackError::Read {
+                path: path.clone(),
+                error,
+            })?;
+        Ok(serde_json::from_str(&text).ok())
+    };
+    let deal_in =
+        |doc: &serde_json::Value| doc.get("deal").and_then(|d| d.as_u64()).map(|d| d as u32);
+    if let Some(state) = read(state_path(out_dir, name))? {
+        return Ok(deal_in(&state).unwrap_or(1));
+    }
+    if let Some(manifest) = read(out_dir.join(format!("{name}.json")))? {
+        return Ok(deal_in(&manifest).unwrap_or(1));
+    }
+    let earlier = std::fs::read_dir(out_dir)
+        .map(|dir| {
+            dir.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&format!("{name}-")))
+            })
+        })
+        .unwrap_or(false);
+    Ok(if earlier { 1 } else { plan::DEAL })
 }
 
 /// Writes (or, resuming, checks) the shards, `opts.jobs` at a time, in order; a failure stops

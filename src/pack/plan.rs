@@ -111,12 +111,58 @@ pub fn split(samples: &[Sample], shards: usize) -> Vec<Range<usize>> {
     cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// Deals `samples` (in their order) to `shards` shards for a shuffled pack. Every shard gets its
+/// The deal new shuffled packs use (`deal`); the manifest records it, and a resumed pack keeps
+/// the one it began with, so that a seed always gives the same shards under its deal.
+pub const DEAL: u32 = 2;
+
+/// Deals `samples` (in their order) to `shards` shards for a shuffled pack, as deal `version`
+/// does: 1, greedy by bytes (`deal_greedy`, packfs 0.2's: seen 3.25 % above the mean); 2, in
+/// rounds (`deal_rounds`: within 1 %).
+pub fn deal(samples: &[Sample], shards: usize, version: u32) -> Vec<Vec<usize>> {
+    match version {
+        1 => deal_greedy(samples, shards),
+        _ => deal_rounds(samples, shards),
+    }
+}
+
+/// Deal 2: the samples in rounds of `shards`, in their (shuffled) order; in each round the
+/// largest sample goes to the shard with the fewest bytes, the next largest to the next, and so
+/// on, so each round adds one sample to every shard (counts differ by at most one, the last round
+/// filling the lightest shards) and no shard runs ahead of another by more than about a sample
+/// over the whole deal. Each shard keeps its samples in the order of the rounds (a random order).
+pub fn deal_rounds(samples: &[Sample], shards: usize) -> Vec<Vec<usize>> {
+    let n = samples.len();
+    assert!(
+        shards >= 1 && shards <= n.max(1),
+        "{shards} shards, {n} samples"
+    );
+    let mut out: Vec<Vec<usize>> = (0..shards)
+        .map(|_| Vec::with_capacity(n.div_ceil(shards)))
+        .collect();
+    let mut bytes = vec![0u64; shards];
+    let mut by_bytes: Vec<usize> = (0..shards).collect();
+    let mut round: Vec<usize> = Vec::with_capacity(shards);
+    for start in (0..n).step_by(shards) {
+        round.clear();
+        round.extend(start..(start + shards).min(n));
+        // Largest first (ties by position, so the deal is fixed by the order alone).
+        round.sort_by_key(|&i| (std::cmp::Reverse(samples[i].bytes), i));
+        // Lightest shard first (ties by number).
+        by_bytes.sort_by_key(|&k| (bytes[k], k));
+        for (&i, &k) in round.iter().zip(&by_bytes) {
+            out[k].push(i);
+            bytes[k] += samples[i].bytes;
+        }
+    }
+    out
+}
+
+/// Deal 1 (packfs 0.2): every shard gets its
 /// share of the samples (counts differ by at most one); bytes are balanced by giving a sample
 /// larger than the mean to the shard furthest below its byte share, and a smaller one to the shard
 /// furthest above it (among those with room), which keeps every shard within a few samples of the
 /// mean (the last samples go where there is room). Each shard keeps its samples in the order dealt (a random order).
-pub fn deal(samples: &[Sample], shards: usize) -> Vec<Vec<usize>> {
+pub fn deal_greedy(samples: &[Sample], shards: usize) -> Vec<Vec<usize>> {
     use std::collections::BTreeSet;
     let n = samples.len();
     assert!(
@@ -169,6 +215,27 @@ mod tests {
         assert_eq!(&a[..5], &[7, 98, 35, 81, 92]);
     }
 
+    /// A seed must give the same shards under its deal with every packfs (a resumed pack keeps
+    /// its deal; `--deal 1` makes an old pack again): each deal's assignment of one fixed input
+    /// is pinned here, as numbers taken when the deal was written.
+    #[test]
+    fn each_deal_is_fixed_forever() {
+        let mut rng = SplitMix64(2026);
+        let sizes: Vec<u64> = (0..1000).map(|_| 1_000 + rng.below(300_000)).collect();
+        let samples = samples_of(&sizes);
+        let digest = |dealt: Vec<Vec<usize>>| -> u64 {
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            for (k, shard) in dealt.iter().enumerate() {
+                for &i in shard {
+                    h = (h ^ (k as u64) << 32 ^ i as u64).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+            h
+        };
+        assert_eq!(digest(deal(&samples, 7, 1)), 8401168104568681049);
+        assert_eq!(digest(deal(&samples, 7, 2)), 10956465166891174691);
+    }
+
     fn samples_of(sizes: &[u64]) -> Vec<Sample> {
         sizes
             .iter()
@@ -205,7 +272,7 @@ mod tests {
         ) {
             let samples = samples_of(&sizes);
             let shards = shards.min(samples.len());
-            let dealt = deal(&samples, shards);
+            for dealt in [deal(&samples, shards, 1), deal(&samples, shards, DEAL)] {
             let mut all: Vec<usize> = dealt.iter().flatten().copied().collect();
             all.sort();
             prop_assert_eq!(all, (0..samples.len()).collect::<Vec<_>>());
@@ -219,18 +286,19 @@ mod tests {
             for b in bytes {
                 prop_assert!((b as f64) <= mean + 8.0 * biggest, "{b} vs mean {mean}");
             }
+            }
         }
 
         #[test]
-        fn deal_keeps_shards_within_three_percent_on_many_samples(
+        fn deal_keeps_shards_within_one_percent_on_many_samples(
             sizes in prop::collection::vec(2_000u64..200_000, 4000..6000),
             shards in 2usize..16,
         ) {
-            let dealt = deal(&samples_of(&sizes), shards);
+            let dealt = deal(&samples_of(&sizes), shards, DEAL);
             let mean = sizes.iter().sum::<u64>() as f64 / shards as f64;
             for d in &dealt {
                 let b: u64 = d.iter().map(|&i| sizes[i]).sum();
-                prop_assert!((b as f64) < mean * 1.03, "{b} vs mean {mean}");
+                prop_assert!((b as f64) < mean * 1.01, "{b} vs mean {mean}");
             }
         }
 
