@@ -583,3 +583,49 @@ fn a_zip_listing_one_inner_tar_under_many_names_opens_it_once() {
         "{stderr}"
     );
 }
+
+/// `--inner-max N` opens N archives inside the images and serves the rest as the files they
+/// are, with one warning that names the bound and how to raise it.
+#[test]
+fn inner_max_bounds_the_archives_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for i in 0..8 {
+        write_file(
+            &d.join(format!("t{i}/x.txt")),
+            format!("{i}\n").as_bytes(),
+            0o644,
+        );
+        sh(&format!("tar -cf c{i}.tar -C t{i} x.txt"), d);
+    }
+    sh(
+        "tar -cf outer.tar c0.tar c1.tar c2.tar c3.tar c4.tar c5.tar c6.tar c7.tar",
+        d,
+    );
+    let out = packfs()
+        .args(["ls", "--inner-max", "5"])
+        .arg(d.join("outer.tar"))
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        listing.lines().filter(|l| l.ends_with("/x.txt")).count(),
+        5,
+        "{listing}"
+    );
+    assert_eq!(
+        listing.lines().filter(|l| !l.contains('/')).count(),
+        8,
+        "{listing}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr
+            .matches("at most 5 archives inside its images")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("--inner-max N"), "{stderr}");
+}

@@ -345,6 +345,7 @@ def mount(
     inner_archives: Optional[str] = None,
     inner_depth: Optional[int] = None,
     strip_inner_extension: bool = False,
+    inner_max: Optional[int] = None,
     save_index: Optional[PathLike] = None,
     stats_file: Optional[PathLike] = None,
     metrics_group: Union[str, int, None] = None,

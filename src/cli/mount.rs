@@ -156,7 +156,13 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
     let request = MountRequest {
         images: args.images.images.clone(),
         mountpoint: args.mountpoint.clone(),
-        merge: args.merge.options(),
+        merge: {
+            let mut merge = args.merge.options();
+            // What a daemon may hold (--cache-size + 64 MiB) bounds what the archives inside its
+            // images may cost.
+            merge.nesting.budget = args.cache_size.saturating_add(64 << 20);
+            merge
+        },
         fs: FsOptions {
             threads: args.threads,
             io_threads: args.io_threads,

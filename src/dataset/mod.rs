@@ -166,7 +166,7 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
                 index: path.to_path_buf(),
             });
         }
-        if merge.nesting != nested::Nesting::default() {
+        if !merge.nesting.is_default_tree() {
             return Err(DatasetError::NestingOfIndex {
                 index: path.to_path_buf(),
             });
@@ -277,7 +277,7 @@ pub fn scan_all(
     nesting: &nested::Nesting,
     on_scan: OnScan,
 ) -> Result<Vec<ScannedImage>, ArchiveError> {
-    let room = nested::Room::default();
+    let room = nested::Room::for_nesting(nesting);
     // Counted and told under one lock: counted apart, a later count could be told first, and
     // the last thing a log said would be "1 of 2 images" after a scan of both.
     let told = Mutex::new(ScanProgress {
