@@ -807,7 +807,10 @@ class Hints:
             {"stream": self.stream, "rank": int(rank), "epoch": int(epoch), "paths": rel}
         )
         if not answer.get("ok"):
-            raise MountError(f"the packfs daemon refused the hints: {answer.get('error')}")
+            refused = MountError(f"the packfs daemon refused the hints: {answer.get('error')}")
+            # For want of memory: this list only; the next may fit.
+            refused.no_room = bool(answer.get("no_room"))
+            raise refused
         return answer
 
     def end(self, *, rank: int = 0) -> None:

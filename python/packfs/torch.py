@@ -160,6 +160,11 @@ class _Hinter:
         try:
             answer = self.hints.send(paths, rank=rank, epoch=epoch)
         except MountError as e:
+            if getattr(e, "no_room", False):
+                # The daemon had no memory for this epoch's order: read without hints, try again
+                # with the next epoch's.
+                warnings.warn(f"packfs: this epoch's order was not taken: {e}", stacklevel=4)
+                return
             warnings.warn(f"packfs: hints stop: {e}", stacklevel=4)
             self.hints = None
             return

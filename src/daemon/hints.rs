@@ -41,6 +41,8 @@ const MAX_STREAM: usize = 256;
 const BYTES_PER_SAMPLE: u64 = 13;
 /// Memory is drawn for a list in steps of this many bytes (about 5 000 samples).
 const PERMIT_STEP: u64 = 64 << 10;
+/// Tries for a list's memory, 10 ms apart, before the list is refused.
+const DRAW_TRIES: usize = 100;
 /// All lists together hold at most this share of the memory budget: the rest is the readers'.
 const LISTS_SHARE: u64 = 4;
 /// A sender that stops in the middle of a message for this long is cut off (its list dropped);
@@ -103,9 +105,17 @@ impl Shared {
     /// never waits for memory, so a sender that stalls in the middle of one holds only what it
     /// has, and readers never queue behind it.
     fn draw(&self, bytes: u64) -> Option<Vec<Permit>> {
+        // The lists' own share is full only of lists: no use waiting for it.
         let share = self.lists.try_acquire(bytes)?;
-        let main = self.memory.try_acquire(bytes)?;
-        Some(vec![share, main])
+        // The budget may be busy for a moment (a reader waiting its turn, the cache full): tried
+        // again for up to a second, never in its queue, so no reader waits behind a list.
+        for _ in 0..DRAW_TRIES {
+            if let Some(main) = self.memory.try_acquire_reclaiming(bytes) {
+                return Some(vec![share, main]);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
     }
 }
 
@@ -315,6 +325,9 @@ struct Reply {
     first_unknown: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     truncated: Option<bool>,
+    /// Refused for want of memory: the next list may fit (the sender keeps sending).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_room: Option<bool>,
 }
 
 impl Reply {
@@ -481,16 +494,19 @@ fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
              (the lists hold {} of their {} share of the memory budget)",
             key.stream, key.rank, m.no_room, share.held, share.total
         );
-        return Reply::error(format!(
-            "no memory for this list ({} samples could not be held: the lists hold {} of their \
-             {} bytes, the budget {} of {}); end other streams' lists, send shorter ones, or \
-             mount with a larger --cache-size",
-            m.no_room,
-            share.held,
-            share.total,
-            shared.memory.stats().held,
-            shared.memory.stats().total
-        ));
+        return Reply {
+            no_room: Some(true),
+            ..Reply::error(format!(
+                "no memory for this list ({} samples could not be held: the lists hold {} of \
+                 their {} bytes, the budget {} of {}); end other streams' lists, send shorter \
+                 ones, or mount with a larger --cache-size",
+                m.no_room,
+                share.held,
+                share.total,
+                shared.memory.stats().held,
+                shared.memory.stats().total
+            ))
+        };
     }
     shared.lookahead.submit(Submitted {
         key,

@@ -228,6 +228,17 @@ impl MemoryBudget {
         })
     }
 
+    /// `try_acquire`, after asking the holders (the RAM cache, read-ahead) to let go of what is
+    /// lacking: for what must never wait in line, yet should not be refused by a full cache.
+    pub fn try_acquire_reclaiming(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+        if let Some(permit) = self.try_acquire(bytes) {
+            return Some(permit);
+        }
+        let lacking = bytes.saturating_sub(lock(&self.state).free);
+        self.reclaim(lacking.max(bytes));
+        self.try_acquire(bytes)
+    }
+
     pub fn stats(&self) -> BudgetStats {
         let free = lock(&self.state).free;
         BudgetStats {
@@ -389,6 +400,22 @@ mod tests {
         // Woken by the release, not by its patience running out.
         assert_eq!(bytes, 10);
         assert!(waited < Duration::from_secs(5), "{waited:?}");
+    }
+
+    #[test]
+    fn a_request_that_never_waits_still_makes_the_holders_let_go() {
+        let budget = MemoryBudget::new(100);
+        let held = Arc::new(Mutex::new(vec![budget.acquire(60), budget.acquire(30)]));
+        let cache = held.clone();
+        budget.add_reclaimer(Box::new(move |_| {
+            cache.lock().unwrap().pop();
+        }));
+        assert!(budget.try_acquire(20).is_none());
+        let permit = budget
+            .try_acquire_reclaiming(20)
+            .expect("the holder let go");
+        assert_eq!(permit.bytes(), 20);
+        assert_eq!(held.lock().unwrap().len(), 1);
     }
 
     #[test]
