@@ -269,42 +269,9 @@ impl Client {
                     resp.status().as_u16()
                 ))));
             }
-            if resp.status().as_u16() == 206 {
-                // A server (or a proxy) answering another range than asked would serve other
-                // bytes as these.
-                let range = resp
-                    .headers()
-                    .get("content-range")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                if !range.starts_with(&format!("bytes {offset}-{last}/")) {
-                    return Err(Failure::Final(io::Error::other(format!(
-                        "{loc}: asked for bytes {offset}-{last}, the server answered \
-                         Content-Range {range:?}"
-                    ))));
-                }
-                let total = range.rsplit('/').next().and_then(|t| t.parse::<u64>().ok());
-                if let (Some(opened), Some(total)) = (opened, total)
-                    && total != opened.size
-                {
-                    return Err(Failure::Final(replaced(
-                        loc,
-                        &format!(
-                            "its size is {total} bytes, it was {} when opened",
-                            opened.size
-                        ),
-                    )));
-                }
-            }
-            let answered = resp.headers().get("etag").and_then(|v| v.to_str().ok());
-            if let (Some(want), Some(got)) = (if_match, answered)
-                && !same_etag(want, got)
-            {
-                return Err(Failure::Final(replaced(
-                    loc,
-                    &format!("the answer's ETag is {got}, it was {want} when opened"),
-                )));
-            }
+            let partial = resp.status().as_u16() == 206;
+            super::answer::check_range(loc, resp.headers(), partial, (offset, last), opened)
+                .map_err(Failure::Final)?;
             let mut body = resp.into_body();
             let mut reader = body.as_reader();
             let mut got = 0;
@@ -525,7 +492,7 @@ impl Client {
             }
             412 => final_error(
                 io::ErrorKind::Other,
-                replaced(loc, "its ETag changed").to_string(),
+                super::answer::replaced(loc, "its ETag changed").to_string(),
             ),
             416 => final_error(
                 io::ErrorKind::UnexpectedEof,
@@ -605,19 +572,4 @@ fn meta_of(loc: &Location, headers: &ureq::http::HeaderMap) -> Result<ObjectMeta
         etag: text("etag").map(str::to_string),
         mtime,
     })
-}
-
-/// The error for an object replaced since it was opened: its files fail from then on.
-fn replaced(loc: &Location, how: &str) -> io::Error {
-    io::Error::other(format!(
-        "{loc} was replaced since it was opened ({how}); its files fail until it is indexed \
-         and mounted again"
-    ))
-}
-
-/// Whether two ETags name the same version: a weak validator (`W/"x"`) matches its strong form,
-/// as a proxy may weaken the ETag of what it passes on.
-fn same_etag(a: &str, b: &str) -> bool {
-    let strong = |t: &str| t.trim().trim_start_matches("W/").to_string();
-    strong(a) == strong(b)
 }

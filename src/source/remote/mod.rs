@@ -3,6 +3,7 @@
 //! `ReadAt`, so the formats, the catalog and the tiers treat it as any image; the tiers read it in
 //! whole chunks through the RAM cache, so small-file reads of one shard coalesce into few GETs.
 
+mod answer;
 mod client;
 pub mod config;
 mod credentials;

@@ -17,19 +17,23 @@
 //! Paths are resolved as they arrive, never held: a list costs 13 bytes per sample, drawn from
 //! the memory budget, and is at most four times the catalog's files.
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::DeserializeSeed;
 use tracing::{debug, info, warn};
 
-use crate::catalog::{Catalog, Kind};
+use crate::catalog::Catalog;
 use crate::tiers::budget::{MemoryBudget, Permit};
 use crate::tiers::lookahead::{ListKey, Lookahead, Submitted};
+
+mod message;
+
+use message::{Limited, Message, MessageSeed};
 
 /// Connections at once, at most.
 const MAX_CONNECTIONS: usize = 64;
@@ -346,63 +350,6 @@ fn reply(to: &mut impl Write, r: &Reply) -> io::Result<()> {
     to.write_all(&line)
 }
 
-/// Counts the bytes read since the last `reset`, and fails past `MAX_FIELD`: a path (or any
-/// field) is never longer, and serde would hold it whole. The socket has a read timeout
-/// (`STALL`): between messages it only means a quiet sender and the read goes on; in the middle
-/// of a message it ends the connection, and the list read so far with it.
-struct Limited<R> {
-    inner: R,
-    since: Arc<AtomicU64>,
-    /// Whether a byte of the current message (other than white space) has come.
-    started: Arc<AtomicBool>,
-}
-
-impl<R> Limited<R> {
-    fn check_field(&self) -> io::Result<()> {
-        match self.since.load(Ordering::Relaxed) > MAX_FIELD {
-            true => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("more than {MAX_FIELD} bytes without a path"),
-            )),
-            false => Ok(()),
-        }
-    }
-}
-
-impl<R: Read> Read for Limited<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.check_field()?;
-        let n = loop {
-            match self.inner.read(buf) {
-                Ok(n) => break n,
-                Err(e) if is_timeout(&e) && !self.started.load(Ordering::Relaxed) => continue,
-                Err(e) if is_timeout(&e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "the sender stalled for {} s in the middle of a message",
-                            STALL.as_secs()
-                        ),
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        if buf[..n].iter().any(|b| !b.is_ascii_whitespace()) {
-            self.started.store(true, Ordering::Relaxed);
-        }
-        self.since.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
-    }
-}
-
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
-
 fn serve_connection(stream: UnixStream, uid: u32, shared: &Shared) {
     let since = Arc::new(AtomicU64::new(0));
     let started = Arc::new(AtomicBool::new(false));
@@ -445,22 +392,6 @@ fn serve_connection(stream: UnixStream, uid: u32, shared: &Shared) {
             return;
         }
     }
-}
-
-/// A message as parsed: its fields, the paths already resolved.
-#[derive(Default)]
-struct Message {
-    stream: Option<String>,
-    rank: Option<u32>,
-    epoch: Option<u64>,
-    end: bool,
-    entries: Option<Vec<u32>>,
-    unknown: u64,
-    first_unknown: Option<String>,
-    truncated: bool,
-    /// Samples left out for want of memory (the lists' share or the budget full).
-    no_room: u64,
-    permits: Vec<Permit>,
 }
 
 fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
@@ -523,145 +454,4 @@ fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
         truncated: m.truncated.then_some(true),
         ..Reply::default()
     }
-}
-
-struct MessageSeed<'a> {
-    shared: &'a Shared,
-    since: &'a Arc<AtomicU64>,
-}
-
-impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
-    type Value = Message;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Message, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MessageSeed<'_> {
-    type Value = Message;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an object with stream, rank, epoch and paths")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
-        use serde::de::Error;
-        let mut m = Message::default();
-        while let Some(field) = map.next_key::<String>()? {
-            match field.as_str() {
-                "stream" => {
-                    let s: String = map.next_value()?;
-                    if s.chars().count() > MAX_STREAM {
-                        return Err(A::Error::custom(format!(
-                            "a stream name is at most {MAX_STREAM} characters"
-                        )));
-                    }
-                    m.stream = Some(s);
-                }
-                "rank" => m.rank = Some(map.next_value()?),
-                "epoch" => m.epoch = Some(map.next_value()?),
-                "end" => m.end = map.next_value()?,
-                "paths" => {
-                    let paths = map.next_value_seed(PathsSeed {
-                        shared: self.shared,
-                        since: self.since,
-                        m: &mut m,
-                    })?;
-                    m.entries = Some(paths);
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(m)
-    }
-}
-
-struct PathsSeed<'a> {
-    shared: &'a Shared,
-    since: &'a Arc<AtomicU64>,
-    m: &'a mut Message,
-}
-
-impl<'de> DeserializeSeed<'de> for PathsSeed<'_> {
-    type Value = Vec<u32>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u32>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for PathsSeed<'_> {
-    type Value = Vec<u32>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a list of paths")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u32>, A::Error> {
-        let catalog = &self.shared.catalog;
-        let most = (catalog.file_count() as usize)
-            .saturating_mul(4)
-            .saturating_add(1024);
-        let mut entries = Vec::new();
-        let mut permits = Vec::new();
-        let mut drawn = 0u64;
-        while let Some(path) = seq.next_element::<String>()? {
-            self.since.store(0, Ordering::Relaxed);
-            if entries.len() >= most {
-                self.m.truncated = true;
-                continue;
-            }
-            if self.m.no_room > 0 {
-                // Refused: the rest is read (the message must end) but not held.
-                self.m.no_room += 1;
-                continue;
-            }
-            match resolve(catalog, &self.shared.mountpoint, &path) {
-                Some(entry) => {
-                    let need = (entries.len() as u64 + 1) * BYTES_PER_SAMPLE;
-                    if need > drawn {
-                        match self.shared.draw(PERMIT_STEP) {
-                            Some(more) => {
-                                drawn += PERMIT_STEP;
-                                permits.extend(more);
-                            }
-                            None => {
-                                self.m.no_room = 1;
-                                entries = Vec::new();
-                                permits.clear();
-                                continue;
-                            }
-                        }
-                    }
-                    entries.push(entry);
-                }
-                None => {
-                    self.m.unknown += 1;
-                    if self.m.first_unknown.is_none() {
-                        self.m.first_unknown = Some(path.chars().take(4096).collect());
-                    }
-                }
-            }
-        }
-        entries.shrink_to_fit();
-        self.m.permits = permits;
-        Ok(entries)
-    }
-}
-
-/// The catalog entry of the file at `path` (relative to the mount's root, or absolute under
-/// `mountpoint`).
-fn resolve(catalog: &Catalog, mountpoint: &Path, path: &str) -> Option<u32> {
-    let relative = match Path::new(path).strip_prefix(mountpoint) {
-        Ok(rest) => rest.to_str()?,
-        Err(_) if path.starts_with('/') => return None,
-        Err(_) => path,
-    };
-    let id = catalog
-        .resolve(relative.trim_matches('/').as_bytes())
-        .ok()?;
-    (catalog.entry(id).ok()?.kind() == Kind::File).then_some(id)
 }
