@@ -629,3 +629,27 @@ fn inner_max_bounds_the_archives_opened() {
     );
     assert!(stderr.contains("--inner-max N"), "{stderr}");
 }
+
+/// An index of a tar of class tars whose tar changed since: the message names the command that
+/// rebuilds it from the tar given, not from the archives inside it (they were listed as images
+/// of their own, which `packfs index` cannot open).
+#[test]
+fn a_stale_index_of_nested_archives_is_rebuilt_from_the_outer_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outer, _) = imagenet_shaped(dir.path(), 2, 3);
+    let index = dir.path().join("t.packfs-index");
+    run(packfs().args(["index", "-o"]).arg(&index).arg(&outer));
+    set_mtime(&outer, 1_000_000_000);
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = packfs()
+        .arg("mount")
+        .arg(&index)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let command = format!("`packfs index -o {} {}`", index.display(), outer.display());
+    assert!(err.contains(&command), "{err}");
+}
