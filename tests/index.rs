@@ -353,6 +353,19 @@ fn damaged_chunk_fails_only_its_entries() {
     assert!(log.contains("damaged chunk(s)"), "{log}");
 }
 
+/// `packfs status` of `mnt` once the daemon has counted the files with checksums (in the
+/// background after mounting), or as it is after 20 s.
+fn counted_status(mnt: &Path) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let status = run(packfs().arg("status").arg(mnt));
+        if !status.contains("being counted") || start.elapsed().as_secs() > 20 {
+            return status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// `packfs index --checksums` records the CRC-32 of every stored member (one read of the data),
 /// `ls --json` and `status` say they are in force, and a mount of that index catches a member
 /// rewritten in place with its mtime kept on the next whole-file read (EIO), where an index
@@ -406,7 +419,7 @@ fn an_index_with_checksums_catches_a_member_rewritten_in_place() {
     damage_in_place(&tar, at, 0xff);
     let mnt = tmp.path().join("m");
     let m = Mount::new(&[&checked], &mnt, &[]);
-    let status = run(packfs().arg("status").arg(&mnt));
+    let status = counted_status(&mnt);
     assert!(
         status.contains("every file's reads are checked against the index's checksums"),
         "{status}"
@@ -419,7 +432,7 @@ fn an_index_with_checksums_catches_a_member_rewritten_in_place() {
     );
     drop(m);
     let m = Mount::new(&[&plain], &mnt, &[]);
-    let status = run(packfs().arg("status").arg(&mnt));
+    let status = counted_status(&mnt);
     assert!(status.contains("checksums none"), "{status}");
     let served = fs::read(mnt.join("d/f07.bin")).unwrap();
     assert_ne!(

@@ -119,16 +119,21 @@ fn render(m: &MountStatus) -> String {
         about.files,
         human(about.bytes)
     );
-    let unchecked = about.files.saturating_sub(about.checksummed_files);
     let _ = writeln!(
         out,
         "  checksums {}",
-        match (about.checksummed_files, unchecked) {
-            (_, 0) => "every file's reads are checked against the index's checksums".to_string(),
-            (0, _) => "none: files are served as their images hold them now (`packfs index \
+        match about
+            .checksummed_files
+            .map(|c| (c, about.files.saturating_sub(c)))
+        {
+            None => "being counted (the daemon walks its catalog once mounted)".to_string(),
+            Some((_, 0)) => {
+                "every file's reads are checked against the index's checksums".to_string()
+            }
+            Some((0, _)) => "none: files are served as their images hold them now (`packfs index \
                        --checksums` records them)"
                 .to_string(),
-            (checked, _) => format!(
+            Some((checked, unchecked)) => format!(
                 "{checked} files checked against the index's checksums, {unchecked} served as \
                  their images hold them now (`packfs index --checksums` records the rest)"
             ),

@@ -178,11 +178,13 @@ pub fn serve(
         "{what}; `packfs status {}` shows its counters",
         mountpoint.display()
     );
+    let checksummed = Arc::new(std::sync::OnceLock::new());
     let sources = || stats::Sources {
         files: files.clone(),
         requests: observer.requests.clone(),
         about: about.clone(),
         hints: lookahead.clone(),
+        checksummed: checksummed.clone(),
     };
     let stats_file = stats::StatsFile::start(
         stats_paths,
@@ -191,7 +193,7 @@ pub fn serve(
         req.metrics_group,
     );
     on_ready(ready_line);
-    verify_in_background(catalog);
+    verify_in_background(catalog, checksummed.clone());
     let watcher = watch_images(files.clone());
     let stage = files.images().stage().cloned();
     // The mount is up: a stager that cannot start leaves it serving from the source.
@@ -282,7 +284,7 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
         transport: String::new(),
         skipped_members: catalog.skipped().members,
         damaged_headers: catalog.skipped().damaged_headers,
-        checksummed_files: catalog.checksummed_files(),
+        checksummed_files: None,
         // Known once listening.
         hints: None,
     }
@@ -501,15 +503,16 @@ fn watch_images(files: Arc<tiers::FileReader>) -> Option<crossbeam_channel::Send
 
 /// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the
 /// log at once instead of at the first request that meets it, and the index pages get warm.
-fn verify_in_background(catalog: Arc<Catalog>) {
-    let Some(index) = catalog.index_path().map(Path::to_path_buf) else {
-        return;
-    };
+fn verify_in_background(catalog: Arc<Catalog>, checksummed: Arc<std::sync::OnceLock<u64>>) {
     let spawned = std::thread::Builder::new()
         .name("packfs-verify".into())
         .spawn(move || {
             // SAFETY: plain syscall; on Linux, `who = 0` is the calling thread only.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+            let _ = checksummed.set(catalog.checksummed_files());
+            let Some(index) = catalog.index_path().map(Path::to_path_buf) else {
+                return;
+            };
             let started = std::time::Instant::now();
             let damaged = catalog.verify_all();
             let secs = started.elapsed().as_secs_f64();

@@ -153,8 +153,10 @@ pub struct About {
     pub skipped_members: u64,
     pub damaged_headers: u64,
     /// Files whose reads are checked against a checksum in the catalog (`Catalog::
-    /// checksummed_files`); the others are served as their image holds them now.
-    pub checksummed_files: u64,
+    /// checksummed_files`); the others are served as their image holds them now. Counted in
+    /// the background once mounted (a walk of every entry, which a mount from an index must
+    /// not wait for): `None` until then.
+    pub checksummed_files: Option<u64>,
     /// The socket samplers send their hints to (absent: hints are off).
     pub hints: Option<String>,
 }
@@ -200,6 +202,8 @@ pub struct Sources {
     pub requests: Arc<Requests>,
     pub about: About,
     pub hints: Option<Arc<crate::tiers::lookahead::Lookahead>>,
+    /// `About::checksummed_files`, once counted.
+    pub checksummed: Arc<std::sync::OnceLock<u64>>,
 }
 
 impl Counters {
@@ -215,7 +219,10 @@ impl Counters {
             mountpoint: mountpoint.to_string_lossy().into_owned(),
             pid: std::process::id(),
             uptime_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-            about: src.about.clone(),
+            about: About {
+                checksummed_files: src.checksummed.get().copied(),
+                ..src.about.clone()
+            },
             served: images.stats(),
             source: images.source().stats(),
             ram: images.ram_stats(),
@@ -397,6 +404,7 @@ mod tests {
             requests: Arc::new(Requests::default()),
             about: About::default(),
             hints: None,
+            checksummed: Arc::default(),
         }
     }
 
