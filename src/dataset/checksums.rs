@@ -69,7 +69,8 @@ pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), Arc
     let next = AtomicUsize::new(0);
     let found: Mutex<Vec<(usize, usize, u32)>> = Mutex::new(Vec::new());
     let failed: Mutex<Option<ArchiveError>> = Mutex::new(None);
-    let scanned_ro: &[ScannedImage] = scanned;
+    // Read by the threads; the CRC-32s are written into `scanned` once they are done.
+    let images: &[ScannedImage] = scanned;
     std::thread::scope(|scope| {
         for _ in 0..THREADS.min(groups.len()).max(1) {
             scope.spawn(|| {
@@ -80,7 +81,7 @@ pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), Arc
                     if jobs.is_empty() || failed.lock().expect("not poisoned").is_some() {
                         continue;
                     }
-                    let location = &scanned_ro[g].location;
+                    let location = &images[g].location;
                     match crcs_of(location, jobs, &mut buf, &|n| {
                         on_bytes(read.fetch_add(n, Ordering::Relaxed) + n, total)
                     }) {
@@ -93,7 +94,6 @@ pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), Arc
             });
         }
     });
-    drop(groups);
     if let Some(e) = failed.into_inner().expect("not poisoned") {
         return Err(e);
     }

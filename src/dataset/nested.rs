@@ -215,7 +215,6 @@ pub fn expand(
             let placeholder =
                 ScannedImage::new(ImageLocation::File(PathBuf::new()), Default::default());
             let mut image = std::mem::replace(&mut group[next], placeholder);
-            let first = group.len();
             expand_one(
                 &mut image,
                 data,
@@ -227,7 +226,6 @@ pub fn expand(
             );
             group[next] = image;
             depth_of.resize(group.len(), depth_of[next] + 1);
-            debug_assert!(group.len() >= first);
         }
         next += 1;
     }
