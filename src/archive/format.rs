@@ -27,6 +27,25 @@ pub struct ImageFormat {
     pub what: &'static str,
     pub detect: fn(&Probe) -> io::Result<bool>,
     pub scan: Scan,
+    /// How an archive of the format is known as a member of another image (`dataset::nested`);
+    /// `None`: never opened there.
+    pub inside: Option<Inside>,
+}
+
+/// How a format is known inside another image: only under its names (a gzip sample `x.json.gz`
+/// is no archive, and decoding every sample's start to find out would cost a decode each), then
+/// by its content.
+#[derive(Clone, Copy, Debug)]
+pub struct Inside {
+    /// A tar (opened with `--inner-archives tar`); else opened only with `all`.
+    pub tar: bool,
+    /// The names (lower case) a member of the format may have.
+    pub names: &'static [&'static str],
+    /// Of those, the names the member's directory keeps (`x.npz` stays `x.npz/`); the others are
+    /// stripped with `--strip-inner-extension`.
+    pub kept: &'static [&'static str],
+    /// Content check inside, when not the format's own `detect`.
+    pub detect: Option<fn(&Probe) -> io::Result<bool>>,
 }
 
 impl std::fmt::Debug for ImageFormat {

@@ -6,7 +6,7 @@
 use std::io;
 use std::sync::LazyLock;
 
-use super::format::{INDEX_MAGIC, ImageFormat, Probe};
+use super::format::{INDEX_MAGIC, ImageFormat, Inside, Probe};
 use super::{ArchiveError, ScannedImage, squashfs, tar, zip};
 use crate::source::read_at::ReadAt;
 
@@ -21,6 +21,19 @@ pub const TAR: ImageFormat = ImageFormat {
     what: "a tar image",
     detect: |_| Ok(true),
     scan: tar::scan,
+    inside: None,
+};
+
+/// A plain tar inside an image: under any tar's name (a plain tar is often named `.tar.gz`), by
+/// its first header's checksum; all zeros is no archive here (an empty sample).
+const TAR_INSIDE: Inside = Inside {
+    tar: true,
+    names: &[
+        ".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2",
+        ".tbz",
+    ],
+    kept: &[],
+    detect: Some(|p| Ok(tar::is_header(p.head) && !is_zeros(p.head))),
 };
 
 static STANDARD: LazyLock<Registry> = LazyLock::new(|| {
@@ -33,16 +46,31 @@ static STANDARD: LazyLock<Registry> = LazyLock::new(|| {
                     image: image.path.clone(),
                 })
             },
+            inside: None,
         })
         .with(ImageFormat {
             what: "a zip image",
             detect: |p| Ok(p.head.starts_with(b"PK\x03\x04") || p.head.starts_with(b"PK\x05\x06")),
             scan: zip::scan,
+            // Inside an image, a zip starts with its first record: the end-record form below
+            // would read the end of every candidate.
+            inside: Some(Inside {
+                tar: false,
+                names: &[".zip", ".npz"],
+                kept: &[".npz"],
+                detect: None,
+            }),
         })
         .with(ImageFormat {
             what: "a squashfs image",
             detect: |p| Ok(p.head.starts_with(b"hsqs")),
             scan: squashfs::scan,
+            inside: Some(Inside {
+                tar: false,
+                names: &[".squashfs", ".sqfs"],
+                kept: &[],
+                detect: None,
+            }),
         })
         .with(tar::GZIP_TAR)
         .with(tar::ZSTD_TAR)
@@ -52,16 +80,19 @@ static STANDARD: LazyLock<Registry> = LazyLock::new(|| {
             what: UNREAD,
             detect: |p| Ok(p.head.starts_with(b"\x04\x22\x4d\x18")),
             scan: |_, image| Err(unpack_first(image, "lz4", "lz4 -d")),
+            inside: None,
         })
         .with(ImageFormat {
             what: UNREAD,
             detect: |p| Ok(p.head.starts_with(b"LZIP")),
             scan: |_, image| Err(unpack_first(image, "lzip", "lzip -dk")),
+            inside: None,
         })
         .with(ImageFormat {
             what: "a tar image",
             detect: |p| Ok(p.head.len() == 512 && tar::is_header(p.head) || is_zeros(p.head)),
             scan: tar::scan,
+            inside: Some(TAR_INSIDE),
         })
         .with(ImageFormat {
             what: "the JSON manifest of `packfs pack`",
@@ -75,11 +106,13 @@ static STANDARD: LazyLock<Registry> = LazyLock::new(|| {
                      (NAME-*.tar)",
                 ))
             },
+            inside: None,
         })
         .with(ImageFormat {
             what: "a zip image",
             detect: |p| has_zip_end(p.file, p.len),
             scan: zip::scan,
+            inside: None,
         })
 });
 
@@ -100,6 +133,44 @@ impl Registry {
     pub fn with(mut self, format: ImageFormat) -> Registry {
         self.formats.push(format);
         self
+    }
+
+    /// The formats opened inside images: tars only, or `all` kinds.
+    fn inside(&self, all: bool) -> impl Iterator<Item = (&ImageFormat, &Inside)> {
+        self.formats
+            .iter()
+            .filter_map(|f| Some((f, f.inside.as_ref()?)))
+            .filter(move |(_, inside)| all || inside.tar)
+    }
+
+    /// Whether a member named `name` may be an archive opened inside an image (`all`: zips and
+    /// squashfs images too, else tars).
+    pub fn inner_name(&self, name: &[u8], all: bool) -> bool {
+        let lower = name.to_ascii_lowercase();
+        self.inside(all)
+            .any(|(_, i)| ends_with_any(&lower, i.names))
+    }
+
+    /// Whether `probe` (a member named `name`) is such an archive: one of the formats whose
+    /// names it has claims its content.
+    pub fn inner_archive(&self, probe: &Probe, name: &[u8], all: bool) -> bool {
+        let lower = name.to_ascii_lowercase();
+        self.inside(all).any(|(format, i)| {
+            ends_with_any(&lower, i.names)
+                && (i.detect.unwrap_or(format.detect))(probe).unwrap_or(false)
+        })
+    }
+
+    /// `name` without the archive extension its format gives it (the longest that matches),
+    /// if it has one, the directory does not keep it, and something is left.
+    pub fn strip_extension<'a>(&self, name: &'a [u8]) -> Option<&'a [u8]> {
+        let lower = name.to_ascii_lowercase();
+        let ext = self
+            .inside(true)
+            .flat_map(|(_, i)| i.names.iter().filter(|n| !i.kept.contains(n)))
+            .filter(|e| lower.ends_with(e.as_bytes()))
+            .max_by_key(|e| e.len())?;
+        (name.len() > ext.len()).then(|| &name[..name.len() - ext.len()])
     }
 
     /// The first format that claims the `len`-byte image `file`, else tar.
@@ -135,6 +206,10 @@ fn unpack_first(image: &ScannedImage, name: &str, command: &str) -> ArchiveError
             image.path.display()
         ),
     )
+}
+
+fn ends_with_any(lower: &[u8], names: &[&str]) -> bool {
+    names.iter().any(|e| lower.ends_with(e.as_bytes()))
 }
 
 fn is_zeros(head: &[u8]) -> bool {
@@ -188,6 +263,7 @@ mod tests {
             });
             Ok(())
         },
+        inside: None,
     };
 
     fn fingerprint(len: usize) -> Fingerprint {

@@ -16,6 +16,7 @@ use tracing::warn;
 
 use std::os::unix::ffi::OsStrExt;
 
+use crate::archive::registry::Registry;
 use crate::archive::{self, Encoding, Member, MemberKind, ScannedImage, Span, format::Probe};
 use crate::source::ImageLocation;
 use crate::source::read_at::{ReadAt, Window};
@@ -97,36 +98,6 @@ impl Nesting {
         self.kinds != InnerKinds::None && self.depth > 0
     }
 }
-
-/// Archive extensions, longest first, for `strip_extension`.
-const EXTENSIONS: [&str; 13] = [
-    ".tar.gz",
-    ".tar.zst",
-    ".tar.xz",
-    ".tar.bz2",
-    ".squashfs",
-    ".tgz",
-    ".tzst",
-    ".txz",
-    ".tbz2",
-    ".tbz",
-    ".tar",
-    ".zip",
-    ".sqfs",
-];
-
-/// Compressed tars are tried only under these names: a gzip sample (`.json.gz`) is not an
-/// archive, and decoding each one's start to find out would cost every sample a decode.
-const COMPRESSED_TAR: [&str; 9] = [
-    ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
-];
-
-/// Names of the members that may be tars (their first bytes then decide)...
-const TAR_NAMES: [&str; 10] = [
-    ".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
-];
-/// ... and, with `--inner-archives all`, zips and squashfs images.
-const OTHER_NAMES: [&str; 4] = [".zip", ".npz", ".sqfs", ".squashfs"];
 
 /// Inner archives opened at most, in all the images of a dataset; and of those, archives whose
 /// scan keeps checkpoint tables (compressed tars, zips with large deflated members), each held
@@ -376,11 +347,15 @@ fn expand_one(
     readers.shrink_to_fit();
 }
 
+/// Which names and contents make an archive is the registry's to say (`archive::registry`,
+/// each format's `Inside`): here, only which kinds `--inner-archives` opens.
+fn all_kinds(kinds: InnerKinds) -> bool {
+    kinds == InnerKinds::All
+}
+
 /// Whether a member's name is one an archive of `kinds` has.
 fn archive_name(name: &[u8], kinds: InnerKinds) -> bool {
-    let lower = name.to_ascii_lowercase();
-    let ends = |list: &[&str]| list.iter().any(|e| lower.ends_with(e.as_bytes()));
-    ends(&TAR_NAMES) || kinds == InnerKinds::All && ends(&OTHER_NAMES)
+    Registry::standard().inner_name(name, all_kinds(kinds))
 }
 
 /// Whether the `len` bytes of `window` (a member named `name`) are an archive of `kinds`.
@@ -389,47 +364,17 @@ fn is_archive(window: &dyn ReadAt, len: u64, name: &[u8], kinds: InnerKinds) -> 
     let Ok(n) = window.read_up_to(&mut head, 0) else {
         return false;
     };
-    let head = &head[..n];
     let probe = Probe {
-        head,
+        head: &head[..n],
         file: window,
         len,
     };
-    let named = |list: &[&str]| {
-        let lower = name.to_ascii_lowercase();
-        list.iter().any(|e| lower.ends_with(e.as_bytes()))
-    };
-    // A plain tar by its first header's checksum (all zeros is no archive here: an empty
-    // sample); a compressed one by its magic, under a tar's name.
-    if archive::tar::is_header(head) && head.iter().any(|&b| b != 0) {
-        return true;
-    }
-    let compressed = [
-        archive::tar::GZIP_TAR,
-        archive::tar::ZSTD_TAR,
-        archive::tar::XZ_TAR,
-        archive::tar::BZIP2_TAR,
-    ];
-    if named(&COMPRESSED_TAR)
-        && compressed
-            .iter()
-            .any(|f| (f.detect)(&probe).unwrap_or(false))
-    {
-        return true;
-    }
-    kinds == InnerKinds::All
-        && (head.starts_with(b"PK\x03\x04")
-            || head.starts_with(b"PK\x05\x06")
-            || head.starts_with(b"hsqs"))
+    Registry::standard().inner_archive(&probe, name, all_kinds(kinds))
 }
 
 /// `name` without its archive extension, if it has one and something is left.
 fn stripped(name: &[u8]) -> Option<&[u8]> {
-    let lower = name.to_ascii_lowercase();
-    EXTENSIONS.iter().find_map(|e| {
-        let e = e.as_bytes();
-        (lower.ends_with(e) && name.len() > e.len()).then(|| &name[..name.len() - e.len()])
-    })
+    Registry::standard().strip_extension(name)
 }
 
 /// Every path `image` serves and every directory above one: a stripped name must not be one.

@@ -106,6 +106,28 @@ impl BitWriter {
     }
 }
 
+/// bzip2 blocks in a checkpoint table (`super::Framing`): the block's bit shift, its unused
+/// bits and its stream's level.
+pub const FRAMING: super::Framing = super::Framing {
+    kind: 3,
+    names: ("bzip2", "blocks"),
+    encode: |c| match c {
+        super::Codec::Bzip2Block {
+            shift,
+            unused,
+            level,
+        } => Some([shift, unused, level, 0, 0, 0, 0, 0]),
+        _ => None,
+    },
+    decode: |p| {
+        (p[0] <= 7 && p[1] <= 7 && (1..=9).contains(&p[2])).then_some(super::Codec::Bzip2Block {
+            shift: p[0],
+            unused: p[1],
+            level: p[2],
+        })
+    },
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

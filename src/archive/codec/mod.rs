@@ -122,6 +122,37 @@ pub fn inflate_stream(image: &dyn ReadAt, offset: u64, size: u64) -> io::Result<
     deflate::inflate_stream(image, offset, size)
 }
 
+/// A codec whose pieces a checkpoint table lists (the framed formats, `archive::framed`): the
+/// table's kind for it (never reused: indexes outlive builds), what the compression and its
+/// pieces are called, and the codec's parameters as a table entry keeps them. Each is defined
+/// beside its codec; a new framed codec is one more here.
+pub struct Framing {
+    pub kind: u32,
+    pub names: (&'static str, &'static str),
+    /// The parameters of `codec` if it is this framing's.
+    pub encode: fn(Codec) -> Option<[u8; 8]>,
+    /// The codec from an entry's parameters, if they are valid.
+    pub decode: fn(&[u8; 8]) -> Option<Codec>,
+}
+
+pub const FRAMINGS: [Framing; 3] = [zstd::FRAMING, xz::FRAMING, bzip2::FRAMING];
+
+/// The framing of table kind `kind`.
+pub fn framing_of(kind: u32) -> Option<&'static Framing> {
+    FRAMINGS.iter().find(|f| f.kind == kind)
+}
+
+impl Codec {
+    /// This codec's framing and its parameters (a codec of no framing counts as zstd's, whose
+    /// frames carry their own parameters).
+    pub fn framing(self) -> (&'static Framing, [u8; 8]) {
+        FRAMINGS
+            .iter()
+            .find_map(|f| Some((f, (f.encode)(self)?)))
+            .unwrap_or((&FRAMINGS[0], [0; 8]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

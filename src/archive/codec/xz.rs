@@ -96,6 +96,23 @@ fn put_vli(out: &mut Vec<u8>, mut n: u64) {
     out.push(n as u8);
 }
 
+/// xz blocks in a checkpoint table (`super::Framing`): the stream's check type and the block's
+/// padding.
+pub const FRAMING: super::Framing = super::Framing {
+    kind: 2,
+    names: ("xz", "blocks"),
+    encode: |c| match c {
+        super::Codec::XzBlock { check, pad } => Some([check, pad, 0, 0, 0, 0, 0, 0]),
+        _ => None,
+    },
+    decode: |p| {
+        (p[0] <= 15 && p[1] <= 3).then_some(super::Codec::XzBlock {
+            check: p[0],
+            pad: p[1],
+        })
+    },
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,3 +16,11 @@ pub fn decompress(input: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
         ctx.decompress_to_buffer(input, out).map(|_| ())
     })
 }
+
+/// Zstandard frames in a checkpoint table (`super::Framing`): no parameters.
+pub const FRAMING: super::Framing = super::Framing {
+    kind: 1,
+    names: ("zstd", "frames"),
+    encode: |c| matches!(c, super::Codec::Zstd).then_some([0; 8]),
+    decode: |_| Some(super::Codec::Zstd),
+};

@@ -20,18 +20,15 @@
 //! read, never a panic or an allocation beyond `MAX_INTERVAL`.
 
 use super::{Located, MAX_INTERVAL, Restart, WINDOW};
-use crate::archive::codec::Codec;
+use crate::archive::codec::{Codec, FRAMINGS, framing_of};
 use crate::archive::plan::{Piece, PlanError, Unit};
 use crate::util::le::{self, u64_at};
 
 pub const HEAD: usize = 16;
 const ENTRY: usize = 32;
 
-/// Table kinds (never reused: indexes outlive builds).
+/// The table kind of deflate restarts; the frame kinds are the codecs' (`codec::FRAMINGS`).
 const RESTARTS: u32 = 0;
-const ZSTD_FRAMES: u32 = 1;
-const XZ_BLOCKS: u32 = 2;
-const BZIP2_BLOCKS: u32 = 3;
 
 /// One piece of a framed stream, as the scan finds it: its compressed bytes `in_at..in_at +
 /// in_len`, the decoded offset it starts at, and the codec that decodes it (with its parameters).
@@ -45,49 +42,21 @@ pub struct FrameEntry {
 
 /// The table kind and an entry's parameters for a framed piece's codec.
 fn frame_code(codec: Codec) -> (u32, [u8; 8]) {
-    let mut params = [0u8; 8];
-    let kind = match codec {
-        Codec::XzBlock { check, pad } => {
-            params[..2].copy_from_slice(&[check, pad]);
-            XZ_BLOCKS
-        }
-        Codec::Bzip2Block {
-            shift,
-            unused,
-            level,
-        } => {
-            params[..3].copy_from_slice(&[shift, unused, level]);
-            BZIP2_BLOCKS
-        }
-        _ => ZSTD_FRAMES,
-    };
-    (kind, params)
+    let (framing, params) = codec.framing();
+    (framing.kind, params)
 }
 
 /// The codec of a framed piece from its table's kind and its parameters, if they are valid.
 fn frame_codec(kind: u32, p: &[u8]) -> Option<Codec> {
-    match kind {
-        ZSTD_FRAMES => Some(Codec::Zstd),
-        XZ_BLOCKS => (p[0] <= 15 && p[1] <= 3).then_some(Codec::XzBlock {
-            check: p[0],
-            pad: p[1],
-        }),
-        BZIP2_BLOCKS => {
-            (p[0] <= 7 && p[1] <= 7 && (1..=9).contains(&p[2])).then_some(Codec::Bzip2Block {
-                shift: p[0],
-                unused: p[1],
-                level: p[2],
-            })
-        }
-        _ => None,
-    }
+    let params: &[u8; 8] = p.get(..8)?.try_into().ok()?;
+    (framing_of(kind)?.decode)(params)
 }
 
 /// Encodes a whole table of frames (all of one codec) for a stream of `total` decoded bytes.
 pub fn encode_frames(total: u64, frames: &[FrameEntry], out: &mut Vec<u8>) {
     let kind = frames
         .first()
-        .map_or(ZSTD_FRAMES, |f| frame_code(f.codec).0);
+        .map_or(FRAMINGS[0].kind, |f| frame_code(f.codec).0);
     out.extend_from_slice(&total.to_le_bytes());
     out.extend_from_slice(&(frames.len() as u32).to_le_bytes());
     out.extend_from_slice(&kind.to_le_bytes());
@@ -216,12 +185,7 @@ impl<'a> Checkpoints<'a> {
 
     /// For a table of frames, the compression and what its pieces are called, for listings.
     pub fn framing(&self) -> Option<(&'static str, &'static str)> {
-        match self.kind {
-            ZSTD_FRAMES => Some(("zstd", "frames")),
-            XZ_BLOCKS => Some(("xz", "blocks")),
-            BZIP2_BLOCKS => Some(("bzip2", "blocks")),
-            _ => None,
-        }
+        framing_of(self.kind).map(|f| f.names)
     }
 
     fn field64(&self, i: usize, at: usize) -> u64 {
@@ -341,7 +305,7 @@ impl<'a> Checkpoints<'a> {
 /// The table's kind, from its head.
 fn kind(bytes: &[u8]) -> Result<u32, String> {
     match bytes.get(..HEAD).map(|h| le::u32_at(h, 12)) {
-        Some(k @ (RESTARTS | ZSTD_FRAMES | XZ_BLOCKS | BZIP2_BLOCKS)) => Ok(k),
+        Some(k) if k == RESTARTS || framing_of(k).is_some() => Ok(k),
         Some(k) => Err(format!("a checkpoint table of unknown kind {k}")),
         None => Err("the checkpoint table is cut short".into()),
     }

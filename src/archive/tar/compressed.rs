@@ -9,7 +9,7 @@ use tracing::{debug, warn};
 
 use super::stream::{Chunks, Decoded};
 use super::walk;
-use crate::archive::format::ImageFormat;
+use crate::archive::format::{ImageFormat, Inside};
 use crate::archive::framed::{self, BlockIndexer};
 use crate::archive::inflate::{self, Indexer, InflateError, Wrapper};
 use crate::archive::{ArchiveError, ScannedImage};
@@ -96,10 +96,24 @@ const BZIP2: Compressed = Compressed {
 };
 
 /// The compressed tars, for the format registry, each known by its stream's magic.
+/// The names of compressed tars, whichever the compressor (a `.tgz` of zstd is opened too).
+pub const COMPRESSED_NAMES: &[&str] = &[
+    ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz",
+];
+
+/// A compressed tar inside an image: under a compressed tar's name, by its magic.
+const COMPRESSED_INSIDE: Inside = Inside {
+    tar: true,
+    names: COMPRESSED_NAMES,
+    kept: &[],
+    detect: None,
+};
+
 pub const GZIP_TAR: ImageFormat = ImageFormat {
     what: "a gzip-compressed tar",
     detect: |p| Ok(p.head.starts_with(b"\x1f\x8b")),
     scan: scan_gzip,
+    inside: Some(COMPRESSED_INSIDE),
 };
 
 pub const ZSTD_TAR: ImageFormat = ImageFormat {
@@ -111,18 +125,21 @@ pub const ZSTD_TAR: ImageFormat = ImageFormat {
         Ok(h.starts_with(b"\x28\xb5\x2f\xfd") || skippable)
     },
     scan: scan_zstd,
+    inside: Some(COMPRESSED_INSIDE),
 };
 
 pub const XZ_TAR: ImageFormat = ImageFormat {
     what: "an xz-compressed tar",
     detect: |p| Ok(p.head.starts_with(b"\xfd7zXZ\x00")),
     scan: scan_xz,
+    inside: Some(COMPRESSED_INSIDE),
 };
 
 pub const BZIP2_TAR: ImageFormat = ImageFormat {
     what: "a bzip2-compressed tar",
     detect: |p| Ok(p.head.starts_with(b"BZh")),
     scan: scan_bzip2,
+    inside: Some(COMPRESSED_INSIDE),
 };
 
 /// Scans a gzip-compressed tar: the tar is walked through its decoded stream, inflated once, and
