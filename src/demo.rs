@@ -13,10 +13,11 @@ use rand::{Rng, SeedableRng};
 
 use crate::catalog::DuplicatePolicy;
 use crate::daemon::{self, MountError};
-use crate::dataset::{self, DatasetError};
+use crate::dataset;
+use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::fs::{self, Core, FsOptions, Mounted};
 use crate::pack::{self, PackError, PackOptions, ShardCount};
-use crate::tiers::{self, OpenError, TierOptions};
+use crate::source::Stores;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -29,9 +30,7 @@ pub enum DemoError {
     #[error(transparent)]
     Mount(#[from] MountError),
     #[error(transparent)]
-    Dataset(#[from] DatasetError),
-    #[error(transparent)]
-    Tiers(#[from] OpenError),
+    Engine(#[from] EngineError),
     #[error(transparent)]
     Pack(#[from] PackError),
     /// The mount did not serve what was packed.
@@ -158,6 +157,7 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
             merge: DuplicatePolicy::Error.into(),
             compress: None,
             labels: None,
+            stores: Stores::default(),
         },
         &|_| {},
     )?;
@@ -165,15 +165,11 @@ pub fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
 
     let started = Instant::now();
     let index = vec![packed.index.display().to_string()];
-    let catalog = Arc::new(dataset::open(
-        &index,
-        &DuplicatePolicy::Error.into(),
-        &dataset::quiet,
-    )?);
-    let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
+    let one_shot = EngineOptions::one_shot(index, DuplicatePolicy::Error.into());
+    let engine = Engine::open(&one_shot, Stores::default(), None, &dataset::quiet)?;
     let mnt = daemon::check_mountpoint(&mnt, false)?;
     let fs_opts = FsOptions::default();
-    let core = Arc::new(Core::new(catalog, Arc::new(files), fs_opts.owner()));
+    let core = Arc::new(Core::over(&engine, fs_opts.owner()));
     let guard = MountGuard(Some(fs::mount(core, &mnt, &fs_opts, Arc::default())?));
     std::fs::metadata(&mnt)?;
     let mount_time = started.elapsed();

@@ -16,6 +16,7 @@ pub mod catalog;
 pub mod daemon;
 pub mod dataset;
 pub mod demo;
+pub mod engine;
 pub mod fs;
 pub mod pack;
 pub mod source;

@@ -300,7 +300,10 @@ fn index_output_never_replaces_a_shard() {
         .args(["index", "--force", "-o"])
         .arg(&other)
         .arg(&shard));
-    assert!(packfs::catalog::index::is_index(&other));
+    assert!(packfs::catalog::index::is_index(
+        &other,
+        &packfs::source::Stores::default()
+    ));
 }
 
 /// A dead daemon whose root listing the kernel still has cached: a new mount there names the

@@ -39,6 +39,7 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
         packfs::dataset::open(
             &[pattern],
             &DuplicatePolicy::Error.into(),
+            &packfs::source::Stores::default(),
             &packfs::dataset::quiet,
         )
         .unwrap(),
@@ -46,7 +47,7 @@ fn reads_stuck_in_one_region_do_not_stall_the_others() {
     // The region holding the first STALLED files (tar order) waits until the gate opens.
     let stalled_end = STALLED * (SIZE as u64 + 1024);
     let gate = Arc::new(Gate::default());
-    let source = OpenedImages::open(catalog.images())
+    let source = OpenedImages::open(catalog.images(), &packfs::source::Stores::default())
         .unwrap()
         .wrapped(|_, data| {
             let faulty = Faulty::new(data, vec![(0..stalled_end, Fault::Stall(gate.clone()))]);

@@ -621,7 +621,7 @@ fn core_over(
     opts: &TierOptions,
     wrap: impl Fn(Arc<dyn ReadAt>) -> Arc<dyn ReadAt>,
 ) -> Core {
-    let source = OpenedImages::open(catalog.images())
+    let source = OpenedImages::open(catalog.images(), &packfs::source::Stores::default())
         .unwrap()
         .wrapped(|_, data| wrap(data));
     let files = tiers::assemble(Arc::new(source), &catalog, opts).unwrap();
@@ -716,6 +716,7 @@ fn check_image(
     let mut scanned = packfs::dataset::scan_all(
         &[packfs::source::ImageLocation::File(image.to_path_buf())],
         &packfs::dataset::nested::Nesting::default(),
+        &packfs::source::Stores::default(),
         &packfs::dataset::quiet,
     )
     .map_err(|e| fail(e.to_string()))?;
@@ -733,7 +734,10 @@ fn check_image(
     )?;
     let index = work.join("model.packfs-index");
     catalog::index::write(&built, &index).map_err(|e| fail(e.to_string()))?;
-    let reopened = Arc::new(catalog::index::open(&index).map_err(|e| fail(e.to_string()))?);
+    let reopened = Arc::new(
+        catalog::index::open(&index, &packfs::source::Stores::default())
+            .map_err(|e| fail(e.to_string()))?,
+    );
     prop_assert_eq!(reopened.len(), built.len());
     compare(
         &core_over(reopened.clone(), &opts, |d| d),

@@ -738,7 +738,10 @@ fn staged_source(
         stream: None,
         within: None,
     }];
-    let stage = Arc::new(Stage::open(opts, source.clone(), &infos, "this test").unwrap());
+    // The memory budget of the tiers the tests stack over it (a RAM cache of 256 MiB).
+    let memory = packfs::tiers::budget::MemoryBudget::for_cache(256 << 20);
+    let stage =
+        Arc::new(Stage::open(opts, source.clone(), &infos, "this test", Some(memory)).unwrap());
     (source, stage, dir)
 }
 

@@ -39,6 +39,11 @@ pub struct ImageInfo {
     pub within: Option<u32>,
 }
 
+/// Whether some of `images` is an object in a store: the one answer to "is this remote".
+pub fn any_object(images: &[ImageInfo]) -> bool {
+    images.iter().any(|i| i.location.is_object())
+}
+
 /// Where `offset` of image `image` of `images` lies in the file or object that holds its bytes:
 /// itself, or for an archive inside another image, the outermost image around it. The one walk
 /// of the chain, for `ls --json` and for the tiers' reads.
@@ -107,6 +112,11 @@ impl Catalog {
 
     pub fn images(&self) -> &[ImageInfo] {
         &self.images
+    }
+
+    /// Whether some image is an object in a store (every request a round trip).
+    pub fn has_objects(&self) -> bool {
+        any_object(&self.images)
     }
 
     /// Where `offset` of image `image` lies in the file or object that holds its bytes: itself,

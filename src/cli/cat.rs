@@ -1,9 +1,10 @@
 //! `packfs cat`
 
+use packfs::engine::{Engine, EngineOptions};
+use packfs::source::Stores;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
 
 use super::args::{Images, Merge};
 
@@ -17,14 +18,11 @@ pub struct Args {
     merge: Merge,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let catalog = Arc::new(packfs::dataset::open(
-        &args.images.images,
-        &args.merge.options(),
-        &packfs::dataset::quiet,
-    )?);
+pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
+    let opts = EngineOptions::one_shot(args.images.images.clone(), args.merge.options());
+    let engine = Engine::open(&opts, stores, None, &packfs::dataset::quiet)?;
     let mut out = std::io::stdout().lock();
-    packfs::fs::cat::cat(catalog, args.path.as_bytes(), &mut out)?;
+    packfs::fs::cat::cat(&engine, args.path.as_bytes(), &mut out)?;
     out.flush()?;
     Ok(())
 }

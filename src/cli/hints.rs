@@ -5,7 +5,7 @@ use packfs::daemon::MountError;
 use packfs::dataset::DatasetError;
 use packfs::dataset::expand::as_patterns;
 use packfs::demo::DemoError;
-use packfs::fs::cat::CatError;
+use packfs::engine::EngineError;
 use packfs::pack::PackError;
 use packfs::source::fingerprint::show_time;
 use packfs::tiers::{OpenError, SameBytes, SourceError, StaleIndex};
@@ -38,6 +38,16 @@ pub fn for_error(error: &anyhow::Error) -> Vec<String> {
     hints
 }
 
+/// The engine's error an error is or holds (`packfs cat`, `verify`, the demo).
+fn engine_error<'e>(cause: &'e (dyn std::error::Error + 'static)) -> Option<&'e EngineError> {
+    cause
+        .downcast_ref::<EngineError>()
+        .or_else(|| match cause.downcast_ref::<DemoError>() {
+            Some(DemoError::Engine(e)) => Some(e),
+            _ => None,
+        })
+}
+
 /// The image error and the stale index an error carries, through the wrappers that hold them.
 fn causes<'e>(
     cause: &'e (dyn std::error::Error + 'static),
@@ -52,24 +62,23 @@ fn causes<'e>(
             Some(PackError::Tiers(e)) => Some(e),
             _ => None,
         })
-        .or_else(|| match cause.downcast_ref::<DemoError>() {
-            Some(DemoError::Tiers(e)) => Some(e),
-            _ => None,
-        })
-        .or_else(|| match cause.downcast_ref::<CatError>() {
-            Some(CatError::Tiers(e)) => Some(e),
+        .or_else(|| match engine_error(cause) {
+            Some(EngineError::Tiers(e)) => Some(e),
             _ => None,
         });
     if let Some(OpenError::Source { error, stale }) = open {
         return (Some(error), stale.as_ref());
     }
-    let dataset =
-        cause
-            .downcast_ref::<DatasetError>()
-            .or_else(|| match cause.downcast_ref::<MountError>() {
-                Some(MountError::Dataset(e)) => Some(e),
-                _ => None,
-            });
+    let dataset = cause
+        .downcast_ref::<DatasetError>()
+        .or_else(|| match cause.downcast_ref::<MountError>() {
+            Some(MountError::Dataset(e)) => Some(e),
+            _ => None,
+        })
+        .or_else(|| match engine_error(cause) {
+            Some(EngineError::Dataset(e)) => Some(e),
+            _ => None,
+        });
     match dataset {
         Some(DatasetError::Source(e)) => (Some(e), None),
         _ => (cause.downcast_ref::<SourceError>(), None),

@@ -29,7 +29,7 @@ pub struct Args {
     merge: Merge,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
     index::check_replaceable(&args.output, args.force)?;
     // Checkpoint tables of compressed images are spilled beside the index they end up in (as
     // large as 1.6% of the decoded bytes: not for a small /tmp).
@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         checksums: args.checksums,
         ..args.merge.options()
     };
-    let catalog = packfs::dataset::load(&args.images.images, &merge, &|p| bar.update(p))?;
+    let catalog = packfs::dataset::load(&args.images.images, &merge, stores, &|p| bar.update(p))?;
     drop(bar);
     let scanned = started.elapsed().as_secs_f64();
     let written = index::write(&catalog, &args.output)?;

@@ -35,11 +35,12 @@ pub struct Args {
     merge: Merge,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
     let bar = ScanBar::new();
-    let catalog = packfs::dataset::open(&args.images.images, &args.merge.options(), &|p| {
-        bar.update(p)
-    })?;
+    let catalog =
+        packfs::dataset::open(&args.images.images, &args.merge.options(), stores, &|p| {
+            bar.update(p)
+        })?;
     drop(bar);
     if args.json {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());

@@ -158,19 +158,21 @@ pub fn mount_helper_args() -> Result<Option<Vec<std::ffi::OsString>>, std::proce
 
 /// Runs the command; `argv` is what it was parsed from (a mount re-executes itself with it).
 pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
-    // Before any store is used; a daemon started from here parses the same argument.
-    packfs::source::remote::configure(packfs::source::remote::StoreOptions {
+    // The stores this command reads objects from; a daemon started from here parses the same
+    // argument.
+    let store_options = packfs::source::StoreOptions {
         endpoint: cli.endpoint_url.clone(),
-    });
+    };
+    let stores = packfs::source::Stores::network(store_options.clone());
     match cli.command {
-        Command::Mount(args) => mount::run(args, cli.quiet, argv),
-        Command::Pack(args) => pack::run(args),
-        Command::Index(args) => index::run(args),
-        Command::Verify(args) => verify::run(args),
-        Command::Stage(args) => stage::run(args),
+        Command::Mount(args) => mount::run(args, cli.quiet, argv, store_options),
+        Command::Pack(args) => pack::run(args, stores),
+        Command::Index(args) => index::run(args, &stores),
+        Command::Verify(args) => verify::run(args, stores),
+        Command::Stage(args) => stage::run(args, &stores),
         Command::Umount(args) => umount::run(args),
-        Command::Ls(args) => ls::run(args),
-        Command::Cat(args) => cat::run(args),
+        Command::Ls(args) => ls::run(args, &stores),
+        Command::Cat(args) => cat::run(args, stores),
         Command::Status(args) => status::run(args),
         Command::Trace(args) => trace::run(args),
         Command::Demo(args) => demo::run(args),

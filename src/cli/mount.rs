@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use packfs::daemon::{self, MountRequest};
+use packfs::engine::EngineOptions;
 use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
 use packfs::source::ImageLocation;
 use packfs::util::logging::Destination;
@@ -149,13 +150,17 @@ impl Args {
     }
 }
 
-pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
+pub fn run(
+    args: Args,
+    quiet: bool,
+    argv: &[OsString],
+    stores: packfs::source::StoreOptions,
+) -> anyhow::Result<()> {
     let log = args
         .daemon_log()
         .map_or_else(|| "stderr".to_string(), |d| d.describe());
-    let request = MountRequest {
+    let engine = EngineOptions {
         images: args.images.images.clone(),
-        mountpoint: args.mountpoint.clone(),
         merge: {
             let mut merge = args.merge.options();
             // What a daemon may hold (--cache-size + 64 MiB) bounds what the archives inside its
@@ -163,6 +168,24 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             merge.nesting.budget = args.cache_size.saturating_add(64 << 20);
             merge
         },
+        cache_size: args.cache_size,
+        chunk_size: args.staging.chunk_size,
+        ram_chunks: args.ram_chunks,
+        stage: args
+            .stage
+            .clone()
+            .map(|dir| args.staging.options(dir, args.stage_mode.into()))
+            .transpose()?,
+        save_index: absolute(&args.save_index)?,
+        lookahead: args.lookahead,
+        lookahead_depth: args.lookahead_depth.map(usize::from),
+        // The daemon's: set where it serves.
+        holder: String::new(),
+        read_threads: args.io_threads,
+    };
+    let request = MountRequest {
+        engine,
+        mountpoint: args.mountpoint.clone(),
         fs: FsOptions {
             threads: args.threads,
             io_threads: args.io_threads,
@@ -173,19 +196,10 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             transport: args.transport.into(),
             fsname: dataset_name(&args.images.images),
         },
-        cache_size: args.cache_size,
         readahead: args.readahead,
-        chunk_size: args.staging.chunk_size,
-        ram_chunks: args.ram_chunks,
-        stage: args
-            .stage
-            .clone()
-            .map(|dir| args.staging.options(dir, args.stage_mode.into()))
-            .transpose()?,
         stats_file: absolute(&args.stats_file)?,
         metrics_group: args.metrics_group,
         pid_file: absolute(&args.pid_file)?,
-        save_index: absolute(&args.save_index)?,
         nonempty: args.nonempty,
         trace: absolute(&args.trace)?.map(|p| (p, args.trace_limit)),
         idle_timeout: args.idle_timeout,
@@ -194,8 +208,7 @@ pub fn run(args: Args, quiet: bool, argv: &[OsString]) -> anyhow::Result<()> {
             users: absolute(&args.users)?,
         },
         log,
-        lookahead: args.lookahead,
-        lookahead_depth: args.lookahead_depth.map(usize::from),
+        stores,
     };
     if args.daemon_child {
         // Its stderr is the launcher's pipe, where no bar is drawn.

@@ -84,7 +84,7 @@ pub struct Args {
 /// file system, yet enough of them to spread reads and staging over nodes.
 const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: packfs::source::Stores) -> anyhow::Result<()> {
     let shards = match (args.shards, args.shard_size) {
         (Some(0), _) => anyhow::bail!("--shards 0: give at least 1"),
         (Some(n), _) => ShardCount::Count(n),
@@ -116,6 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         merge: args.merge.options(),
         compress,
         labels: args.labels,
+        stores,
     };
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
     bar.set_style(ProgressStyle::with_template("gathering {msg}").expect("valid template"));

@@ -28,12 +28,12 @@ pub struct Args {
     images_dir: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
     let (source, infos) =
-        packfs::dataset::open_images(&args.images.images, args.images_dir.as_deref())?;
+        packfs::dataset::open_images(&args.images.images, args.images_dir.as_deref(), stores)?;
     let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
     let holder = format!("pid {}: packfs stage", std::process::id());
-    let stage = Stage::open(opts, Arc::new(source), &infos, &holder)?;
+    let stage = Stage::open(opts, Arc::new(source), &infos, &holder, None)?;
     let before = stage.stats();
     let bar = staging_bar(before.total_bytes, before.present_bytes);
     let started = Instant::now();

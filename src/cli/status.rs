@@ -175,9 +175,18 @@ fn render(m: &MountStatus) -> String {
     );
     let _ = writeln!(
         out,
-        "  waited    {} on storage, summed over readers (their reads of the images, and fetches \
-         ahead they waited for)",
-        duration(served.storage_wait_ns as f64 / 1e9)
+        "  waited    {} on storage with some reader waiting; {} summed over readers (their \
+         reads of the images, and fetches in flight they waited for){}",
+        duration(served.storage_stall_ns as f64 / 1e9),
+        duration(served.storage_wait_ns as f64 / 1e9),
+        match c.readers_waiting.first() {
+            Some(r) if r.pid != 0 => format!(
+                "; longest pid {} ({})",
+                r.pid,
+                duration(r.wait_ns as f64 / 1e9)
+            ),
+            _ => String::new(),
+        }
     );
     if let Some(h) = &c.lookahead {
         let _ = writeln!(out, "  hints     {}", hints_line(h, about.hints.as_deref()));

@@ -4,7 +4,9 @@ use std::os::unix::ffi::OsStrExt;
 
 use anyhow::bail;
 use packfs::catalog::index;
-use packfs::tiers::{self, OpenedImages, TierOptions};
+use packfs::engine::{Engine, EngineOptions};
+use packfs::source::Stores;
+use packfs::tiers::OpenedImages;
 
 use super::args::{Images, Merge};
 use super::progress::{ScanBar, bytes_bar};
@@ -25,14 +27,15 @@ pub struct Args {
 /// Checks all of an index (every chunk, not only those a mount touches) and its images'
 /// fingerprints, or that images scan; with `--data`, every byte of every file too: for an admin
 /// after copying a dataset, or in a prologue that can afford it.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
     // One index named as such is checked as an index even when its magic is damaged.
     let catalog = match args.images.images.as_slice() {
-        [one] if one.ends_with(".packfs-index") => index::open(std::path::Path::new(one))?,
+        [one] if one.ends_with(".packfs-index") => index::open(std::path::Path::new(one), &stores)?,
         patterns => {
             let bar = ScanBar::new();
-            let catalog =
-                packfs::dataset::open(patterns, &args.merge.options(), &|p| bar.update(p))?;
+            let catalog = packfs::dataset::open(patterns, &args.merge.options(), &stores, &|p| {
+                bar.update(p)
+            })?;
             drop(bar);
             catalog
         }
@@ -69,9 +72,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.data {
         // Opening the tiers checks every image's fingerprint, as `OpenedImages::open` does below.
-        let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
+        let catalog = std::sync::Arc::new(catalog);
+        let opts = EngineOptions::one_shot(args.images.images.clone(), args.merge.options());
+        let engine = Engine::over(catalog.clone(), &opts, stores, None)?;
+        let files = engine.files();
         let bar = bytes_bar("reading", catalog.file_bytes());
-        let report = packfs::tiers::read_everything::read_everything(&catalog, &files, &|n| {
+        let report = packfs::tiers::read_everything::read_everything(&catalog, files, &|n| {
             bar.set_position(n)
         });
         bar.finish_and_clear();
@@ -98,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    OpenedImages::open(catalog.images())?;
+    OpenedImages::open(catalog.images(), &stores)?;
     println!(
         "{shown}: ok: {} files, {} entries, {} images unchanged",
         catalog.file_count(),

@@ -26,6 +26,18 @@ pub use unmount::{STANDARD_PATH, UnmountError, Unmounted, unmount, unmount_if_un
 use crate::catalog::index::IndexError;
 use crate::dataset::DatasetError;
 
+impl From<crate::engine::EngineError> for MountError {
+    /// The engine's errors keep their own variants, which the CLI's hints look for.
+    fn from(e: crate::engine::EngineError) -> MountError {
+        use crate::engine::EngineError;
+        match e {
+            EngineError::Dataset(e) => MountError::Dataset(e),
+            EngineError::Index(e) => MountError::Index(e),
+            EngineError::Tiers(e) => MountError::Tiers(e),
+        }
+    }
+}
+
 /// Why a mount could not be made or served.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {

@@ -180,6 +180,25 @@ impl Counters {
              summed over readers: the data stall.",
             &[(String::new(), self.served.storage_wait_ns as f64 / 1e9)],
         );
+        family(
+            "storage_stall_seconds_total",
+            "counter",
+            "Time during which some reader waited on storage (wall-clock): the mount's data \
+             stall, comparable to a loader's own wait.",
+            &[(String::new(), self.served.storage_stall_ns as f64 / 1e9)],
+        );
+        let per_reader: Vec<_> = self
+            .readers_waiting
+            .iter()
+            .map(|r| (format!(",pid=\"{}\"", r.pid), r.wait_ns as f64 / 1e9))
+            .collect();
+        family(
+            "reader_storage_wait_seconds_total",
+            "counter",
+            "Time each reading process waited on storage, for the 16 that waited longest (pid 0: \
+             the others).",
+            &per_reader,
+        );
         if let Some(h) = &self.lookahead {
             let in_time = h.first_reads.saturating_sub(h.missed + h.late);
             let outcomes: Vec<_> = [("in_time", in_time), ("late", h.late), ("missed", h.missed)]

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -15,9 +14,9 @@ use super::preflight::{check_fuse_available, check_mountpoint, raise_open_file_l
 use super::{MountError, hints, stats, unmount};
 use crate::catalog::Catalog;
 use crate::dataset::OnScan;
+use crate::engine::{Engine, EngineOptions};
 use crate::fs::{self, Core, FsOptions, Mounted};
-use crate::tiers::stage::{Stage, StageOptions};
-use crate::tiers::{self, TierOptions};
+use crate::source::{StoreOptions, Stores};
 
 /// After a signal, open files may keep a detached mount alive; the daemon waits this long for them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -25,23 +24,14 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Everything needed to serve one mount.
 #[derive(Clone, Debug)]
 pub struct MountRequest {
-    pub images: Vec<String>,
+    /// The engine the mount serves (its stage's holder and read threads are the mount's:
+    /// `serve` sets them).
+    pub engine: EngineOptions,
     pub mountpoint: PathBuf,
-    pub merge: crate::dataset::Merge,
     pub fs: FsOptions,
     pub pid_file: Option<PathBuf>,
-    /// Write the catalog built from scanned images to this index file before mounting.
-    pub save_index: Option<PathBuf>,
-    /// Byte budget of the RAM tier (decoded blocks and source chunks).
-    pub cache_size: u64,
     /// Kernel readahead for the mount in bytes (0: the kernel's default).
     pub readahead: u64,
-    /// Size of the source chunks kept in RAM and of the staged chunks.
-    pub chunk_size: u64,
-    /// Read stored bytes in whole chunks through the RAM tier; unset: when staging, or when an
-    /// image is in an object store (where every request costs a round trip and is billed).
-    pub ram_chunks: Option<bool>,
-    pub stage: Option<StageOptions>,
     /// Where the counters are written while the mount runs (`stats::default_path` when unset).
     pub stats_file: Option<PathBuf>,
     /// The group that may read the Prometheus file (0640 instead of 0600).
@@ -56,10 +46,23 @@ pub struct MountRequest {
     pub owners: super::owners::Owners,
     /// Where the log goes, for the stats file and `packfs status`.
     pub log: String,
-    /// Bytes fetched ahead on a sampler's hints (`None`: half the RAM cache; 0: no hints).
-    pub lookahead: Option<u64>,
-    /// Fetches ahead in flight (`None`: by the source, `lookahead::default_depth`).
-    pub lookahead_depth: Option<usize>,
+    /// How to reach the object stores (`--endpoint-url`).
+    pub stores: StoreOptions,
+}
+
+impl MountRequest {
+    /// The engine this mount serves, its stage held in the mount's name.
+    fn engine_options(&self, mountpoint: &Path) -> EngineOptions {
+        EngineOptions {
+            holder: format!(
+                "pid {}: mount at {}",
+                std::process::id(),
+                mountpoint.display()
+            ),
+            read_threads: self.fs.io_threads,
+            ..self.engine.clone()
+        }
+    }
 }
 
 /// Sends panic messages to the log: a daemon's stderr goes nowhere once it is ready. (A panic in a
@@ -80,10 +83,10 @@ fn log_panics() {
 pub fn preflight(req: &MountRequest) -> Result<(), MountError> {
     mount_checks(req)?;
     // The daemon's Stage::open checks it again, when it opens it.
-    if let Some(stage) = &req.stage {
+    if let Some(stage) = &req.engine.stage {
         crate::util::safe_file::private_dir_all(&stage.dir, 0o700).map_err(MountError::StageDir)?;
     }
-    crate::dataset::check_local_images(&req.images)?;
+    crate::dataset::check_local_images(&req.engine.images, &Stores::network(req.stores.clone()))?;
     Ok(())
 }
 
@@ -91,7 +94,7 @@ pub fn preflight(req: &MountRequest) -> Result<(), MountError> {
 /// it opens the images next anyway (on a parallel file system, each open is a metadata RPC).
 fn mount_checks(req: &MountRequest) -> Result<PathBuf, MountError> {
     let mountpoint = check_mountpoint(&req.mountpoint, req.nonempty)?;
-    if let Some(dest) = &req.save_index {
+    if let Some(dest) = &req.engine.save_index {
         crate::catalog::index::check_replaceable(dest, false)?;
     }
     check_fuse_available()?;
@@ -114,15 +117,15 @@ pub fn serve(
         .transpose()?;
     raise_open_file_limit();
     log_panics();
-    let catalog = Arc::new(crate::dataset::open(&req.images, &req.merge, on_scan)?);
-    if let Some(dest) = &req.save_index {
-        let written = crate::catalog::index::write(&catalog, dest)?;
-        info!(bytes = written.bytes, "index saved to {}", dest.display());
-    }
-    let files = Arc::new(tiers::open(
-        &catalog,
-        &tier_options(req, &catalog, &mountpoint),
-    )?);
+    let stores = Stores::network(req.stores.clone());
+    let engine = Engine::open(
+        &req.engine_options(&mountpoint),
+        stores,
+        Some(fs::page_cache::probe(mountpoint.clone())),
+        on_scan,
+    )?;
+    let engine = Arc::new(engine);
+    let (catalog, files) = (engine.catalog().clone(), engine.files().clone());
     let _pid_file = req.pid_file.as_deref().map(PidFile::create).transpose()?;
     // Registered before mounting, so that a signal arriving from here on unmounts.
     let signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(MountError::Signals)?;
@@ -139,8 +142,8 @@ pub fn serve(
         None => None,
     };
     let observer = Arc::new(fs::Observer {
-        requests: Arc::default(),
         trace,
+        ..fs::Observer::default()
     });
 
     let core = Arc::new(Core::new(catalog.clone(), files.clone(), req.fs.owner()));
@@ -148,8 +151,7 @@ pub fn serve(
     set_readahead(&mountpoint, req.readahead, mounted.max_read());
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
-    let lookahead = start_lookahead(req, &files, &catalog, &mountpoint);
-    let hints = lookahead.as_ref().and_then(|la| {
+    let hints = engine.lookahead().and_then(|la| {
         let memory = files.images().ram().memory().clone();
         let serves = req.fs.owner().uid;
         hints::HintsSocket::start(&mountpoint, catalog.clone(), la.clone(), memory, serves)
@@ -178,13 +180,10 @@ pub fn serve(
         "{what}; `packfs status {}` shows its counters",
         mountpoint.display()
     );
-    let checksummed = Arc::new(std::sync::OnceLock::new());
     let sources = || stats::Sources {
-        files: files.clone(),
+        engine: engine.clone(),
         requests: observer.requests.clone(),
         about: about.clone(),
-        hints: lookahead.clone(),
-        checksummed: checksummed.clone(),
     };
     let stats_file = stats::StatsFile::start(
         stats_paths,
@@ -193,11 +192,7 @@ pub fn serve(
         req.metrics_group,
     );
     on_ready(ready_line);
-    verify_in_background(catalog, checksummed.clone());
-    let watcher = watch_images(files.clone());
-    let stage = files.images().stage().cloned();
-    // The mount is up: a stager that cannot start leaves it serving from the source.
-    let stager = stage.clone().and_then(start_stager);
+    engine.start();
 
     if let Some(owners) = owners {
         // As on SIGTERM: the mount is detached and the daemon ends.
@@ -211,46 +206,17 @@ pub fn serve(
     wait_for_the_end(mounted, signals, &mountpoint)?;
     drop(idle);
     drop(hints);
-    if let Some(la) = &lookahead {
-        la.stop();
-    }
-    if let Some(stage) = &stage {
-        stage.shut_down();
-    }
-    if let Some(stager) = stager {
-        let _ = stager.join();
-    }
+    engine.stop();
     drop(stats_file);
-    drop(watcher);
     // The failures counted but not yet summarized, before the final counters.
-    fs::error_log::global().flush(std::time::Instant::now() + fs::error_log::WINDOW);
+    observer
+        .errors
+        .flush(std::time::Instant::now() + fs::error_log::WINDOW);
     stats::log_counters(&sources());
     if let Some(trace) = &observer.trace {
         trace.finish();
     }
     Ok(())
-}
-
-/// The lookahead that samplers' hints drive (none with `--lookahead 0`, or without a RAM cache).
-fn start_lookahead(
-    req: &MountRequest,
-    files: &Arc<tiers::FileReader>,
-    catalog: &Arc<Catalog>,
-    mountpoint: &Path,
-) -> Option<Arc<tiers::lookahead::Lookahead>> {
-    let window = req.lookahead.unwrap_or(req.cache_size / 2);
-    if window == 0 || req.cache_size == 0 {
-        return None;
-    }
-    let remote = catalog.images().iter().any(|i| i.location.is_object());
-    let opts = tiers::lookahead::LookaheadOptions {
-        window: window.min(req.cache_size),
-        depth: req
-            .lookahead_depth
-            .unwrap_or_else(|| tiers::lookahead::default_depth(remote)),
-        mountpoint: Some(mountpoint.to_path_buf()),
-    };
-    Some(tiers::lookahead::start(files, catalog.clone(), opts))
 }
 
 /// What the stats file says of the mount besides its counters.
@@ -334,35 +300,6 @@ fn unmount_when_idle(
     Some(stop)
 }
 
-/// The tier stack the request asks for; the stage directory is held in this mount's name.
-fn tier_options(req: &MountRequest, catalog: &Catalog, mountpoint: &Path) -> TierOptions {
-    let chunking = tiers::chunks::policy::choose(
-        catalog.images(),
-        req.cache_size,
-        req.chunk_size,
-        req.ram_chunks,
-        req.stage.is_some(),
-        req.fs.io_threads,
-    );
-    if let Some(advice) = &chunking.advice {
-        info!("{advice}");
-    }
-    if let Some(warning) = &chunking.warning {
-        warn!("{warning}");
-    }
-    let holder = format!(
-        "pid {}: mount at {}",
-        std::process::id(),
-        mountpoint.display()
-    );
-    TierOptions {
-        cache_size: req.cache_size,
-        chunk_size: req.chunk_size,
-        ram_chunks: chunking.every_image,
-        stage: req.stage.clone().map(|opts| (opts, holder)),
-    }
-}
-
 /// Mounts, and checks that the mount answers through the kernel; unmounts again if not.
 fn mount_and_check(
     core: Arc<Core>,
@@ -418,14 +355,6 @@ fn set_readahead(mountpoint: &Path, bytes: u64, max_read: Option<u32>) {
     }
 }
 
-fn start_stager(stage: Arc<Stage>) -> Option<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("packfs-stage".into())
-        .spawn(move || tiers::stage::run_copier(&stage, false, None))
-        .map_err(|e| warn!("cannot start the stager, serving from the source only: {e}"))
-        .ok()
-}
-
 /// Serves until the kernel ends the session (an unmount) or a signal asks to unmount.
 fn wait_for_the_end(
     mut mounted: Mounted,
@@ -470,65 +399,6 @@ fn wait_for_the_end(
     }
     handle.close();
     Ok(())
-}
-
-/// How often the watcher checks one image for being rewritten under the mount: at most 60
-/// metadata requests a minute per mount, whatever the number of images (each a stat of the
-/// image, which on Lustre is an MDS getattr and OST glimpses; the old check of every image every
-/// 2 s was 512 000 requests a second for 1 024 shards on 1 000 nodes).
-const WATCH_PERIOD: Duration = Duration::from_secs(1);
-
-/// Checks, one image a `WATCH_PERIOD` in turn, that no image read from since its last check was
-/// rewritten in place (a shard overwritten while mounted served thousands of wrong files,
-/// silently): from the first change on, that image's reads fail with EIO and the log says what
-/// changed. Images nobody reads from are not checked (a failed read checks its image at once),
-/// so an idle or fully staged mount sends the file system nothing. Stops when the returned
-/// sender is dropped.
-fn watch_images(files: Arc<tiers::FileReader>) -> Option<crossbeam_channel::Sender<()>> {
-    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-    std::thread::Builder::new()
-        .name("packfs-watch".into())
-        .spawn(move || {
-            let mut cursor = usize::MAX;
-            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                stopped.recv_timeout(WATCH_PERIOD)
-            {
-                files.images().source().check_next_read(&mut cursor);
-            }
-        })
-        .map_err(|e| warn!("cannot start the image watcher: {e}"))
-        .ok()?;
-    Some(stop)
-}
-
-/// Checks every chunk of a mapped index at low priority after the mount is up: damage shows in the
-/// log at once instead of at the first request that meets it, and the index pages get warm; then
-/// counts the files with checksums, for status (a walk of every entry the mount did not wait for).
-fn verify_in_background(catalog: Arc<Catalog>, checksummed: Arc<std::sync::OnceLock<u64>>) {
-    let spawned = std::thread::Builder::new()
-        .name("packfs-verify".into())
-        .spawn(move || {
-            // SAFETY: plain syscall; on Linux, `who = 0` is the calling thread only.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
-            if let Some(index) = catalog.index_path().map(Path::to_path_buf) {
-                let started = std::time::Instant::now();
-                let damaged = catalog.verify_all();
-                let secs = started.elapsed().as_secs_f64();
-                if damaged == 0 {
-                    info!("index {} verified in {secs:.3} s", index.display());
-                } else {
-                    tracing::error!(
-                        "index {}: {damaged} damaged chunk(s); the entries in them answer EIO",
-                        index.display()
-                    );
-                }
-            }
-            // After the verification, whose word on damage comes first: the same walk.
-            let _ = checksummed.set(catalog.checksummed_files());
-        });
-    if let Err(e) = spawned {
-        warn!("cannot start the index verification: {e}");
-    }
 }
 
 /// The daemon's process id in a file, for as long as the daemon runs.

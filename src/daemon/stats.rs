@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::fs::requests::{OpFigures, Requests};
 use crate::tiers::stage::StageStats;
-use crate::tiers::{FileReader, RamStats, SourceStats, TierStats};
+use crate::tiers::{RamStats, SourceStats, TierStats};
 use indexmap::IndexMap;
 
 const PERIOD: Duration = Duration::from_secs(1);
@@ -194,21 +194,32 @@ pub struct Counters {
     /// What samplers' hints did (absent: hints are off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lookahead: Option<crate::tiers::lookahead::HintStats>,
+    /// The readers (processes) that waited on storage longest, most first (at most
+    /// `READERS_SHOWN`; pid 0: the others).
+    #[serde(default)]
+    pub readers_waiting: Vec<ReaderWait>,
+}
+
+/// Readers shown by their wait on storage.
+const READERS_SHOWN: usize = 16;
+
+/// One reader's wait on storage.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReaderWait {
+    pub pid: u32,
+    pub wait_ns: u64,
 }
 
 /// What the counters are read from.
 pub struct Sources {
-    pub files: Arc<FileReader>,
+    pub engine: Arc<crate::engine::Engine>,
     pub requests: Arc<Requests>,
     pub about: About,
-    pub hints: Option<Arc<crate::tiers::lookahead::Lookahead>>,
-    /// `About::checksummed_files`, once counted.
-    pub checksummed: Arc<std::sync::OnceLock<u64>>,
 }
 
 impl Counters {
     pub fn of(src: &Sources, mountpoint: &Path, started: Instant) -> Counters {
-        let images = src.files.images();
+        let images = src.engine.files().images();
         let mut requests = IndexMap::new();
         let mut errors = 0;
         for (op, figures) in src.requests.figures() {
@@ -220,19 +231,26 @@ impl Counters {
             pid: std::process::id(),
             uptime_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
             about: About {
-                checksummed_files: src.checksummed.get().copied(),
+                checksummed_files: src.engine.checksummed().get().copied(),
                 ..src.about.clone()
             },
             served: images.stats(),
             source: images.source().stats(),
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
-            remote: crate::source::remote::stats(),
-            credentials: crate::source::remote::credential_stats(),
+            remote: src.engine.stores().stats(),
+            credentials: src.engine.stores().credential_stats(),
             requests,
             errors,
             ring_requests: src.requests.through_rings(),
-            lookahead: src.hints.as_ref().map(|h| h.stats()),
+            lookahead: src.engine.lookahead().map(|h| h.stats()),
+            readers_waiting: images
+                .waits()
+                .by_reader()
+                .into_iter()
+                .take(READERS_SHOWN)
+                .map(|(pid, wait_ns)| ReaderWait { pid, wait_ns })
+                .collect(),
         }
     }
 
@@ -388,23 +406,20 @@ mod tests {
     use super::*;
     use crate::catalog::{DuplicatePolicy, build};
     use crate::fs::requests::Op;
-    use crate::tiers::{OpenedImages, TierOptions, assemble};
 
     /// The counters of an empty dataset with a 1 MiB RAM budget.
     fn empty_sources() -> Sources {
-        let catalog = build(&[], DuplicatePolicy::Error).unwrap();
-        let files = assemble(
-            Arc::new(OpenedImages::new(Vec::new())),
-            &catalog,
-            &TierOptions::direct(1 << 20),
-        )
-        .unwrap();
+        let catalog = Arc::new(build(&[], DuplicatePolicy::Error).unwrap());
+        let opts = crate::engine::EngineOptions {
+            cache_size: 1 << 20,
+            ..crate::engine::EngineOptions::one_shot(vec![], DuplicatePolicy::Error.into())
+        };
+        let stores = crate::source::Stores::default();
+        let engine = crate::engine::Engine::over(catalog, &opts, stores, None).unwrap();
         Sources {
-            files: Arc::new(files),
+            engine: Arc::new(engine),
             requests: Arc::new(Requests::default()),
             about: About::default(),
-            hints: None,
-            checksummed: Arc::default(),
         }
     }
 

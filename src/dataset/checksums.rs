@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::archive::placement::crc_record;
 use crate::archive::{ArchiveError, Encoding, MemberKind, ScannedImage};
-use crate::source::ImageLocation;
+use crate::source::{ImageLocation, Stores};
 
 /// Bytes read at a time (one buffer per thread).
 const BLOCK: usize = 1 << 20;
@@ -37,7 +37,11 @@ struct Job {
 
 /// Records the CRC-32 of every stored file of `scanned` (the images of one scan, each inner
 /// archive after the image that holds it): each becomes `Encoding::StoredCrc`.
-pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), ArchiveError> {
+pub fn record(
+    scanned: &mut [ScannedImage],
+    stores: &Stores,
+    on_bytes: OnBytes,
+) -> Result<(), ArchiveError> {
     // Where each image's bytes start in its outermost image, and which one that is.
     let mut root = vec![0usize; scanned.len()];
     let mut base = vec![0u64; scanned.len()];
@@ -82,7 +86,7 @@ pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), Arc
                         continue;
                     }
                     let location = &images[g].location;
-                    match crcs_of(location, jobs, &mut buf, &|n| {
+                    match crcs_of(location, stores, jobs, &mut buf, &|n| {
                         on_bytes(read.fetch_add(n, Ordering::Relaxed) + n, total)
                     }) {
                         Ok(crcs) => found.lock().expect("not poisoned").extend(crcs),
@@ -111,12 +115,13 @@ pub fn record(scanned: &mut [ScannedImage], on_bytes: OnBytes) -> Result<(), Arc
 /// The CRC-32 of each of `jobs` (members of the image at `location`), read in offset order.
 fn crcs_of(
     location: &ImageLocation,
+    stores: &Stores,
     jobs: &[Job],
     buf: &mut [u8],
     progress: &dyn Fn(u64),
 ) -> Result<Vec<(usize, usize, u32)>, ArchiveError> {
     let (data, _) = location
-        .open_for_scan()
+        .open_for_scan(stores)
         .map_err(|e| ArchiveError::io(location.name(), e))?;
     let mut order: Vec<&Job> = jobs.iter().collect();
     order.sort_unstable_by_key(|j| j.at);

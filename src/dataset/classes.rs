@@ -35,8 +35,9 @@ pub fn arrange(
     catalog: &Catalog,
     images: &mut [ScannedImage],
     source: &ClassSource,
+    stores: &crate::source::Stores,
 ) -> Result<(), DatasetError> {
-    let classes = labels(catalog, source)?;
+    let classes = labels(catalog, source, stores)?;
     let mut unlabeled = 0u64;
     for image in images.iter_mut() {
         for i in 0..image.members.len() {
@@ -73,6 +74,7 @@ pub fn arrange(
 fn labels(
     catalog: &Catalog,
     source: &ClassSource,
+    stores: &crate::source::Stores,
 ) -> Result<HashMap<Vec<u8>, Vec<u8>>, DatasetError> {
     let suffix: &[u8] = match source {
         ClassSource::Cls => b".cls",
@@ -92,7 +94,7 @@ fn labels(
     if members.is_empty() {
         return Ok(HashMap::new());
     }
-    let files = tiers::open(catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))
+    let files = tiers::open(catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE), stores)
         .map_err(|e| DatasetError::Layout(e.to_string()))?;
     let read: Vec<(Vec<u8>, Option<Label>)> = members
         .into_par_iter()

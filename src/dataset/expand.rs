@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::source::ImageLocation;
+use crate::source::{ImageLocation, Stores};
 
 /// A pattern that cannot be expanded.
 #[derive(Debug, thiserror::Error)]
@@ -34,19 +34,20 @@ pub enum ExpandError {
 
 /// Expands every pattern, in order. A glob that matches nothing is an error; a plain path is kept
 /// as is (a missing file is reported when it is opened, with its name).
-pub fn expand_images(patterns: &[String]) -> Result<Vec<PathBuf>, ExpandError> {
+pub fn expand_images(patterns: &[String], stores: &Stores) -> Result<Vec<PathBuf>, ExpandError> {
     let mut out = Vec::new();
     for pattern in patterns {
         for word in expand_braces(pattern)? {
             if ImageLocation::names_object(&word) {
                 // A URL is never a local glob; an s3:// glob is expanded by listing the bucket.
                 if word.contains(['*', '?', '[']) {
-                    let matched = crate::source::remote::expand_glob(&word).map_err(|error| {
-                        ExpandError::Remote {
-                            pattern: word.clone(),
-                            error,
-                        }
-                    })?;
+                    let matched =
+                        crate::source::remote::expand_glob(stores, &word).map_err(|error| {
+                            ExpandError::Remote {
+                                pattern: word.clone(),
+                                error,
+                            }
+                        })?;
                     if matched.is_empty() {
                         return Err(ExpandError::NoMatch(word));
                     }
@@ -333,11 +334,11 @@ mod tests {
             std::fs::write(dir.path().join(n), b"").unwrap();
         }
         let pat = format!("{}/*.tar", dir.path().display());
-        let got = expand_images(&[pat]).unwrap();
+        let got = expand_images(&[pat], &Stores::default()).unwrap();
         assert_eq!(got, [dir.path().join("a.tar"), dir.path().join("b.tar")]);
         let none = format!("{}/*.zip", dir.path().display());
         assert!(
-            expand_images(&[none])
+            expand_images(&[none], &Stores::default())
                 .unwrap_err()
                 .to_string()
                 .contains("no file matches")

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::archive::{self, ArchiveError, ScannedImage};
 use crate::catalog::index::{self, IndexError};
 use crate::catalog::{self, BuildError, Catalog, DuplicatePolicy, ImageInfo};
-use crate::source::{ArgError, ImageLocation};
+use crate::source::{ArgError, ImageLocation, Stores};
 use crate::tiers::{OpenedImages, SourceError};
 use expand::{ExpandError, expand_images};
 
@@ -102,8 +102,11 @@ pub fn quiet(_: ScanProgress) {}
 
 /// Expands `patterns` into image locations (files made absolute, so a daemon may change
 /// directory): what the user named is parsed here, once.
-pub fn image_locations(patterns: &[String]) -> Result<Vec<ImageLocation>, DatasetError> {
-    let paths = expand_images(patterns)?;
+pub fn image_locations(
+    patterns: &[String],
+    stores: &Stores,
+) -> Result<Vec<ImageLocation>, DatasetError> {
+    let paths = expand_images(patterns, stores)?;
     if paths.is_empty() {
         return Err(DatasetError::NoImages);
     }
@@ -116,8 +119,8 @@ pub fn image_locations(patterns: &[String]) -> Result<Vec<ImageLocation>, Datase
 /// Checks that every local image of `sources` opens as a regular file (objects by URL are the
 /// daemon's to reach): `packfs mount` runs it before it forks, so a wrong path fails at once, in
 /// the launching process, with the path as given.
-pub fn check_local_images(sources: &[String]) -> Result<(), DatasetError> {
-    for location in image_locations(sources)? {
+pub fn check_local_images(sources: &[String], stores: &Stores) -> Result<(), DatasetError> {
+    for location in image_locations(sources, stores)? {
         if let ImageLocation::File(file) = location {
             crate::source::read_at::open_regular(&file).map_err(|e| ArchiveError::io(&file, e))?;
         }
@@ -126,9 +129,9 @@ pub fn check_local_images(sources: &[String]) -> Result<(), DatasetError> {
 }
 
 /// Opens the image at `location` (a file, or an object by URL) and scans it.
-pub fn scan_image(location: &ImageLocation) -> Result<ScannedImage, ArchiveError> {
+pub fn scan_image(location: &ImageLocation, stores: &Stores) -> Result<ScannedImage, ArchiveError> {
     let (data, fingerprint) = location
-        .open_for_scan()
+        .open_for_scan(stores)
         .map_err(|e| ArchiveError::io(location.name(), e))?;
     archive::scan(location, &*data, fingerprint)
 }
@@ -140,27 +143,33 @@ fn scan_nested(
     location: &ImageLocation,
     nesting: &nested::Nesting,
     room: &nested::Room,
+    stores: &Stores,
 ) -> Result<Vec<ScannedImage>, ArchiveError> {
     let (data, fingerprint) = location
-        .open_for_scan()
+        .open_for_scan(stores)
         .map_err(|e| ArchiveError::io(location.name(), e))?;
     let outer = archive::scan(location, &*data, fingerprint)?;
     Ok(nested::expand(outer, data, nesting, room))
 }
 
 /// The one index among `images`, if they are exactly one index file.
-fn the_index(images: &[ImageLocation]) -> Option<&Path> {
+fn the_index<'a>(images: &'a [ImageLocation], stores: &Stores) -> Option<&'a Path> {
     match images {
-        [one] if index::is_index(one.name()) => Some(one.name()),
+        [one] if index::is_index(one.name(), stores) => Some(one.name()),
         _ => None,
     }
 }
 
 /// The catalog of `sources`: one index file, mapped; or images, scanned and merged (an index
 /// among images fails the scan with a message saying so).
-pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
-    let paths = image_locations(sources)?;
-    if let Some(path) = the_index(&paths) {
+pub fn open(
+    sources: &[String],
+    merge: &Merge,
+    stores: &Stores,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
+    let paths = image_locations(sources, stores)?;
+    if let Some(path) = the_index(&paths, stores) {
         if merge.classes.is_some() {
             return Err(DatasetError::LayoutOfIndex {
                 index: path.to_path_buf(),
@@ -172,7 +181,7 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
             });
         }
         let started = std::time::Instant::now();
-        let catalog = index::open_with(path, merge.images_dir.as_deref())?;
+        let catalog = index::open_with(path, merge.images_dir.as_deref(), stores)?;
         info!(
             entries = catalog.len(),
             files = catalog.file_count(),
@@ -183,12 +192,17 @@ pub fn open(sources: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalo
         );
         return Ok(catalog);
     }
-    load_paths(&paths, merge, on_scan)
+    load_paths(&paths, merge, stores, on_scan)
 }
 
 /// Scans all images (several at once) and merges them into one catalog.
-pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catalog, DatasetError> {
-    load_paths(&image_locations(patterns)?, merge, on_scan)
+pub fn load(
+    patterns: &[String],
+    merge: &Merge,
+    stores: &Stores,
+    on_scan: OnScan,
+) -> Result<Catalog, DatasetError> {
+    load_paths(&image_locations(patterns, stores)?, merge, stores, on_scan)
 }
 
 /// The images of `patterns` opened for reading without a catalog (for staging): as one index
@@ -196,26 +210,30 @@ pub fn load(patterns: &[String], merge: &Merge, on_scan: OnScan) -> Result<Catal
 pub fn open_images(
     patterns: &[String],
     images_dir: Option<&std::path::Path>,
+    stores: &Stores,
 ) -> Result<(OpenedImages, Vec<ImageInfo>), DatasetError> {
-    let paths = image_locations(patterns)?;
-    if let Some(path) = the_index(&paths) {
-        let infos = index::open_with(path, images_dir)?.images().to_vec();
-        return Ok((OpenedImages::open(&infos)?, infos));
+    let paths = image_locations(patterns, stores)?;
+    if let Some(path) = the_index(&paths, stores) {
+        let infos = index::open_with(path, images_dir, stores)?
+            .images()
+            .to_vec();
+        return Ok((OpenedImages::open(&infos, stores)?, infos));
     }
-    Ok(OpenedImages::open_as_is(&paths)?)
+    Ok(OpenedImages::open_as_is(&paths, stores)?)
 }
 
 fn load_paths(
     paths: &[ImageLocation],
     merge: &Merge,
+    stores: &Stores,
     on_scan: OnScan,
 ) -> Result<Catalog, DatasetError> {
     let started = std::time::Instant::now();
-    let mut scanned = scan_all(paths, &merge.nesting, on_scan)?;
+    let mut scanned = scan_all(paths, &merge.nesting, stores, on_scan)?;
     if merge.checksums {
         let members = scanned.iter().map(|s| s.members.len() as u64).sum();
         let images = paths.len() as u64;
-        checksums::record(&mut scanned, &|done, total| {
+        checksums::record(&mut scanned, stores, &|done, total| {
             on_scan(ScanProgress {
                 images_done: images,
                 images,
@@ -228,7 +246,7 @@ fn load_paths(
     let scan_secs = started.elapsed().as_secs_f64();
     let mut catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
     if let Some(source) = &merge.classes {
-        classes::arrange(&catalog, &mut scanned, source)?;
+        classes::arrange(&catalog, &mut scanned, source, stores)?;
         catalog = build_settling_clashes(&mut scanned, merge.duplicates)?;
     }
     let members: usize = scanned.iter().map(|s| s.members.len()).sum();
@@ -275,6 +293,7 @@ type ScannedGroup = Result<Vec<ScannedImage>, ArchiveError>;
 pub fn scan_all(
     paths: &[ImageLocation],
     nesting: &nested::Nesting,
+    stores: &Stores,
     on_scan: OnScan,
 ) -> Result<Vec<ScannedImage>, ArchiveError> {
     let room = nested::Room::for_nesting(nesting);
@@ -294,7 +313,7 @@ pub fn scan_all(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
-                    let result = scan_nested(path, nesting, &room);
+                    let result = scan_nested(path, nesting, &room, stores);
                     let found = result.as_ref().map_or(0, |group| {
                         group.iter().map(|image| image.members.len() as u64).sum()
                     });
@@ -362,7 +381,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_micros(200));
             heard.lock().unwrap().push(p.images_done);
         };
-        assert!(scan_all(&paths, &nested::Nesting::default(), &on_scan).is_err());
+        let stores = Stores::default();
+        assert!(scan_all(&paths, &nested::Nesting::default(), &stores, &on_scan).is_err());
         let heard = heard.into_inner().unwrap();
         assert_eq!(heard, (1..=64).collect::<Vec<u64>>());
     }

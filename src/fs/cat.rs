@@ -2,11 +2,11 @@
 //! (`fs::Core` over the tiers), without mounting.
 
 use std::io::Write;
-use std::sync::Arc;
 
 use super::{Core, FsOptions, core::ino_of};
-use crate::catalog::{Catalog, CatalogError};
-use crate::tiers::{self, OpenError, TierOptions};
+use crate::catalog::CatalogError;
+use crate::engine::Engine;
+use crate::tiers;
 
 /// Bytes read per request, as the kernel would ask.
 const CHUNK: u32 = 1 << 20;
@@ -18,8 +18,6 @@ pub enum CatError {
     NotFound { path: String },
     #[error("{path} is a symlink to {target}")]
     Symlink { path: String, target: String },
-    #[error(transparent)]
-    Tiers(#[from] OpenError),
     #[error("{path}: {error}")]
     Read {
         path: String,
@@ -29,9 +27,10 @@ pub enum CatError {
     Write { path: String, error: std::io::Error },
 }
 
-/// Writes the file at `path` (bytes, as the archive names it) of `catalog` to `out`; returns the
+/// Writes the file at `path` (bytes, as the archive names it) of `engine`'s dataset to `out`; returns the
 /// bytes written.
-pub fn cat(catalog: Arc<Catalog>, path: &[u8], out: &mut dyn Write) -> Result<u64, CatError> {
+pub fn cat(engine: &Engine, path: &[u8], out: &mut dyn Write) -> Result<u64, CatError> {
+    let catalog = engine.catalog();
     let shown = String::from_utf8_lossy(path).into_owned();
     let id = catalog.resolve(path).map_err(|e| match e {
         CatalogError::NotFound => CatError::NotFound {
@@ -42,8 +41,7 @@ pub fn cat(catalog: Arc<Catalog>, path: &[u8], out: &mut dyn Write) -> Result<u6
             error: damaged.into(),
         },
     })?;
-    let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE))?;
-    let core = Core::new(catalog, Arc::new(files), FsOptions::default().owner());
+    let core = Core::over(engine, FsOptions::default().owner());
     let ino = ino_of(id);
     let failed = |error| CatError::Read {
         path: shown.clone(),

@@ -88,6 +88,11 @@ impl Core {
         }
     }
 
+    /// The file system over `engine`'s dataset.
+    pub fn over(engine: &crate::engine::Engine, owner: Owner) -> Core {
+        Core::new(engine.catalog().clone(), engine.files().clone(), owner)
+    }
+
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
     }

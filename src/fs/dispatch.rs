@@ -146,6 +146,8 @@ impl DataReply for SentData {
 pub struct Observer {
     pub requests: Arc<Requests>,
     pub trace: Option<Trace>,
+    /// Failures worth the log, named a few times a window and then counted (`error_log`).
+    pub errors: Arc<super::error_log::ErrorLog>,
 }
 
 impl Observer {
@@ -161,8 +163,8 @@ impl Observer {
 }
 
 /// The errno of a failed request, logged when the failure is the data's rather than the caller's.
-fn failed(err: Error) -> i32 {
-    if err.is_worth_logging() && super::error_log::global().admit(&err.log_key(), Instant::now()) {
+fn failed(err: Error, log: &Arc<super::error_log::ErrorLog>) -> i32 {
+    if err.is_worth_logging() && log.admit_flushing(&err.log_key(), Instant::now()) {
         match &err {
             Error::Io {
                 image,
@@ -202,6 +204,11 @@ impl Dispatch {
         &self.observer
     }
 
+    /// The engine's memory budget (reads waiting for it are not stuck).
+    pub fn memory(&self) -> &Arc<crate::tiers::budget::MemoryBudget> {
+        self.core.files().images().ram().memory()
+    }
+
     /// Sends `answer` through `reply` (`send` returns the bytes replied), or its errno; records it.
     fn finish<T, R: Reply>(
         &self,
@@ -213,7 +220,7 @@ impl Dispatch {
         let result = match answer {
             Ok(value) => Ok(send(reply, value)),
             Err(e) => {
-                let errno = failed(e);
+                let errno = failed(e, &self.observer.errors);
                 reply.error(errno);
                 Err(errno)
             }

@@ -5,7 +5,7 @@
 //! every failure.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tracing::error;
@@ -26,9 +26,31 @@ struct Window {
 #[derive(Default)]
 pub struct ErrorLog {
     windows: Mutex<HashMap<String, Window>>,
+    /// Started at the first failure (`admit_flushing`).
+    flusher: OnceLock<()>,
 }
 
 impl ErrorLog {
+    /// `admit`; from the first failure on, a thread summarizes the windows that ended every
+    /// second for as long as the log lives (a mount's: each mount has its own).
+    pub fn admit_flushing(self: &Arc<Self>, key: &str, now: Instant) -> bool {
+        self.flusher.get_or_init(|| {
+            let log = Arc::downgrade(self);
+            let _ = std::thread::Builder::new()
+                .name("packfs-errlog".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(1));
+                        match log.upgrade() {
+                            Some(log) => log.flush(Instant::now()),
+                            None => return,
+                        }
+                    }
+                });
+        });
+        self.admit(key, now)
+    }
+
     /// Whether the failure under `key` at `now` is to be logged one by one; if not, it is
     /// counted. A window that ended is summarized first.
     pub fn admit(&self, key: &str, now: Instant) -> bool {
@@ -83,22 +105,6 @@ fn summarize(key: &str, w: &mut Window) {
         );
         w.unnamed = 0;
     }
-}
-
-/// The daemon's one error log, with a thread that summarizes ended windows every second.
-pub fn global() -> &'static ErrorLog {
-    static LOG: OnceLock<ErrorLog> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let _ = std::thread::Builder::new()
-            .name("packfs-errlog".into())
-            .spawn(|| {
-                loop {
-                    std::thread::sleep(Duration::from_secs(1));
-                    global().flush(Instant::now());
-                }
-            });
-        ErrorLog::default()
-    })
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod error;
 pub mod error_log;
 pub mod kernel_readahead;
 mod options;
+pub mod page_cache;
 mod reads;
 pub mod requests;
 mod ring;

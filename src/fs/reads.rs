@@ -31,6 +31,7 @@ pub struct ReadJob<R> {
 
 pub struct Reads {
     server: Arc<Dispatch>,
+    pace: Arc<Pace>,
     /// Request threads allowed to read inline at once.
     inline_limit: usize,
     inline_now: AtomicUsize,
@@ -50,10 +51,46 @@ struct Workers {
     idle: AtomicUsize,
     jobs: Receiver<ReadJob<SentData>>,
     handles: Mutex<Vec<JoinHandle<()>>>,
-    /// When a worker last finished a read, in ms since `epoch`: busy workers that finish reads
-    /// are CPU-bound or I/O-bound, not stuck, and more threads would only cost memory.
+    pace: Arc<Pace>,
+}
+
+/// The mount's reads as a whole: the room their replies are assembled in, and the one clock of
+/// the last read finished, which tells reads stuck in the source from reads that are only busy.
+/// One per mount (two mounts in a process do not wait on each other's room or clock).
+struct Pace {
+    /// Bytes of replies being assembled at once (`REPLY_ROOM`).
+    room: Arc<MemoryBudget>,
+    /// The engine's budget: reads waiting for its memory are not stuck.
+    memory: Arc<MemoryBudget>,
+    /// When some read last finished, in ms since `epoch`: busy readers that finish reads are
+    /// CPU-bound or I/O-bound, not stuck, and more threads would only cost memory.
     epoch: Instant,
     last_done_ms: AtomicU64,
+    /// Threads that keep a large reply buffer, at most `KEEPERS`.
+    keeping: Arc<AtomicUsize>,
+}
+
+impl Pace {
+    fn done(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.last_done_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// No read finished for `STALLED`.
+    fn no_read_done(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        now.saturating_sub(self.last_done_ms.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64
+    }
+
+    /// A read waiting for reply room goes ahead without it when no read finished for `STALLED`
+    /// (the reads holding the room are stuck in a slow region of the source, and the rest of the
+    /// mount must not wait behind them: docs/semantics.md, slow or stuck regions); reads that only
+    /// wait their turn do not (under 32 readers staging, a fixed 20 ms let the replies of 42
+    /// threads through). Reads waiting for memory are not stuck either: going ahead then let the
+    /// replies of 32 readers through while the stager's runs held the budget (87 MiB against 65).
+    fn reads_stalled(&self) -> bool {
+        self.no_read_done() && !self.memory.anyone_waits()
+    }
 }
 
 /// Most read workers at once: how many reads may be stuck in slow regions of the source while
@@ -69,7 +106,8 @@ const STALLED: Duration = Duration::from_millis(20);
 /// reads) was memory beyond the daemon's budget (33 MiB under 32 readers staging).
 struct ReplyBuffer {
     bytes: Vec<u8>,
-    keeper: bool,
+    /// The count of keepers this thread is one of, if it is.
+    keeper: Option<Arc<AtomicUsize>>,
 }
 
 /// Bytes of replies being assembled at once, at most: a read waits for room before it fills its
@@ -77,29 +115,7 @@ struct ReplyBuffer {
 /// daemon's budget (`tiers::budget`, whose `OUTSIDE` counts this room).
 pub const REPLY_ROOM: u64 = 4 << 20;
 
-/// When some read last finished, in ms since `STARTED`: a read waiting for reply room goes ahead
-/// without it when no read finished for `STALLED` (the reads holding the room are stuck in a slow
-/// region of the source, and the rest of the mount must not wait behind them: docs/semantics.md,
-/// slow or stuck regions); reads that only wait their turn do not (under 32 readers staging, a
-/// fixed 20 ms let the replies of 42 threads through).
-static STARTED: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
-static LAST_DONE_MS: AtomicU64 = AtomicU64::new(0);
-
-fn reads_stalled() -> bool {
-    let now = STARTED.elapsed().as_millis() as u64;
-    now.saturating_sub(LAST_DONE_MS.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64
-        // Reads waiting for memory are not stuck: going ahead then let the replies of 32
-        // readers through while the stager's runs held the budget (87 MiB against 65).
-        && !crate::tiers::budget::anyone_waits()
-}
-
-fn reply_room() -> &'static Arc<MemoryBudget> {
-    static ROOM: std::sync::OnceLock<Arc<MemoryBudget>> = std::sync::OnceLock::new();
-    ROOM.get_or_init(|| MemoryBudget::new(REPLY_ROOM))
-}
-
-/// Threads that keep a large reply buffer, at most `KEEPERS`.
-static KEEPING: AtomicUsize = AtomicUsize::new(0);
+/// Threads of a mount that keep a large reply buffer, at most.
 const KEEPERS: usize = 4;
 /// What a keeper keeps: a read of the most FUSE asks (1 MiB) and its header.
 const KEPT: usize = (1 << 20) + 4096;
@@ -108,17 +124,20 @@ const SMALL: usize = 128 << 10;
 
 impl ReplyBuffer {
     /// After a read: a large buffer stays only with a keeper (this thread, if there is room).
-    fn settle(&mut self) {
+    fn settle(&mut self, keeping: &Arc<AtomicUsize>) {
         if self.bytes.capacity() <= SMALL {
             return;
         }
-        self.keeper = self.keeper
-            || KEEPING
+        if self.keeper.is_none()
+            && keeping
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                     (n < KEEPERS).then_some(n + 1)
                 })
-                .is_ok();
-        let keep = if self.keeper { KEPT } else { SMALL };
+                .is_ok()
+        {
+            self.keeper = Some(keeping.clone());
+        }
+        let keep = if self.keeper.is_some() { KEPT } else { SMALL };
         self.bytes.truncate(keep);
         self.bytes.shrink_to(keep);
     }
@@ -126,15 +145,15 @@ impl ReplyBuffer {
 
 impl Drop for ReplyBuffer {
     fn drop(&mut self) {
-        if self.keeper {
-            KEEPING.fetch_sub(1, Ordering::AcqRel);
+        if let Some(keeping) = &self.keeper {
+            keeping.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 thread_local! {
     static BUFFER: RefCell<ReplyBuffer> = const {
-        RefCell::new(ReplyBuffer { bytes: Vec::new(), keeper: false })
+        RefCell::new(ReplyBuffer { bytes: Vec::new(), keeper: None })
     };
 }
 
@@ -148,6 +167,13 @@ impl Reads {
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<ReadJob<SentData>>();
         let base = io_threads.max(1);
+        let pace = Arc::new(Pace {
+            room: MemoryBudget::new(REPLY_ROOM),
+            memory: server.memory().clone(),
+            epoch: Instant::now(),
+            last_done_ms: AtomicU64::new(0),
+            keeping: Arc::default(),
+        });
         let workers = Arc::new(Workers {
             base,
             max: MAX_IO_THREADS.max(base),
@@ -155,14 +181,14 @@ impl Reads {
             idle: AtomicUsize::new(0),
             jobs: rx,
             handles: Mutex::new(Vec::new()),
-            epoch: Instant::now(),
-            last_done_ms: AtomicU64::new(0),
+            pace: pace.clone(),
         });
         for _ in 0..base {
             spawn_worker(&workers, &server)?;
         }
         Ok(Reads {
             server,
+            pace,
             inline_limit: request_threads.saturating_sub(1),
             inline_now: AtomicUsize::new(0),
             pool: RwLock::new(Some(tx)),
@@ -173,7 +199,7 @@ impl Reads {
     /// Serves the read here or in the pool (see the module comment).
     pub fn submit<R: DataReply + Send + 'static>(&self, job: ReadJob<R>) {
         if self.inline_now.fetch_add(1, Ordering::AcqRel) < self.inline_limit {
-            serve(job, &self.server);
+            serve(job, &self.server, &self.pace);
             self.inline_now.fetch_sub(1, Ordering::AcqRel);
             return;
         }
@@ -213,10 +239,7 @@ impl Reads {
 /// that takes a read, so no read stays queued behind stuck ones. (Growing whenever all were busy
 /// doubled the daemon's threads and RSS under 64 readers of compressed data, for nothing.)
 fn grow_if_behind(w: &Arc<Workers>, server: &Arc<Dispatch>) {
-    let now_ms = w.epoch.elapsed().as_millis() as u64;
-    let stalled =
-        now_ms.saturating_sub(w.last_done_ms.load(Ordering::Relaxed)) >= STALLED.as_millis() as u64;
-    if stalled
+    if w.pace.no_read_done()
         && w.jobs.len() > w.idle.load(Ordering::Acquire)
         && w.alive.load(Ordering::Acquire) < w.max
         && let Err(e) = spawn_worker(w, server)
@@ -238,9 +261,7 @@ fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Dispatch>) -> std::io::Resu
                 match job {
                     Ok(job) => {
                         grow_if_behind(&w, &server);
-                        serve(job, &server);
-                        let done = w.epoch.elapsed().as_millis() as u64;
-                        w.last_done_ms.store(done, Ordering::Relaxed);
+                        serve(job, &server, &w.pace);
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         // Extra workers leave when the stall is over; the base stays.
@@ -277,18 +298,20 @@ fn spawn_worker(workers: &Arc<Workers>, server: &Arc<Dispatch>) -> std::io::Resu
     }
 }
 
-fn serve(job: ReadJob<impl DataReply>, server: &Dispatch) {
+fn serve(job: ReadJob<impl DataReply>, server: &Dispatch, pace: &Pace) {
     BUFFER.with_borrow_mut(|reply_buffer| {
         let buf = &mut reply_buffer.bytes;
         let ReadJob { call, reply } = job;
         let size = call.size;
         // Held until the reply is sent: its buffer (or the unit it shares) is in use until then.
-        let _room = reply_room().acquire_unless_stuck(size as u64, STALLED, reads_stalled);
+        let _room = pace
+            .room
+            .acquire_unless_stuck(size as u64, STALLED, || pace.reads_stalled());
         // The whole reply at once: grown by doubling, the smaller steps were freed into the
         // allocator's per-thread arenas, which kept them.
         buf.reserve_exact((size as usize).saturating_sub(buf.len()));
         server.read(call, buf, reply);
-        LAST_DONE_MS.fetch_max(STARTED.elapsed().as_millis() as u64, Ordering::Relaxed);
-        reply_buffer.settle();
+        pace.done();
+        reply_buffer.settle(&pace.keeping);
     });
 }

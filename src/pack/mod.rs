@@ -37,6 +37,8 @@ pub enum ShardCount {
 #[derive(Clone, Debug)]
 pub struct PackOptions {
     pub sources: Vec<String>,
+    /// Where images given by URL are read from.
+    pub stores: crate::source::Stores,
     pub out_dir: PathBuf,
     /// Shards are `NAME-000000.tar`...; the index `NAME.packfs-index`, the manifest `NAME.json`.
     pub name: Option<String>,

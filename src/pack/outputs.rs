@@ -50,9 +50,11 @@ pub(super) fn open_sources(opts: &PackOptions, out_dir: &Path) -> Result<Sources
         let catalog = Arc::new(crate::dataset::open(
             &patterns,
             &opts.merge,
+            &opts.stores,
             &crate::dataset::quiet,
         )?);
-        let files = tiers::open(&catalog, &TierOptions::direct(tiers::ONE_SHOT_CACHE * 4))?;
+        let tiers = TierOptions::direct(tiers::ONE_SHOT_CACHE * 4);
+        let files = tiers::open(&catalog, &tiers, &opts.stores)?;
         Some((catalog, files))
     };
     let mut names: Vec<&std::ffi::OsStr> = dirs.iter().filter_map(|d| d.root.file_name()).collect();

@@ -250,7 +250,9 @@ impl Writer<'_> {
             path: plan.path.clone(),
             why,
         };
-        let scanned = crate::dataset::scan_image(&ImageLocation::File(plan.path.clone()))
+        // A file: no store is reached.
+        let stores = crate::source::Stores::default();
+        let scanned = crate::dataset::scan_image(&ImageLocation::File(plan.path.clone()), &stores)
             .map_err(|e| differs(e.to_string()))?;
         if scanned.members.len() != plan.members.len() {
             return Err(differs(format!(

@@ -213,7 +213,11 @@ mod tests {
             out.extend_from_slice(&END);
             let file = tempfile::NamedTempFile::new().unwrap();
             std::fs::write(file.path(), &out).unwrap();
-            let image = crate::dataset::scan_image(&crate::source::ImageLocation::File(file.path().into())).unwrap();
+            let image = crate::dataset::scan_image(
+                &crate::source::ImageLocation::File(file.path().into()),
+                &crate::source::Stores::default(),
+            )
+            .unwrap();
             prop_assert_eq!(image.members.len(), members.len());
             for (i, (m, (name, size, mode, mtime))) in image.members.iter().zip(&members).enumerate() {
                 let mut want = name.clone();

@@ -19,6 +19,7 @@ use std::sync::Arc;
 pub use fingerprint::Fingerprint;
 use read_at::ReadAt;
 use remote::{BadUrl, Location, RemoteObject};
+pub use remote::{ObjectStore, StoreOptions, Stores};
 
 /// Where an image (or an index) is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,20 +135,20 @@ impl ImageLocation {
         }
     }
 
-    /// Opens it for positioned reads, without a fingerprint.
-    pub fn reader(&self) -> io::Result<Arc<dyn ReadAt>> {
+    /// Opens it for positioned reads, without a fingerprint (an object from `stores`).
+    pub fn reader(&self, stores: &Stores) -> io::Result<Arc<dyn ReadAt>> {
         Ok(match self {
             ImageLocation::File(p) => Arc::new(read_at::open_regular(p)?),
-            ImageLocation::Object(url) => Arc::new(RemoteObject::open(url)?),
+            ImageLocation::Object(url) => Arc::new(RemoteObject::open(stores, url)?),
             ImageLocation::Within(w) => {
-                Arc::new(read_at::Window::new(w.outer.reader()?, w.base, w.len))
+                Arc::new(read_at::Window::new(w.outer.reader(stores)?, w.base, w.len))
             }
         })
     }
 
     /// Opens it, with its fingerprint as now (an inner archive's is its outer image's: one
     /// changes when the other does).
-    pub fn open(&self) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
+    pub fn open(&self, stores: &Stores) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
         match self {
             ImageLocation::File(p) => {
                 let file = read_at::open_regular(p)?;
@@ -155,12 +156,12 @@ impl ImageLocation {
                 Ok((Arc::new(file), fingerprint))
             }
             ImageLocation::Object(url) => {
-                let object = RemoteObject::open(url)?;
+                let object = RemoteObject::open(stores, url)?;
                 let fingerprint = object.fingerprint()?;
                 Ok((Arc::new(object), fingerprint))
             }
             ImageLocation::Within(w) => {
-                let (outer, fingerprint) = w.outer.open()?;
+                let (outer, fingerprint) = w.outer.open(stores)?;
                 Ok((w.window(outer), fingerprint))
             }
         }
@@ -168,18 +169,18 @@ impl ImageLocation {
 
     /// As `open`, for a scan: an object is read through a few large blocks, so the scanner's many
     /// small reads cost few requests.
-    pub fn open_for_scan(&self) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
+    pub fn open_for_scan(&self, stores: &Stores) -> io::Result<(Arc<dyn ReadAt>, Fingerprint)> {
         match self {
-            ImageLocation::File(_) => self.open(),
+            ImageLocation::File(_) => self.open(stores),
             ImageLocation::Object(_) => {
-                let (data, fingerprint) = self.open()?;
+                let (data, fingerprint) = self.open(stores)?;
                 Ok((
                     Arc::new(blocks::Blocks::new(data, blocks::SCAN_BLOCK)),
                     fingerprint,
                 ))
             }
             ImageLocation::Within(w) => {
-                let (outer, fingerprint) = w.outer.open_for_scan()?;
+                let (outer, fingerprint) = w.outer.open_for_scan(stores)?;
                 Ok((w.window(outer), fingerprint))
             }
         }

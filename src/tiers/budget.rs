@@ -28,16 +28,6 @@ pub const OUTSIDE: u64 = 44 << 20;
 /// How long a request waits before asking the holders to let go.
 const PATIENCE: Duration = Duration::from_millis(20);
 
-/// Requests waiting in `acquire` now, over every budget of the process: while memory is what
-/// reads wait for, they are not stuck in the source (`fs::reads` goes ahead without reply room
-/// only for a stall).
-static WAITING: AtomicU64 = AtomicU64::new(0);
-
-/// Whether some request waits for memory now.
-pub fn anyone_waits() -> bool {
-    WAITING.load(Ordering::Relaxed) > 0
-}
-
 /// Lets go of about `bytes` held bytes (that are not in use elsewhere) when asked.
 pub type Reclaimer = Box<dyn Fn(u64) + Send + Sync>;
 
@@ -50,6 +40,9 @@ pub struct MemoryBudget {
     waits: AtomicU64,
     /// Requests that waited their patience and went ahead without room.
     overdrawn: AtomicU64,
+    /// Requests waiting in `acquire` now: while memory is what reads wait for, they are not
+    /// stuck in the source (`fs::reads` goes ahead without reply room only for a stall).
+    waiting: AtomicU64,
 }
 
 struct State {
@@ -108,12 +101,18 @@ impl MemoryBudget {
             peak: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             overdrawn: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
         })
     }
 
     /// The budget of a daemon whose RAM cache holds `cache_size` bytes.
     pub fn for_cache(cache_size: u64) -> Arc<MemoryBudget> {
         MemoryBudget::new(cache_size.saturating_add(HEADROOM - OUTSIDE))
+    }
+
+    /// Whether some request waits in `acquire` for this budget's memory now.
+    pub fn anyone_waits(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
     }
 
     /// Registers a holder to ask for bytes back when a request waits.
@@ -133,7 +132,7 @@ impl MemoryBudget {
             if !waited {
                 waited = true;
                 self.waits.fetch_add(1, Ordering::Relaxed);
-                WAITING.fetch_add(1, Ordering::Relaxed);
+                self.waiting.fetch_add(1, Ordering::Relaxed);
             }
             let (s, timeout) = self
                 .freed
@@ -148,7 +147,7 @@ impl MemoryBudget {
             }
         }
         if waited {
-            WAITING.fetch_sub(1, Ordering::Relaxed);
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
         }
         state.serving += 1;
         self.take(&mut state, want);

@@ -8,15 +8,20 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::time::{Duration, Instant};
 
-/// Where a range moved to the kernel is counted, as a read of the source (`Images`).
+use super::waits::Waiting;
+
+/// Where a range moved to the kernel is counted, as a read of the source (`Images`): its
+/// reader waits on storage while it moves (`begin`), and its bytes count once moved.
 pub trait CountSpliced: Sync {
-    fn count_spliced(&self, image: u32, len: usize, took: Duration);
+    fn begin(&self, reader: u32) -> Waiting<'_>;
+    fn count_spliced(&self, image: u32, len: usize);
 }
 
 pub struct FileRange<'a> {
     images: &'a dyn CountSpliced,
+    /// The reading process, whose wait it is.
+    reader: u32,
     image: u32,
     file: BorrowedFd<'a>,
     offset: u64,
@@ -26,6 +31,7 @@ pub struct FileRange<'a> {
 impl<'a> FileRange<'a> {
     pub(super) fn new(
         images: &'a dyn CountSpliced,
+        reader: u32,
         image: u32,
         file: BorrowedFd<'a>,
         offset: u64,
@@ -33,6 +39,7 @@ impl<'a> FileRange<'a> {
     ) -> FileRange<'a> {
         FileRange {
             images,
+            reader,
             image,
             file,
             offset,
@@ -58,7 +65,7 @@ impl<'a> FileRange<'a> {
     /// for all of it: a full pipe is an error (`WouldBlock`), as is a file that ends early.
     /// After an error the pipe may hold part of the range.
     pub fn splice_into(&self, pipe: BorrowedFd<'_>) -> io::Result<()> {
-        let began = Instant::now();
+        let _waiting = self.images.begin(self.reader);
         let mut at = i64::try_from(self.offset).map_err(io::Error::other)?;
         let mut left = self.len;
         while left > 0 {
@@ -89,8 +96,7 @@ impl<'a> FileRange<'a> {
                 n => left -= n as usize,
             }
         }
-        self.images
-            .count_spliced(self.image, self.len, began.elapsed());
+        self.images.count_spliced(self.image, self.len);
         Ok(())
     }
 }

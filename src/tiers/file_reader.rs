@@ -271,6 +271,10 @@ impl FileReader {
 
     /// Tells the lookahead of a read of catalog entry `file`, and remembers it was served.
     fn note_read(&self, req: &ReadRequest, file: u32, size: u64) {
+        // Noted already by the splice path that declined it (`file_range`): once per read.
+        if req.file() == Some(file) {
+            return;
+        }
         req.set_file(file, size);
         if let Some(hints) = self.hints.get() {
             if hints(req.reader(), file) {
@@ -404,13 +408,20 @@ impl FileReader {
     }
 
     /// A unit's decoded bytes, decoded once per cache lifetime.
+    /// A reader that finds the unit being decoded by another thread (the lookahead, another
+    /// reader) waits for it: a wait on storage, counted (its own decode counts its own reads).
     fn decode(&self, req: &ReadRequest, image: u32, unit: Unit) -> Result<Decoded, ReadError> {
         let room = Room::for_read(req.wait());
+        let held = self.images.ram().contains(image, unit.key());
+        let began = std::time::Instant::now();
         let (block, loaded) = self
             .load_unit(req, image, unit, room)
             .map_err(failed(unit.at))?;
         if !loaded {
             req.served_by(Tiers::RAM);
+            if !held {
+                self.images.waits().add_after(began.elapsed(), req.reader());
+            }
         }
         Ok(block)
     }
@@ -436,12 +447,17 @@ mod tests {
     /// A reader of one image holding `data` (through `file` if given), and how many reads it
     /// heard of.
     fn reader(data: Arc<dyn ReadAt>, size: u64) -> (FileReader, Arc<AtomicUsize>) {
+        reader_by(data, size, false)
+    }
+
+    /// `reader`, every image read in whole chunks if `chunks`.
+    fn reader_by(data: Arc<dyn ReadAt>, size: u64, chunks: bool) -> (FileReader, Arc<AtomicUsize>) {
         let source = Arc::new(OpenedImages::new(vec![OpenedImage {
             path: "image.tar".into(),
             data,
             size,
         }]));
-        let images = Arc::new(Images::new(source, 16 << 20, 1 << 20, false, None));
+        let images = Arc::new(Images::new(source, 16 << 20, 1 << 20, chunks, None));
         let files = FileReader::new(images, 1);
         let heard = Arc::new(AtomicUsize::new(0));
         let count = heard.clone();
@@ -485,5 +501,24 @@ mod tests {
             "a plain file on a local disk is spliced"
         );
         assert_eq!(heard.load(Ordering::Relaxed), usize::from(local));
+    }
+
+    /// A read the splice path declines (its image goes by chunks) is noted and located once:
+    /// the read that followed noted it again and planned it again, so the lookahead's heads and
+    /// the walk detector heard of every such read twice.
+    #[test]
+    fn a_read_declined_for_splicing_is_noted_and_located_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image.tar");
+        let bytes: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let (files, heard) = reader_by(Arc::new(file), 4096, true);
+        let req = ReadRequest::new(1, Wait::May);
+        assert!(files.file_range(&req, member(1000), 0, 1000).is_none());
+        let mut buf = Vec::new();
+        let served = files.read(&req, member(1000), 0, 1000, &mut buf).unwrap();
+        assert_eq!(served.bytes(), &bytes[512..1512]);
+        assert_eq!(heard.load(Ordering::Relaxed), 1, "noted once");
     }
 }

@@ -14,9 +14,12 @@ use super::budget::MemoryBudget;
 use super::budget::Permit;
 use super::chunks::{Chunks, Fetch, Plan};
 use super::file_range::{CountSpliced, FileRange};
+use super::located::At;
+pub use super::located::Class;
 use super::ram_cache::{CHUNK_TAG, Held, RamCache, RamStats};
-use super::request::{ReadRequest, Tiers};
+use super::request::{Asker, ReadRequest, Tiers};
 use super::stage::Stage;
+use super::waits::{Waiting, Waits};
 use super::window::{Found, Window};
 use crate::source::read_at::Wait;
 
@@ -38,23 +41,12 @@ pub struct TierStats {
     pub spliced_bytes: u64,
     /// Bytes served from the lookahead's window (fetched ahead on a sampler's word).
     pub ahead_bytes: u64,
-    /// Time readers spent waiting on storage: their own reads of the source and chunks, and
-    /// fetches ahead they waited for (nanoseconds, summed over readers).
+    /// Time readers spent waiting on storage (`waits`): their own reads of the source, and
+    /// chunks, units and window extents other threads had in flight (nanoseconds, summed over
+    /// readers: four readers waiting at once count four times).
     pub storage_wait_ns: u64,
-}
-
-/// Where a sample's bytes are and how to fetch them ahead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    /// Stored bytes at `start` of `image` (the outermost image), fetched exactly.
-    Exact { image: u32, start: u64, len: u64 },
-    /// Stored bytes in chunks `first..=last` of `image`, which the chunk room fetches (the
-    /// stage copies the image, or every image goes by chunks).
-    Chunks { image: u32, first: u64, last: u64 },
-    /// Decoded units, decoded into the RAM cache.
-    Decode,
-    /// Nothing to fetch: local already, or not worth it (empty).
-    Resident,
+    /// Time during which some reader waited on storage (nanoseconds of wall-clock time).
+    pub storage_stall_ns: u64,
 }
 
 pub struct Images {
@@ -70,7 +62,8 @@ pub struct Images {
     source_bytes: AtomicU64,
     ahead_bytes: AtomicU64,
     spliced_bytes: AtomicU64,
-    storage_wait_ns: AtomicU64,
+    /// Readers' waits on storage.
+    waits: Waits,
 }
 
 impl Images {
@@ -91,12 +84,11 @@ impl Images {
             );
         }
         // One memory budget for everything the tiers hold: the cache's values (chunks pinned
-        // for their readers included), the units and chunks readers hold and the stager's runs.
-        let memory = MemoryBudget::for_cache(ram_budget);
-        let ram = RamCache::with_memory(ram_budget, memory.clone());
-        if let Some(stage) = &stage {
-            stage.use_memory(memory);
-        }
+        // for their readers included), the units and chunks readers hold and the stager's runs
+        // (a stage is opened with it: `tiers::assemble`).
+        let memory = (stage.as_ref().and_then(|s| s.memory().cloned()))
+            .unwrap_or_else(|| MemoryBudget::for_cache(ram_budget));
+        let ram = RamCache::with_memory(ram_budget, memory);
         let chunks = Chunks::new(
             source.clone(),
             ram.clone(),
@@ -115,7 +107,7 @@ impl Images {
             source_bytes: AtomicU64::new(0),
             ahead_bytes: AtomicU64::new(0),
             spliced_bytes: AtomicU64::new(0),
-            storage_wait_ns: AtomicU64::new(0),
+            waits: Waits::default(),
         }
     }
 
@@ -123,29 +115,28 @@ impl Images {
         &self.window
     }
 
-    /// How the lookahead fetches `len` stored bytes at `offset` of `image`: not at all when
-    /// they are staged or in the RAM cache, by the chunk room when reads of the image go by
-    /// chunks, else exactly.
+    pub(super) fn chunks(&self) -> &Chunks {
+        &self.chunks
+    }
+
+    /// How the lookahead fetches `len` stored bytes at `offset` of `image` (`locate`): not at
+    /// all when they are staged, in the RAM cache or in the window, by the chunk room when reads
+    /// of the image go by chunks, else exactly.
     pub fn ahead_class(&self, image: u32, offset: u64, len: u64) -> Class {
-        let (image, offset) = self.source.resolve(image, offset);
-        let size = self.chunks.chunk_size();
-        let (first, last) = (offset / size, (offset + len.max(1) - 1) / size);
-        let local = |i: u64| {
-            self.stage
-                .as_deref()
-                .is_some_and(|s| s.holds(image, i as usize))
-                || self.ram.contains(image, CHUNK_TAG | (i * size))
-        };
-        if (first..=last).all(local) {
-            return Class::Resident;
-        }
-        match self.chunks.by_chunks(image) {
-            true => Class::Chunks { image, first, last },
-            false => Class::Exact {
-                image,
-                start: offset,
-                len,
-            },
+        let found = self.locate(Asker::Lookahead, image, offset, len, Fetch::Chunks);
+        let (image, start) = (found.image, found.offset);
+        match found.at {
+            At::Window | At::Resident => Class::Resident,
+            At::Chunks(plan) if plan.chunked => {
+                let size = self.chunks.chunk_size();
+                let last = (start + len.max(1) - 1) / size;
+                Class::Chunks {
+                    image,
+                    first: start / size,
+                    last,
+                }
+            }
+            At::Chunks(_) | At::Source { .. } => Class::Exact { image, start, len },
         }
     }
 
@@ -200,7 +191,8 @@ impl Images {
             source_bytes: self.source_bytes.load(Ordering::Relaxed),
             ahead_bytes: self.ahead_bytes.load(Ordering::Relaxed),
             spliced_bytes: self.spliced_bytes.load(Ordering::Relaxed),
-            storage_wait_ns: self.storage_wait_ns.load(Ordering::Relaxed),
+            storage_wait_ns: self.waits.sum_ns(),
+            storage_stall_ns: self.waits.stalled_ns(),
         }
     }
 
@@ -214,26 +206,35 @@ impl Images {
         buf: &mut [u8],
         fetch: Fetch,
     ) -> io::Result<()> {
-        // An inner archive's bytes are its outer image's: read, cached and staged as those.
-        let (image, offset) = self.source.resolve(image, offset);
-        match self.window.serve(image, offset, buf, req.wait())? {
-            Found::No => {}
-            found => {
-                if let Found::Waited(took) = found {
-                    self.waited(took);
+        let len = buf.len() as u64;
+        // Located once per read: by `file_range` already when it could not splice it.
+        let mut found = match req.located(image, offset, len) {
+            Some(found) => found,
+            None => self.locate(Asker::Reader(req), image, offset, len, fetch),
+        };
+        let (image, offset) = (found.image, found.offset);
+        if found.at == At::Window {
+            match self
+                .window
+                .serve(image, offset, buf, req.wait(), &self.waits, req.reader())?
+            {
+                Found::No => {
+                    // Gone since (read, dropped, or its fetch failed): the tiers below.
+                    found = self.locate_stored(Asker::Reader(req), image, offset, len, fetch);
                 }
-                self.ahead_bytes
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                req.served_by(Tiers::RAM);
-                return Ok(());
+                _ => {
+                    self.ahead_bytes.fetch_add(len, Ordering::Relaxed);
+                    req.served_by(Tiers::RAM);
+                    return Ok(());
+                }
             }
         }
-        let plan = self
-            .chunks
-            .plan(req, image, offset, buf.len() as u64, fetch);
-        if plan.straight_to_source() {
-            return self.read_source(req, image, offset, buf);
-        }
+        let plan = match found.at {
+            At::Chunks(plan) => plan,
+            At::Source { .. } | At::Window | At::Resident => {
+                return self.read_source(req, image, offset, buf);
+            }
+        };
         let chunk_size = self.chunks.chunk_size();
         let stage = self.stage.as_deref();
         let mut done = 0;
@@ -246,14 +247,10 @@ impl Images {
             if self.read_staged(req, stage, image, i, within, dst)? {
                 continue;
             }
-            let began = std::time::Instant::now();
             let fetched = match plan.chunked {
-                true => self.chunks.for_reader(req, image, i, plan),
+                true => self.fetch_chunk(req, image, i, plan),
                 false => Ok(None),
             };
-            if let Ok(Some((_, true))) = &fetched {
-                self.waited(began.elapsed());
-            }
             let (chunk, loaded) = match fetched {
                 Ok(Some(fetched)) => fetched,
                 Ok(None) => {
@@ -338,23 +335,14 @@ impl Images {
         Ok(true)
     }
 
-    /// Whether reads of `image` may be spliced from its file (`file_range`): it lies in a plain
-    /// file on a local disk (itself or the image around it), and no stage keeps it (staged
-    /// chunks are read from the stage).
-    pub fn may_splice(&self, image: u32) -> bool {
-        let (image, _) = self.source.resolve(image, 0);
-        self.source.file_descriptor(image).is_some()
-            && !self.stage.as_ref().is_some_and(|s| s.keeps(image))
-    }
-
     /// `len` bytes at `offset` of `image` as a range of its file, when this read would go
     /// straight to the source and the source is a plain file (`FileRange`); `None` when the
     /// bytes are to be read otherwise (`read_exact_at`).
     ///
     /// The checks that change nothing come first; `noted` (the read told to whoever hears of
-    /// reads) is called only once they pass, before the plan, which weighs what it was told. A
-    /// read that is not spliced is noted and planned again by `read_exact_at`: on a parallel
-    /// file system, every read was.
+    /// reads) is called only once they pass, before `locate`, whose plan weighs what it was
+    /// told. A read that is not spliced keeps where it was located for `read_exact_at` (noted
+    /// and planned once: on a parallel file system, every read was twice).
     pub fn file_range(
         &self,
         req: &ReadRequest,
@@ -363,26 +351,51 @@ impl Images {
         len: usize,
         noted: impl FnOnce(),
     ) -> Option<FileRange<'_>> {
-        let (image, offset) = self.source.resolve(image, offset);
-        let file = self.source.file_descriptor(image)?;
-        if self.window.holds(image, offset, len as u64) {
+        let (outer, at) = self.source.resolve(image, offset);
+        self.source.file_descriptor(outer)?;
+        if self.window.holds(outer, at, len as u64) {
             return None;
         }
         noted();
-        let plan = self
-            .chunks
-            .plan(req, image, offset, len as u64, Fetch::Chunks);
-        if !plan.straight_to_source() {
+        let found = self.locate(Asker::Reader(req), image, offset, len as u64, Fetch::Chunks);
+        let (At::Source { file: true }, Some(file)) =
+            (found.at, self.source.file_descriptor(found.image))
+        else {
+            req.keep_located(image, offset, found);
             return None;
-        }
+        };
         req.served_by(Tiers::SOURCE);
-        Some(FileRange::new(self, image, file, offset, len))
+        Some(FileRange::new(
+            self,
+            req.reader(),
+            found.image,
+            file,
+            found.offset,
+            len,
+        ))
     }
 
-    /// Counts a reader's wait on storage.
-    fn waited(&self, took: std::time::Duration) {
-        self.storage_wait_ns
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    /// Chunk `i` of `image` for `req` (`chunks::Chunks::for_reader`), counting the wait when
+    /// it was not in memory: loaded by this read, or by another thread (read-ahead, the
+    /// lookahead, another reader) while this one waited.
+    fn fetch_chunk(
+        &self,
+        req: &ReadRequest,
+        image: u32,
+        i: u64,
+        plan: Plan,
+    ) -> io::Result<Option<(super::Decoded, bool)>> {
+        let size = self.chunks.chunk_size();
+        if self.ram.contains(image, CHUNK_TAG | (i * size)) {
+            return self.chunks.for_reader(req, image, i, plan);
+        }
+        let _waiting = self.waits.begin(req.reader());
+        self.chunks.for_reader(req, image, i, plan)
+    }
+
+    /// Where readers waited on storage, and how long.
+    pub fn waits(&self) -> &Waits {
+        &self.waits
     }
 
     /// Exactly `buf.len()` bytes at `offset`, from the source.
@@ -394,9 +407,9 @@ impl Images {
         buf: &mut [u8],
     ) -> io::Result<()> {
         req.served_by(Tiers::SOURCE);
-        let began = std::time::Instant::now();
+        let waiting = self.waits.begin(req.reader());
         let read = self.source.read_exact_at(image, offset, buf, req.wait());
-        self.waited(began.elapsed());
+        drop(waiting);
         read?;
         self.source_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -405,9 +418,12 @@ impl Images {
 }
 
 impl CountSpliced for Images {
+    fn begin(&self, reader: u32) -> Waiting<'_> {
+        self.waits.begin(reader)
+    }
+
     /// Counts a `FileRange` moved to the kernel, as `read_source` counts a read.
-    fn count_spliced(&self, image: u32, len: usize, took: std::time::Duration) {
-        self.waited(took);
+    fn count_spliced(&self, image: u32, len: usize) {
         self.source.count_spliced(image, len as u64);
         self.source_bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.spliced_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -418,6 +434,7 @@ impl CountSpliced for Images {
 mod tests {
     use super::super::OpenedImage;
     use super::*;
+    use crate::source::read_at::ReadAt;
     use std::path::PathBuf;
 
     const MIB: u64 = 1 << 20;
@@ -536,5 +553,39 @@ mod tests {
         });
         assert!(most <= MIB, "held {most} bytes under a cache of {MIB}");
         assert_eq!(images.stats().read_ahead_chunks, 0);
+    }
+
+    /// A reader that finds its chunk being fetched by read-ahead waits for it, and that wait is
+    /// counted: walking a slow image in order, the reader spends most of its time waiting on
+    /// chunks read-ahead has in flight. Counted only when the reader loaded a chunk itself, the
+    /// stall was the first two chunks of 24 (packfs reported 0.9-1.4 s where a loader waited
+    /// 7.8-23.5 s).
+    #[test]
+    fn a_wait_for_a_chunk_read_ahead_has_in_flight_is_counted() {
+        use crate::tiers::faults::{Fault, Faulty};
+        let len = 16 * MIB;
+        let slow = Arc::into_inner(source(len)).expect("one owner");
+        let slow = slow.wrapped(|_, data| {
+            let latency = Fault::Latency(std::time::Duration::from_millis(20));
+            Arc::new(Faulty::new(data, vec![(0..len, latency)])) as Arc<dyn ReadAt>
+        });
+        let images = Images::new(Arc::new(slow), 8 * MIB, MIB, true, None);
+        // A reader that does nothing but read (`walk` checks every byte: slower than the store).
+        let (req, mut buf) = (ReadRequest::new(7, Wait::May), vec![0u8; 256 << 10]);
+        let began = std::time::Instant::now();
+        for at in (0..len).step_by(buf.len()) {
+            images
+                .read_exact_at(&req, 0, at, &mut buf, Fetch::Chunks)
+                .unwrap();
+        }
+        let took = began.elapsed().as_nanos() as u64;
+        let s = images.stats();
+        assert!(s.read_ahead_chunks > 4, "{s:?}");
+        assert!(
+            s.storage_stall_ns > took / 2,
+            "stalled {} of {took} ns: {s:?}",
+            s.storage_stall_ns
+        );
+        assert_eq!(images.waits().by_reader()[0].0, 7, "the walk's reader");
     }
 }

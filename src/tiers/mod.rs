@@ -12,12 +12,15 @@ pub mod faults;
 mod file_range;
 mod file_reader;
 mod images;
+mod locate;
+mod located;
 pub mod lookahead;
 mod opened;
 mod ram_cache;
 pub mod read_everything;
 mod request;
 pub mod stage;
+pub mod waits;
 pub mod window;
 
 use std::path::PathBuf;
@@ -99,8 +102,13 @@ pub struct StaleIndex {
 }
 
 /// Opens the images of `catalog` (checking their fingerprints) and stacks the tiers over them.
-pub fn open(catalog: &Catalog, opts: &TierOptions) -> Result<FileReader, OpenError> {
-    let source = OpenedImages::open(catalog.images()).map_err(|error| {
+/// Objects are read from `stores`.
+pub fn open(
+    catalog: &Catalog,
+    opts: &TierOptions,
+    stores: &crate::source::Stores,
+) -> Result<FileReader, OpenError> {
+    let source = OpenedImages::open(catalog.images(), stores).map_err(|error| {
         let stale = match (&error, catalog.index_path()) {
             (SourceError::Changed { .. }, Some(index)) => Some(StaleIndex {
                 index: index.to_path_buf(),
@@ -125,12 +133,16 @@ pub fn assemble(
     catalog: &Catalog,
     opts: &TierOptions,
 ) -> Result<FileReader, OpenError> {
+    // One memory budget for everything the tiers hold: the cache's values (chunks pinned for
+    // their readers included), the units and chunks readers hold and the stager's runs.
+    let memory = budget::MemoryBudget::for_cache(opts.cache_size);
     let stage = match &opts.stage {
         Some((stage_opts, holder)) => Some(Arc::new(Stage::open(
             stage_opts.clone(),
             source.clone(),
             catalog.images(),
             holder,
+            Some(memory.clone()),
         )?)),
         None => None,
     };

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::Serialize;
 
 use crate::catalog::ImageInfo;
-use crate::source::ImageLocation;
 use crate::source::fingerprint::stamp_differences;
 use crate::source::read_at::{ReadAt, Stamp, Wait, on_local_disk};
+use crate::source::{ImageLocation, Stores};
 
 /// Counters of the operations issued on the backing files: for reads of the mount, and for the
 /// stager's copies.
@@ -117,9 +117,11 @@ const OPEN_THREADS: usize = 8;
 impl OpenedImages {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
-    pub fn open(images: &[ImageInfo]) -> Result<OpenedImages, SourceError> {
+    pub fn open(images: &[ImageInfo], stores: &Stores) -> Result<OpenedImages, SourceError> {
         let outer = |i: &ImageInfo| inner_window(i).is_none();
-        let opened = open_parallel(images, |i| outer(i).then(|| open_checked(i)).transpose())?;
+        let opened = open_parallel(images, |i| {
+            outer(i).then(|| open_checked(i, stores)).transpose()
+        })?;
         // An inner archive is a window of its outer image, opened above (it comes first).
         let mut all: Vec<OpenedImage> = Vec::with_capacity(images.len());
         let mut within = Vec::with_capacity(images.len());
@@ -171,6 +173,7 @@ impl OpenedImages {
     /// Opens images that no catalog describes, and returns their fingerprints as found.
     pub fn open_as_is(
         locations: &[ImageLocation],
+        stores: &Stores,
     ) -> Result<(OpenedImages, Vec<ImageInfo>), SourceError> {
         let opened = open_parallel(locations, |location| {
             let path = location.name().to_path_buf();
@@ -178,7 +181,7 @@ impl OpenedImages {
                 path: path.clone(),
                 error,
             };
-            let (data, fingerprint) = location.open().map_err(open_error)?;
+            let (data, fingerprint) = location.open(stores).map_err(open_error)?;
             let info = ImageInfo {
                 location: location.clone(),
                 fingerprint,
@@ -448,9 +451,9 @@ fn inner_window(info: &ImageInfo) -> Option<(u32, u64, u64)> {
     }
 }
 
-fn open_checked(info: &ImageInfo) -> Result<OpenedImage, SourceError> {
+fn open_checked(info: &ImageInfo, stores: &Stores) -> Result<OpenedImage, SourceError> {
     let path = info.path().to_path_buf();
-    let (data, now) = match info.location.open() {
+    let (data, now) = match info.location.open(stores) {
         Ok(v) => v,
         Err(error) => return Err(SourceError::Open { path, error }),
     };

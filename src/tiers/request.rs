@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use super::located::Located;
 use crate::source::read_at::Wait;
 
 /// The tiers that served a read: a bit set.
@@ -51,6 +52,10 @@ pub struct ReadRequest {
     /// The catalog entry read, once known (`NO_FILE` before), and its size.
     file: std::sync::atomic::AtomicU32,
     file_size: AtomicU64,
+    /// Where the read's bytes were located when a splice was considered and declined
+    /// (`Images::file_range`), for the read that follows: located (and noted) once. Keyed by
+    /// what was asked (image, offset).
+    located: std::sync::OnceLock<(u32, u64, Located)>,
 }
 
 const NO_FILE: u32 = u32::MAX;
@@ -64,6 +69,7 @@ impl ReadRequest {
             listed: std::sync::atomic::AtomicBool::new(false),
             file: std::sync::atomic::AtomicU32::new(NO_FILE),
             file_size: AtomicU64::new(0),
+            located: std::sync::OnceLock::new(),
         }
     }
 
@@ -106,6 +112,20 @@ impl ReadRequest {
         self.file().map(|_| self.file_size.load(Ordering::Relaxed))
     }
 
+    /// Keeps where the bytes at `offset` of `image` were found (`located`).
+    pub(super) fn keep_located(&self, image: u32, offset: u64, found: Located) {
+        let _ = self.located.set((image, offset, found));
+    }
+
+    /// Where the `len` bytes at `offset` of `image` were found, if this read located them
+    /// already.
+    pub(super) fn located(&self, image: u32, offset: u64, len: u64) -> Option<Located> {
+        match self.located.get() {
+            Some(&(i, o, found)) if i == image && o == offset && found.len == len => Some(found),
+            _ => None,
+        }
+    }
+
     /// Notes that `tier` served some of the bytes.
     pub fn served_by(&self, tier: Tiers) {
         self.served.fetch_or(tier.0, Ordering::Relaxed);
@@ -115,6 +135,13 @@ impl ReadRequest {
     pub fn tiers(&self) -> Tiers {
         Tiers(self.served.load(Ordering::Relaxed))
     }
+}
+
+/// Who asks: a reader, or the lookahead fetching ahead of readers.
+#[derive(Clone, Copy)]
+pub enum Asker<'a> {
+    Reader(&'a ReadRequest),
+    Lookahead,
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::ram_cache::Held;
+use super::waits::Waits;
 use crate::source::read_at::Wait;
 
 /// How long a reader waits for an extent in flight before reading the source itself (a fetch
@@ -140,7 +141,16 @@ impl Window {
 
     /// Fills `buf` from `offset` of `image` if an extent holds those bytes, waiting for one in
     /// flight (a read that may not wait gets `WouldBlock` then, as from the source).
-    pub fn serve(&self, image: u32, offset: u64, buf: &mut [u8], wait: Wait) -> io::Result<Found> {
+    /// `waits` counts the wait of `reader` for an extent in flight.
+    pub fn serve(
+        &self,
+        image: u32,
+        offset: u64,
+        buf: &mut [u8],
+        wait: Wait,
+        waits: &Waits,
+        reader: u32,
+    ) -> io::Result<Found> {
         if self.count.load(Ordering::Acquire) == 0 {
             return Ok(Found::No);
         }
@@ -151,6 +161,7 @@ impl Window {
         };
         let began = Instant::now();
         let mut waited = false;
+        let mut _waiting = None;
         loop {
             let Some(e) = extents.get_mut(image, start) else {
                 // Its fetch failed: the reader reads (and meets the error) itself.
@@ -185,6 +196,7 @@ impl Window {
                         return Ok(Found::No);
                     }
                     waited = true;
+                    _waiting.get_or_insert_with(|| waits.begin(reader));
                     extents = self
                         .settled
                         .wait_timeout(extents, left)
@@ -352,19 +364,39 @@ mod tests {
         );
         w.finish(3, 100, Some(Held::unbudgeted((0..10).collect())));
         let mut buf = [0u8; 4];
-        assert_eq!(w.serve(3, 102, &mut buf, Wait::May).unwrap(), Found::Ready);
+        assert_eq!(
+            w.serve(3, 102, &mut buf, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::Ready
+        );
         assert_eq!(buf, [2, 3, 4, 5]);
         // Not wholly inside: read as usual.
         let mut big = [0u8; 12];
-        assert_eq!(w.serve(3, 100, &mut big, Wait::May).unwrap(), Found::No);
+        assert_eq!(
+            w.serve(3, 100, &mut big, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::No
+        );
         let mut rest = [0u8; 6];
-        assert_eq!(w.serve(3, 104, &mut rest, Wait::May).unwrap(), Found::Ready);
+        assert_eq!(
+            w.serve(3, 104, &mut rest, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::Ready
+        );
         assert_eq!(w.held(), 5, "the 10 read are gone; 5 in flight");
-        assert_eq!(w.serve(3, 104, &mut rest, Wait::May).unwrap(), Found::No);
+        assert_eq!(
+            w.serve(3, 104, &mut rest, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::No
+        );
         w.finish(3, 110, None);
         assert_eq!(w.held(), 0);
         let mut one = [0u8; 1];
-        assert_eq!(w.serve(3, 110, &mut one, Wait::May).unwrap(), Found::No);
+        assert_eq!(
+            w.serve(3, 110, &mut one, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::No
+        );
     }
 
     #[test]
@@ -377,8 +409,16 @@ mod tests {
         });
         w.finish(0, 0, Some(Held::unbudgeted(vec![1; 100])));
         let mut buf = [0u8; 40];
-        assert_eq!(w.serve(0, 0, &mut buf, Wait::May).unwrap(), Found::Ready);
-        assert_eq!(w.serve(0, 60, &mut buf, Wait::May).unwrap(), Found::Ready);
+        assert_eq!(
+            w.serve(0, 0, &mut buf, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::Ready
+        );
+        assert_eq!(
+            w.serve(0, 60, &mut buf, Wait::May, &Waits::default(), 0)
+                .unwrap(),
+            Found::Ready
+        );
         assert_eq!(w.held(), 0);
         assert_eq!(w.stats().dropped_unread, 0);
     }
@@ -391,13 +431,17 @@ mod tests {
             w.begin(0, 0, 4, 4, OWNER)
         });
         let mut now = [0u8; 4];
-        let e = w.serve(0, 0, &mut now, Wait::Never).unwrap_err();
+        let e = w
+            .serve(0, 0, &mut now, Wait::Never, &Waits::default(), 0)
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         let reader = {
             let w = w.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4];
-                let found = w.serve(0, 0, &mut buf, Wait::May).unwrap();
+                let found = w
+                    .serve(0, 0, &mut buf, Wait::May, &Waits::default(), 0)
+                    .unwrap();
                 (found, buf)
             })
         };
@@ -423,7 +467,8 @@ mod tests {
         w.finish(0, 0, Some(Held::unbudgeted(vec![0; 8])));
         w.finish(0, 8, Some(Held::unbudgeted(vec![0; 8])));
         let mut two = [0u8; 2];
-        w.serve(0, 0, &mut two, Wait::May).unwrap();
+        w.serve(0, 0, &mut two, Wait::May, &Waits::default(), 0)
+            .unwrap();
         assert_eq!(w.drop_where(|o, _| o.list == 1), 8);
         let s = w.stats();
         assert_eq!((s.held, s.dropped_unread, s.dropped_bytes), (8, 1, 6));

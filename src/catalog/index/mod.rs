@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::store::{Chunks, Mapped, Part, Store};
 use super::{Catalog, CatalogError, Entry, ImageInfo, ROOT};
-use crate::source::ImageLocation;
+use crate::source::{ImageLocation, Stores};
 use format::{CHUNK_SIZE, HASHED_HEADER, HEADER_LEN, Header, ImageRecord, InnerRecord};
 
 pub use format::{MAGIC, VERSION};
@@ -73,7 +73,7 @@ pub fn check_replaceable(dest: &Path, force: bool) -> Result<(), IndexError> {
         return Ok(());
     };
     // An empty file holds nothing to lose.
-    if force || (meta.is_file() && (meta.len() == 0 || is_index(dest))) {
+    if force || (meta.is_file() && (meta.len() == 0 || file_is_index(dest))) {
         return Ok(());
     }
     let what = if meta.is_dir() {
@@ -109,12 +109,21 @@ pub struct Written {
     pub entries: u64,
 }
 
-/// True if `path` starts with the index magic (false for anything unreadable).
-pub fn is_index(path: &Path) -> bool {
+/// True if `path` (a file, or an object in `stores`) starts with the index magic (false for
+/// anything unreadable).
+pub fn is_index(path: &Path, stores: &Stores) -> bool {
     let mut magic = [0u8; 8];
     ImageLocation::new(path)
-        .reader()
+        .reader(stores)
         .and_then(|r| r.read_exact_at(&mut magic, 0))
+        .is_ok_and(|_| &magic == MAGIC)
+}
+
+/// `is_index` of a local file.
+fn file_is_index(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    crate::source::read_at::open_regular(path)
+        .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0))
         .is_ok_and(|_| &magic == MAGIC)
 }
 
@@ -299,16 +308,21 @@ fn copy_file(file: &std::fs::File, len: u64, out: &mut impl Write) -> std::io::R
 }
 
 /// Maps an index and checks everything whose size does not grow with the number of files; the
-/// images are resolved (relative to the index first) but not opened.
-pub fn open(path: &Path) -> Result<Catalog, IndexError> {
-    open_with(path, None)
+/// images are resolved (relative to the index first) but not opened. An index kept in an
+/// object store is read from `stores`.
+pub fn open(path: &Path, stores: &Stores) -> Result<Catalog, IndexError> {
+    open_with(path, None, stores)
 }
 
 /// As `open`, looking for the images in `images_dir` first (by file name) when given: for
 /// images that moved since the index was written.
-pub fn open_with(path: &Path, images_dir: Option<&Path>) -> Result<Catalog, IndexError> {
+pub fn open_with(
+    path: &Path,
+    images_dir: Option<&Path>,
+    stores: &Stores,
+) -> Result<Catalog, IndexError> {
     if ImageLocation::new(path).is_object() {
-        return open_remote(path);
+        return open_remote(path, stores);
     }
     let path = std::path::absolute(path).map_err(io_error("bad path", path))?;
     let file = crate::source::read_at::open_regular(&path)
@@ -351,8 +365,8 @@ const MAX_REMOTE_INDEX: u64 = 4 << 30;
 
 /// An index kept in an object store (`s3://bucket/train.packfs-index`), read whole into memory.
 /// Its images are taken as recorded: URLs, or absolute paths on this node.
-fn open_remote(url: &Path) -> Result<Catalog, IndexError> {
-    let object = crate::source::remote::RemoteObject::open(url)
+fn open_remote(url: &Path, stores: &Stores) -> Result<Catalog, IndexError> {
+    let object = crate::source::remote::RemoteObject::open(stores, url)
         .map_err(io_error("cannot read index", url))?;
     if object.size() > MAX_REMOTE_INDEX {
         let error = std::io::Error::new(

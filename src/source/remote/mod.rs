@@ -7,6 +7,8 @@ mod answer;
 mod client;
 pub mod config;
 mod credentials;
+#[cfg(any(test, feature = "testing"))]
+pub mod faulty;
 mod location;
 mod refusal;
 pub mod store;
@@ -21,7 +23,7 @@ pub(super) use location::is_url;
 pub use location::{BadUrl, Location};
 #[cfg(any(test, feature = "testing"))]
 pub use store::MemoryStore;
-pub use store::{ObjectStore, StoreOptions, configure};
+pub use store::{ObjectStore, StoreOptions, Stores};
 
 use super::Fingerprint;
 use super::read_at::ReadAt;
@@ -35,9 +37,9 @@ pub struct RemoteObject {
 }
 
 impl RemoteObject {
-    /// HEADs the object at `path` (a URL) in the network's stores.
-    pub fn open(path: &Path) -> io::Result<RemoteObject> {
-        RemoteObject::open_in(store::network(), path)
+    /// HEADs the object at `path` (a URL) in `stores`.
+    pub fn open(stores: &Stores, path: &Path) -> io::Result<RemoteObject> {
+        RemoteObject::open_in(stores.object_store(), path)
     }
 
     /// HEADs the object at `path` in `store`.
@@ -93,8 +95,8 @@ fn parse(path: &Path) -> io::Result<Location> {
 
 /// The images a URL pattern names once braces are expanded: itself, or for an `s3://` glob the
 /// matching keys of the bucket (listed under the pattern's literal prefix), in key order.
-pub fn expand_glob(word: &str) -> io::Result<Vec<PathBuf>> {
-    expand_glob_in(&*store::network(), word)
+pub fn expand_glob(stores: &Stores, word: &str) -> io::Result<Vec<PathBuf>> {
+    expand_glob_in(&*stores.object_store(), word)
 }
 
 /// `expand_glob`, listing `store`.
@@ -134,16 +136,6 @@ pub(crate) fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
     let start = xml.find(&open)? + open.len();
     let end = xml[start..].find(&format!("</{tag}>"))? + start;
     Some(xml[start..end].trim())
-}
-
-/// The S3 credentials of this process, once a request needed them.
-pub fn credential_stats() -> Option<CredentialStats> {
-    store::existing()?.credential_stats()
-}
-
-/// Every store's request counters so far in this process.
-pub fn stats() -> Vec<StoreStats> {
-    store::existing().map_or_else(Vec::new, |c| c.stats())
 }
 
 #[cfg(test)]

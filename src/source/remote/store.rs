@@ -58,37 +58,85 @@ impl ObjectStore for Client {
     }
 }
 
-/// What the mount's options say of the stores, set once before the first request (the
-/// command line's `--endpoint-url`); the rest comes from the environment and the AWS profile.
+/// What the mount's options say of the stores (the command line's `--endpoint-url`); the rest
+/// comes from the environment and the AWS profile.
 #[derive(Clone, Debug, Default)]
 pub struct StoreOptions {
     pub endpoint: Option<String>,
 }
 
-static OPTIONS: OnceLock<StoreOptions> = OnceLock::new();
-static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
+/// The stores one engine reads objects from, handed to every open (`ImageLocation::open`), so an
+/// engine's reads never reach a store it was not given: the network client built from its
+/// options (made at the first request: a dataset of files never resolves credentials), or a
+/// store given whole (a `MemoryStore`, a failure store, a caller's own). Cloning shares it.
+#[derive(Clone)]
+pub struct Stores(Arc<Inner>);
 
-/// Sets the stores' options; false if a store was already used (they can no longer change).
-pub fn configure(options: StoreOptions) -> bool {
-    CLIENT.get().is_none() && OPTIONS.set(options).is_ok()
+struct Inner {
+    options: StoreOptions,
+    client: OnceLock<Arc<Client>>,
+    given: Option<Arc<dyn ObjectStore>>,
 }
 
-/// The process's network client, made on first use.
-pub(super) fn client() -> &'static Arc<Client> {
-    CLIENT.get_or_init(|| {
-        let endpoint = OPTIONS.get().and_then(|o| o.endpoint.clone());
-        Arc::new(Client::new(S3Config::resolve(endpoint), Limits::from_env()))
-    })
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.given {
+            Some(_) => write!(f, "Stores(given)"),
+            None => write!(f, "Stores({:?})", self.0.options),
+        }
+    }
 }
 
-/// The client, if a store was used at all.
-pub(super) fn existing() -> Option<&'static Arc<Client>> {
-    CLIENT.get()
+impl Default for Stores {
+    /// The network, as the environment and the AWS profile configure it.
+    fn default() -> Stores {
+        Stores::network(StoreOptions::default())
+    }
 }
 
-/// The store objects are read from: the network client.
-pub fn network() -> Arc<dyn ObjectStore> {
-    client().clone()
+impl Stores {
+    /// S3 and HTTP(S) over the network, with `options`.
+    pub fn network(options: StoreOptions) -> Stores {
+        Stores(Arc::new(Inner {
+            options,
+            client: OnceLock::new(),
+            given: None,
+        }))
+    }
+
+    /// Every object read from `store`.
+    pub fn given(store: Arc<dyn ObjectStore>) -> Stores {
+        Stores(Arc::new(Inner {
+            options: StoreOptions::default(),
+            client: OnceLock::new(),
+            given: Some(store),
+        }))
+    }
+
+    /// The store objects are read from.
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        match &self.0.given {
+            Some(store) => store.clone(),
+            None => self.client().clone(),
+        }
+    }
+
+    fn client(&self) -> &Arc<Client> {
+        self.0.client.get_or_init(|| {
+            let endpoint = self.0.options.endpoint.clone();
+            Arc::new(Client::new(S3Config::resolve(endpoint), Limits::from_env()))
+        })
+    }
+
+    /// The network client's request counters, once a request was made.
+    pub fn stats(&self) -> Vec<super::StoreStats> {
+        self.0.client.get().map_or_else(Vec::new, |c| c.stats())
+    }
+
+    /// The S3 credentials in use, once a request needed them.
+    pub fn credential_stats(&self) -> Option<super::CredentialStats> {
+        self.0.client.get()?.credential_stats()
+    }
 }
 
 /// Objects held in memory, for unit tests: put, replaced (a new ETag), read and listed as a store

@@ -20,7 +20,7 @@ use super::stage::{ForRead, Shared, Stage, chunk_len};
 use crate::source::read_at::Wait;
 use ahead::ReadAhead;
 use pins::Pins;
-pub use policy::{Chunking, Fetch, Plan, Policy};
+pub use policy::{Ask, Chunking, Fetch, Plan, Policy};
 
 /// Chunks pinned: as many as half the RAM budget holds (each reader walking a shard needs its
 /// own three, its current chunk and two fetched ahead: with 8 readers and room for 8, chunks
@@ -92,15 +92,30 @@ impl Chunks {
         self.fetcher.chunk_size
     }
 
-    /// How `req`'s read of `len` bytes at `offset` of `image` fetches what it misses.
-    pub fn plan(&self, req: &ReadRequest, image: u32, offset: u64, len: u64, fetch: Fetch) -> Plan {
+    /// How `req`'s read (none: the lookahead's fetch) of `len` bytes at `offset` of `image`
+    /// fetches what it misses.
+    pub fn plan(
+        &self,
+        req: Option<&ReadRequest>,
+        image: u32,
+        (offset, len): (u64, u64),
+        fetch: Fetch,
+    ) -> Plan {
         let stage = self.fetcher.stage.as_deref();
         // A file of a chunk or more on a local disk is spliced instead (`policy`). On a parallel
         // file system the chunks' read-ahead keeps requests in flight, as before.
-        let chunk_or_more = req.file_size().is_some_and(|s| s >= self.chunk_size())
+        let chunk_or_more = req
+            .and_then(ReadRequest::file_size)
+            .is_some_and(|s| s >= self.chunk_size())
             && self.fetcher.source.file_descriptor(image).is_some();
-        self.policy
-            .plan(stage, req, image, offset, len, fetch, chunk_or_more)
+        let ask = Ask {
+            image,
+            offset,
+            len,
+            fetch,
+            chunk_or_more,
+        };
+        self.policy.plan(stage, req, ask)
     }
 
     /// Chunk `i` of `image` for `req`, and whether this call read it from the source; `None`
@@ -125,14 +140,6 @@ impl Chunks {
             });
         }
         Ok(got)
-    }
-
-    /// Whether every read of `image`'s stored bytes goes by whole chunks: every image does, or
-    /// the stage copies this one now.
-    pub fn by_chunks(&self, image: u32) -> bool {
-        let staging =
-            (self.fetcher.stage.as_deref()).is_some_and(|s| s.keeps(image) && !s.stopped());
-        self.policy.has_ram() && (self.policy.every_image() || staging)
     }
 
     /// Fetches chunk `i` of `image` ahead of its readers, if it is still wanted (a sampler said
@@ -178,9 +185,7 @@ impl Fetcher {
             For::Reader(req, staging) => (req.wait(), staging),
             For::Ahead => (
                 Wait::May,
-                self.stage
-                    .as_deref()
-                    .is_some_and(|s| s.keeps(image) && !s.stopped()),
+                self.stage.as_deref().is_some_and(|s| s.copying(image)),
             ),
         };
         // While the stage copies this image, each chunk is read whole once: by the read that

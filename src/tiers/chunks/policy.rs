@@ -4,6 +4,7 @@
 use super::streams::Streams;
 use crate::catalog::ImageInfo;
 use crate::tiers::ReadRequest;
+pub use crate::tiers::located::Plan;
 use crate::tiers::stage::Stage;
 
 /// The mount's choice, and what to tell the user about it.
@@ -32,7 +33,7 @@ pub fn choose(
     staged: bool,
     read_threads: usize,
 ) -> Chunking {
-    let remote = images.iter().any(|i| i.location.is_object());
+    let remote = crate::catalog::any_object(images);
     let bytes: u64 = images.iter().map(|i| i.fingerprint.size).sum();
     let fits = bytes <= cache_size / 2;
     let advice = (remote && !staged && asked.is_none() && !fits).then(|| {
@@ -99,22 +100,16 @@ pub enum Fetch {
     Exact,
 }
 
-/// How one read fetches the bytes it misses.
+/// What is asked of the plan: `len` bytes at `offset` of `image` (the outermost image), fetched
+/// as `fetch` wants; `chunk_or_more`: the file read is at least a chunk long, in an image on a
+/// local disk (spliced rather than read in chunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Plan {
-    /// The stage keeps this image (its chunks may be staged already).
-    pub kept: bool,
-    /// The stage is copying this image now: chunks are claimed and handed to the stager.
-    pub staging: bool,
-    /// Whole chunks through the RAM tier; otherwise exactly the bytes asked for.
-    pub chunked: bool,
-}
-
-impl Plan {
-    /// Nothing local can hold these bytes: one read of exactly them, not one per chunk.
-    pub fn straight_to_source(&self) -> bool {
-        !self.kept && !self.chunked
-    }
+pub struct Ask {
+    pub image: u32,
+    pub offset: u64,
+    pub len: u64,
+    pub fetch: Fetch,
+    pub chunk_or_more: bool,
 }
 
 /// The per-read decision.
@@ -140,25 +135,22 @@ impl Policy {
         }
     }
 
-    /// The plan for `req`'s read of `len` bytes at `offset` of `image`, which asks for `fetch`;
-    /// `chunk_or_more`: the file read is at least a chunk long, in an image on a local disk.
-    #[allow(clippy::too_many_arguments)]
-    pub fn plan(
-        &self,
-        stage: Option<&Stage>,
-        req: &ReadRequest,
-        image: u32,
-        offset: u64,
-        len: u64,
-        fetch: Fetch,
-        chunk_or_more: bool,
-    ) -> Plan {
+    /// The plan for what `ask`s, for `req` (none: the lookahead, which fetches ahead of readers
+    /// and so is never a walk in order).
+    pub fn plan(&self, stage: Option<&Stage>, req: Option<&ReadRequest>, ask: Ask) -> Plan {
+        let Ask {
+            image,
+            offset,
+            len,
+            fetch,
+            chunk_or_more,
+        } = ask;
         // Chunks are fetched whole so the stager can keep them. Where it will not (an image of
         // another node's share; staging stopped: budget reached, directory full), a whole chunk
         // for a small read is waste: 43x more bytes read than served was measured after a stop,
         // 7.6x the dataset per epoch for the other shares of 4 nodes. Read exactly then.
         let kept = stage.is_some_and(|s| s.keeps(image));
-        let staging = kept && stage.is_some_and(|s| !s.stopped());
+        let staging = stage.is_some_and(|s| s.copying(image));
         // Encoded bytes are read exactly (their decoded form is what the RAM tier keeps).
         let wants_chunks = fetch == Fetch::Chunks && self.has_ram;
         // A reader walking the image in order across files reads it in chunks (and so with
@@ -172,11 +164,13 @@ impl Policy {
             && self.holds_chunks
             && !self.every_image
             && !staging
-            && !req.listed()
             && !chunk_or_more
-            && self
-                .streams
-                .note_of(req.reader(), image, offset, len, req.file());
+            && req.is_some_and(|req| {
+                !req.listed()
+                    && self
+                        .streams
+                        .note_of(req.reader(), image, offset, len, req.file())
+            });
         Plan {
             kept,
             staging,

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{error, info, warn};
@@ -193,7 +193,7 @@ pub struct Stage {
     status: Mutex<Status>,
     /// The mount's memory budget, which the stager's runs draw from (none for `packfs stage`,
     /// whose runs are its only memory).
-    memory: OnceLock<Arc<MemoryBudget>>,
+    memory: Option<Arc<MemoryBudget>>,
 }
 
 /// Bytes of a staged chunk read back at a time for its check.
@@ -212,6 +212,7 @@ impl Stage {
         source: Arc<OpenedImages>,
         images: &[ImageInfo],
         holder: &str,
+        memory: Option<Arc<MemoryBudget>>,
     ) -> Result<Stage, StageError> {
         let dir = &opts.dir;
         // Its files are read back as staged bytes and their checksums: only a directory of this
@@ -295,18 +296,13 @@ impl Stage {
                 stopped: None,
                 text: "starting".into(),
             }),
-            memory: OnceLock::new(),
+            memory,
             opts,
         })
     }
 
-    /// Draws the stager's memory from the mount's budget.
-    pub fn use_memory(&self, memory: Arc<MemoryBudget>) {
-        let _ = self.memory.set(memory);
-    }
-
-    fn memory(&self) -> Option<&Arc<MemoryBudget>> {
-        self.memory.get()
+    pub fn memory(&self) -> Option<&Arc<MemoryBudget>> {
+        self.memory.as_ref()
     }
 
     pub fn chunk_size(&self) -> u64 {
@@ -545,6 +541,12 @@ impl Stage {
     }
 
     /// Asks the stager to finish.
+    /// Whether the stage copies `image` now (keeps it, and has not stopped): the one answer to
+    /// "staging now", for the chunk plan, the chunk room and read-ahead.
+    pub fn copying(&self, image: u32) -> bool {
+        self.keeps(image) && !self.stopped()
+    }
+
     pub fn shut_down(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
     }

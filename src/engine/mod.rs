@@ -1,0 +1,248 @@
+//! The engine: everything one dataset needs to answer reads, built in one place from its options
+//! and its stores, and torn down in one place. A mount (`daemon::serve`) puts a FUSE session in
+//! front of it; `packfs cat`, `verify`, `pack` and the demo read through it without mounting;
+//! several engines live in one process side by side (no mount-level state is global).
+//!
+//! What it owns: the catalog, the tiers (source, RAM cache under the one memory budget, stage,
+//! lookahead window), the stores objects are read from, the lookahead that samplers' hints
+//! drive, and the background work (`background`: the stager, the watcher of images rewritten in
+//! place, the index's verification).
+
+mod background;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tracing::{info, warn};
+
+use crate::catalog::Catalog;
+use crate::catalog::index::IndexError;
+use crate::dataset::{DatasetError, Merge, OnScan};
+use crate::source::Stores;
+use crate::tiers::lookahead::{Lookahead, LookaheadOptions, PageCacheProbe};
+use crate::tiers::stage::{Stage, StageOptions};
+use crate::tiers::{self, FileReader, OpenError, TierOptions};
+
+/// What an engine is built from, besides its stores.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Images (paths, globs, URLs) or one index, as `packfs mount` takes them.
+    pub images: Vec<String>,
+    pub merge: Merge,
+    /// Byte budget of the RAM tier (decoded units and source chunks); 0 for none.
+    pub cache_size: u64,
+    /// Size of the source chunks kept in RAM and of the staged chunks.
+    pub chunk_size: u64,
+    /// Read stored bytes in whole chunks through the RAM tier; unset: when staging, or when an
+    /// image is in an object store (`tiers::chunks::policy::choose`).
+    pub ram_chunks: Option<bool>,
+    pub stage: Option<StageOptions>,
+    /// Who holds the stage directory, for the message that refuses a second holder.
+    pub holder: String,
+    /// Bytes fetched ahead on a sampler's hints (`None`: half the RAM cache; 0: no hints).
+    pub lookahead: Option<u64>,
+    /// Fetches ahead in flight (`None`: by the source, `lookahead::default_depth`).
+    pub lookahead_depth: Option<usize>,
+    /// Write the catalog built from scanned images to this index file once built.
+    pub save_index: Option<PathBuf>,
+    /// Threads that read at once (for the advice on the RAM cache's size).
+    pub read_threads: usize,
+}
+
+impl EngineOptions {
+    /// A command that reads a few files once (`packfs cat`, `verify`, the demo): straight from
+    /// the source, room for one decoded member or block, no hints, no stage.
+    pub fn one_shot(images: Vec<String>, merge: Merge) -> EngineOptions {
+        EngineOptions {
+            images,
+            merge,
+            cache_size: tiers::ONE_SHOT_CACHE,
+            chunk_size: tiers::DEFAULT_CHUNK,
+            ram_chunks: Some(false),
+            stage: None,
+            holder: format!("pid {}", std::process::id()),
+            lookahead: Some(0),
+            lookahead_depth: None,
+            save_index: None,
+            read_threads: 1,
+        }
+    }
+}
+
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Tiers(#[from] OpenError),
+}
+
+/// One dataset, open and ready to read.
+pub struct Engine {
+    catalog: Arc<Catalog>,
+    files: Arc<FileReader>,
+    stores: Stores,
+    lookahead: Option<Arc<Lookahead>>,
+    /// The files with checksums, once counted (`background::verify`).
+    checksummed: Arc<OnceLock<u64>>,
+    background: Mutex<Option<background::Work>>,
+}
+
+impl Engine {
+    /// Opens the images (scanning them, or mapping their index) and stacks the tiers over them.
+    /// `page_cache`, for a mount, tells the lookahead which files the kernel holds already.
+    pub fn open(
+        opts: &EngineOptions,
+        stores: Stores,
+        page_cache: Option<PageCacheProbe>,
+        on_scan: OnScan,
+    ) -> Result<Engine, EngineError> {
+        let catalog = Arc::new(crate::dataset::open(
+            &opts.images,
+            &opts.merge,
+            &stores,
+            on_scan,
+        )?);
+        if let Some(dest) = &opts.save_index {
+            let written = crate::catalog::index::write(&catalog, dest)?;
+            info!(bytes = written.bytes, "index saved to {}", dest.display());
+        }
+        Engine::over(catalog, opts, stores, page_cache)
+    }
+
+    /// An engine over a catalog built already (`packfs pack` reading its own sources).
+    pub fn over(
+        catalog: Arc<Catalog>,
+        opts: &EngineOptions,
+        stores: Stores,
+        page_cache: Option<PageCacheProbe>,
+    ) -> Result<Engine, EngineError> {
+        let files = Arc::new(tiers::open(
+            &catalog,
+            &tier_options(opts, &catalog),
+            &stores,
+        )?);
+        let lookahead = start_lookahead(opts, &files, &catalog, page_cache);
+        Ok(Engine {
+            catalog,
+            files,
+            stores,
+            lookahead,
+            checksummed: Arc::new(OnceLock::new()),
+            background: Mutex::new(None),
+        })
+    }
+
+    /// Starts the background work: the stager (with a stage), the watcher of images rewritten
+    /// in place, the index's verification and the count of files with checksums. A mount starts
+    /// it once it answers; once only.
+    pub fn start(&self) {
+        let mut work = self.background.lock().unwrap_or_else(|p| p.into_inner());
+        if work.is_none() {
+            *work = Some(background::Work::start(
+                &self.files,
+                &self.catalog,
+                &self.checksummed,
+            ));
+        }
+    }
+
+    /// Stops the lookahead and the background work, and waits for the stager to leave its
+    /// chunks consistent. Reads still answer (from the source) after it; dropping the engine
+    /// stops it too.
+    pub fn stop(&self) {
+        if let Some(la) = &self.lookahead {
+            la.stop();
+        }
+        if let Some(stage) = self.stage() {
+            stage.shut_down();
+        }
+        let work = self
+            .background
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(work) = work {
+            work.stop();
+        }
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn files(&self) -> &Arc<FileReader> {
+        &self.files
+    }
+
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    pub fn lookahead(&self) -> Option<&Arc<Lookahead>> {
+        self.lookahead.as_ref()
+    }
+
+    pub fn stage(&self) -> Option<&Arc<Stage>> {
+        self.files.images().stage()
+    }
+
+    /// The files with checksums, once counted after `start`.
+    pub fn checksummed(&self) -> &Arc<OnceLock<u64>> {
+        &self.checksummed
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The tier stack `opts` asks for.
+fn tier_options(opts: &EngineOptions, catalog: &Catalog) -> TierOptions {
+    let chunking = tiers::chunks::policy::choose(
+        catalog.images(),
+        opts.cache_size,
+        opts.chunk_size,
+        opts.ram_chunks,
+        opts.stage.is_some(),
+        opts.read_threads,
+    );
+    if let Some(advice) = &chunking.advice {
+        info!("{advice}");
+    }
+    if let Some(warning) = &chunking.warning {
+        warn!("{warning}");
+    }
+    TierOptions {
+        cache_size: opts.cache_size,
+        chunk_size: opts.chunk_size,
+        ram_chunks: chunking.every_image,
+        stage: opts.stage.clone().map(|s| (s, opts.holder.clone())),
+    }
+}
+
+/// The lookahead that samplers' hints drive (none with a lookahead of 0, or without a RAM cache).
+fn start_lookahead(
+    opts: &EngineOptions,
+    files: &Arc<FileReader>,
+    catalog: &Arc<Catalog>,
+    page_cache: Option<PageCacheProbe>,
+) -> Option<Arc<Lookahead>> {
+    let window = opts.lookahead.unwrap_or(opts.cache_size / 2);
+    if window == 0 || opts.cache_size == 0 {
+        return None;
+    }
+    let la = LookaheadOptions {
+        window: window.min(opts.cache_size),
+        depth: opts
+            .lookahead_depth
+            .unwrap_or_else(|| tiers::lookahead::default_depth(catalog.has_objects())),
+        page_cache,
+    };
+    Some(tiers::lookahead::start(files, catalog.clone(), la))
+}
