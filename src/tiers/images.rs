@@ -126,7 +126,7 @@ impl Images {
         let found = self.locate(Asker::Lookahead, image, offset, len, Fetch::Chunks);
         let (image, start) = (found.image, found.offset);
         match found.at {
-            At::Window | At::Resident => Class::Resident,
+            At::Resident | At::Window => Class::Resident,
             At::Chunks(plan) if plan.chunked => {
                 let size = self.chunks.chunk_size();
                 let last = (start + len.max(1) - 1) / size;
@@ -207,28 +207,25 @@ impl Images {
         fetch: Fetch,
     ) -> io::Result<()> {
         let len = buf.len() as u64;
-        // Located once per read: by `file_range` already when it could not splice it.
-        let mut found = match req.located(image, offset, len) {
+        // Located once per read: by `file_range` already when it could not splice it (the
+        // window did not hold the bytes then). Else the window first, as `locate` orders the
+        // tiers: `serve` tells whether it holds them and serves them under one lock.
+        let found = match req.located(image, offset, len) {
             Some(found) => found,
-            None => self.locate(Asker::Reader(req), image, offset, len, fetch),
-        };
-        let (image, offset) = (found.image, found.offset);
-        if found.at == At::Window {
-            match self
-                .window
-                .serve(image, offset, buf, req.wait(), &self.waits, req.reader())?
-            {
-                Found::No => {
-                    // Gone since (read, dropped, or its fetch failed): the tiers below.
-                    found = self.locate_stored(Asker::Reader(req), image, offset, len, fetch);
-                }
-                _ => {
-                    self.ahead_bytes.fetch_add(len, Ordering::Relaxed);
-                    req.served_by(Tiers::RAM);
-                    return Ok(());
+            None => {
+                let (outer, at) = self.source.resolve(image, offset);
+                let waits = &self.waits;
+                match (self.window).serve(outer, at, buf, req.wait(), waits, req.reader())? {
+                    Found::No => self.locate_stored(Asker::Reader(req), outer, at, len, fetch),
+                    Found::Ready | Found::Waited(_) => {
+                        self.ahead_bytes.fetch_add(len, Ordering::Relaxed);
+                        req.served_by(Tiers::RAM);
+                        return Ok(());
+                    }
                 }
             }
-        }
+        };
+        let (image, offset) = (found.image, found.offset);
         let plan = match found.at {
             At::Chunks(plan) => plan,
             At::Source { .. } | At::Window | At::Resident => {

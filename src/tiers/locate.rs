@@ -12,6 +12,9 @@ use super::request::Asker;
 
 impl Images {
     /// Where `len` bytes at `offset` of `image` are now, for `asker`, whose read wants `fetch`.
+    /// The window is asked for a reader only: the lookahead never fetches what it holds or
+    /// fetches (`Window::begin` refuses an overlap), and a read asks it by serving from it
+    /// (`read_exact_at`: one lock, not two).
     pub fn locate(
         &self,
         asker: Asker<'_>,
@@ -21,7 +24,8 @@ impl Images {
         fetch: Fetch,
     ) -> Located {
         let (image, offset) = self.source().resolve(image, offset);
-        if self.window().holds(image, offset, len) {
+        let reader = matches!(asker, Asker::Reader(_));
+        if reader && self.window().holds(image, offset, len) {
             return Located {
                 image,
                 offset,
