@@ -19,6 +19,35 @@ use packfs::source::{ObjectStore, Stores};
 
 const OWNER: Owner = Owner { uid: 0, gid: 0 };
 
+/// An engine mounted in this process, unmounted when dropped (a failed assertion too leaves no
+/// mount behind).
+struct InProcess {
+    mnt: PathBuf,
+    mounted: Option<packfs::fs::Mounted>,
+}
+
+impl InProcess {
+    fn mount(engine: &Engine, mnt: PathBuf) -> InProcess {
+        std::fs::create_dir_all(&mnt).unwrap();
+        let core = Arc::new(Core::over(engine, OWNER));
+        let mounted = packfs::fs::mount(core, &mnt, &fs_options(), Default::default()).unwrap();
+        InProcess {
+            mnt,
+            mounted: Some(mounted),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        let lazy = std::thread::panicking();
+        let _ = packfs::daemon::unmount(&self.mnt, lazy, false);
+        if let Some(mut mounted) = self.mounted.take() {
+            mounted.wait(Some(Duration::from_secs(10)));
+        }
+    }
+}
+
 /// `n` files of a few KB under `stem/`, seeded by `seed`.
 fn files(stem: &str, n: u64, seed: u64) -> Vec<(String, Vec<u8>)> {
     (0..n)
@@ -69,18 +98,12 @@ fn two_engines_live_in_one_process_each_with_its_own_state() {
     let (a, b) = (open(&a_tar, 16 << 20), open(&b_tar, 32 << 20));
     a.start();
     b.start();
-    let mounts: Vec<_> = [(&a, "mnt-a"), (&b, "mnt-b")]
-        .into_iter()
-        .map(|(engine, name)| {
-            let mnt = dir.path().join(name);
-            std::fs::create_dir(&mnt).unwrap();
-            let core = Arc::new(Core::over(engine, OWNER));
-            let mounted = packfs::fs::mount(core, &mnt, &fs_options(), Default::default());
-            (mnt, mounted.unwrap())
-        })
-        .collect();
+    let mounts = [
+        InProcess::mount(&a, dir.path().join("mnt-a")),
+        InProcess::mount(&b, dir.path().join("mnt-b")),
+    ];
     std::thread::scope(|scope| {
-        for (mnt, files) in [(&mounts[0].0, &a_files), (&mounts[1].0, &b_files)] {
+        for (mnt, files) in [(&mounts[0].mnt, &a_files), (&mounts[1].mnt, &b_files)] {
             for part in 0..3 {
                 scope.spawn(move || {
                     for (name, data) in files.iter().skip(part).step_by(3) {
@@ -106,10 +129,7 @@ fn two_engines_live_in_one_process_each_with_its_own_state() {
     }
     let budget = |e: &Engine| e.files().images().ram_stats().memory.total;
     assert!(budget(&a) < budget(&b), "each its own budget");
-    for (mnt, mut mounted) in mounts {
-        packfs::daemon::unmount(&mnt, false, false).unwrap();
-        mounted.wait(Some(Duration::from_secs(10)));
-    }
+    drop(mounts);
     a.stop();
     b.stop();
 }
@@ -154,15 +174,14 @@ fn an_engine_reads_its_objects_from_the_store_it_is_given() {
         "no network client was made"
     );
 
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let core = Arc::new(Core::over(&engine, OWNER));
-    let mut mounted = packfs::fs::mount(core, &mnt, &fs_options(), Default::default()).unwrap();
+    let mount = InProcess::mount(&engine, dir.path().join("mnt"));
     for (name, data) in two.iter().chain(&one) {
-        assert_eq!(&std::fs::read(mnt.join(name)).unwrap(), data, "{name}");
+        assert_eq!(
+            &std::fs::read(mount.mnt.join(name)).unwrap(),
+            data,
+            "{name}"
+        );
     }
-    packfs::daemon::unmount(&mnt, false, false).unwrap();
-    mounted.wait(Some(Duration::from_secs(10)));
 }
 
 /// A store that fails: a HEAD or a LIST that fails fails the open, naming the object; a GET that
