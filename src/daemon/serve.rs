@@ -24,8 +24,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Everything needed to serve one mount.
 #[derive(Clone, Debug)]
 pub struct MountRequest {
-    /// The engine the mount serves (its stage's holder and read threads are the mount's:
-    /// `serve` sets them).
+    /// The engine the mount serves (its stage's holder is the daemon: `serve` names it).
     pub engine: EngineOptions,
     pub mountpoint: PathBuf,
     pub fs: FsOptions,
@@ -51,7 +50,7 @@ pub struct MountRequest {
 }
 
 impl MountRequest {
-    /// The engine this mount serves, its stage held in the mount's name.
+    /// The engine this mount serves, its stage held in the mount's name (this daemon's pid).
     fn engine_options(&self, mountpoint: &Path) -> EngineOptions {
         EngineOptions {
             holder: format!(
@@ -59,7 +58,6 @@ impl MountRequest {
                 std::process::id(),
                 mountpoint.display()
             ),
-            read_threads: self.fs.io_threads,
             ..self.engine.clone()
         }
     }

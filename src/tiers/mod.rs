@@ -134,15 +134,15 @@ pub fn assemble(
     opts: &TierOptions,
 ) -> Result<FileReader, OpenError> {
     // One memory budget for everything the tiers hold: the cache's values (chunks pinned for
-    // their readers included), the units and chunks readers hold and the stager's runs.
-    let memory = budget::MemoryBudget::for_cache(opts.cache_size);
+    // their readers included), the units and chunks readers hold and the stager's runs. A stage
+    // is opened with it; `Images::new` takes it from the stage (or makes it, without one).
     let stage = match &opts.stage {
         Some((stage_opts, holder)) => Some(Arc::new(Stage::open(
             stage_opts.clone(),
             source.clone(),
             catalog.images(),
             holder,
-            Some(memory.clone()),
+            Some(budget::MemoryBudget::for_cache(opts.cache_size)),
         )?)),
         None => None,
     };

@@ -60,9 +60,20 @@ impl ObjectStore for Client {
 
 /// What the mount's options say of the stores (the command line's `--endpoint-url`); the rest
 /// comes from the environment and the AWS profile.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct StoreOptions {
     pub endpoint: Option<String>,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    /// The endpoint without what a URL may carry of a secret (`https://user:key@host`): a
+    /// mount's request and an engine's stores are printed whole by `{:?}`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let endpoint = self.endpoint.as_deref().map(crate::util::redact::urls);
+        f.debug_struct("StoreOptions")
+            .field("endpoint", &endpoint)
+            .finish()
+    }
 }
 
 /// The stores one engine reads objects from, handed to every open (`ImageLocation::open`), so an
@@ -223,5 +234,26 @@ impl ObjectStore for MemoryStore {
             .filter(|key| key.starts_with(prefix) && keep(key))
             .map(String::from)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mount's request and an engine's stores print their store options: an endpoint with a
+    /// key in it must not reach a log that way.
+    #[test]
+    fn store_options_print_no_secret_of_their_endpoint() {
+        let options = StoreOptions {
+            endpoint: Some("https://admin:s3cr3tKey@rgw.example:7480".into()),
+        };
+        for shown in [
+            format!("{options:?}"),
+            format!("{:?}", Stores::network(options)),
+        ] {
+            assert!(!shown.contains("s3cr3tKey"), "{shown}");
+            assert!(shown.contains("rgw.example:7480"), "{shown}");
+        }
     }
 }
