@@ -129,6 +129,11 @@ impl List {
         (first..=last).all(|p| self.state.get(p as usize) == Some(&READ))
     }
 
+    /// Whether no sample at positions `first..=last` has been read.
+    pub fn none_read(&self, first: u32, last: u32) -> bool {
+        (first..=last).all(|p| self.state.get(p as usize) != Some(&READ))
+    }
+
     /// The entry at position `p`.
     pub fn entry_at(&self, p: u32) -> u32 {
         self.entries[p as usize]
@@ -465,5 +470,18 @@ mod tests {
             list.stats.first_reads, 2,
             "a third read reads a sample read"
         );
+    }
+
+    #[test]
+    fn a_stretch_is_untouched_until_one_of_its_samples_is_read_and_done_when_all_are() {
+        let now = Instant::now();
+        let mut list = List::new(1, key(0), vec![7, 8, 9], now);
+        assert!(list.none_read(0, 2) && !list.all_read(0, 2));
+        list.read(1, 8, now);
+        assert!(!list.none_read(0, 2) && !list.all_read(0, 2));
+        assert!(list.none_read(0, 0) && list.none_read(2, 2));
+        list.read(1, 7, now);
+        list.read(1, 9, now);
+        assert!(list.all_read(0, 2));
     }
 }

@@ -249,12 +249,24 @@ impl Lookahead {
     /// Whether the samples of `job` were all read since it was handed out (or their list is
     /// gone): a reader that came first read them from the source itself.
     fn overtaken(&self, job: &Job) -> bool {
+        self.of_list(job, true, |l| l.all_read(job.first, job.last))
+    }
+
+    /// Whether no sample of `job` was read by its list's readers yet (false once the list is
+    /// gone): pages of a sample they read are in the kernel's cache because they read it, which
+    /// says nothing of an earlier epoch.
+    fn untouched(&self, job: &Job) -> bool {
+        self.of_list(job, false, |l| l.none_read(job.first, job.last))
+    }
+
+    /// `ask` of the list `job` came from, or `gone` when it is no more.
+    fn of_list(&self, job: &Job, gone: bool, ask: impl Fn(&List) -> bool) -> bool {
         let board = self.lock();
         board
             .lists
             .iter()
             .find(|l| l.id == job.list)
-            .is_none_or(|l| l.all_read(job.first, job.last))
+            .map_or(gone, ask)
     }
 
     /// Stops the fetch threads (they finish the fetch in hand).
@@ -460,8 +472,12 @@ fn run(files: &FileReader, catalog: &Catalog, la: &Lookahead, job: Job) -> io::R
     // is answered without the daemon: fetching it would read storage for nothing (a whole epoch
     // of a dataset that fits in RAM). Asked outside the board's lock: the question may make the
     // kernel look the path up through this daemon.
+    // Only a read before this list's readers came counts: one of theirs is a reader that
+    // overtook the job (left to `overtaken` below), not a fetch the page cache saved. Asked
+    // after `was_read`: a read is noted in its list before it is marked served.
     let read_before = files.was_read(job.entry) && files.was_read(job.last_entry);
-    if let Some(probe) = la.opts.page_cache.as_deref().filter(|_| read_before) {
+    let earlier = read_before && la.untouched(&job);
+    if let Some(probe) = la.opts.page_cache.as_deref().filter(|_| earlier) {
         let held = |entry| probe(catalog, entry);
         if held(job.entry) && (job.last_entry == job.entry || held(job.last_entry)) {
             la.in_page_cache
