@@ -41,7 +41,8 @@ wheel() {
         }
         # maturin finds zig through the python on PATH.
         PATH="$PWD/$venv/bin:$PATH" maturin build --release --locked --zig \
-            --compatibility manylinux2014 --out target/wheels
+            --target x86_64-unknown-linux-gnu --compatibility manylinux2014 --out target/wheels
+        add_module target/x86_64-unknown-linux-gnu/release/deps/libpackfs.so
     else
         local maturin
         maturin=$(command -v maturin || true)
@@ -55,8 +56,15 @@ wheel() {
         fi
         echo "building with $maturin ($("$maturin" --version))"
         "$maturin" build --release --locked --out target/wheels
+        add_module target/release/deps/libpackfs.so
     fi
     ls -l target/wheels/
+}
+
+# The native module (the library's cdylib from the compile that made the binary) into the wheel
+# maturin wrote, tagged cp39-abi3.
+add_module() {
+    python3 packaging/python/wheel_module.py target/wheels/packfs-*.whl "$1"
 }
 
 # Install each package as a user would, and try it.
@@ -70,6 +78,22 @@ check() {
     [ "$(PATH="$PWD/$venv/bin:$PATH" man -w packfs-mount)" = "$PWD/$venv/share/man/man1/packfs-mount.1" ]
     # The Python package rides in the same wheel and finds the binary installed beside it.
     "$venv/bin/python" -c 'import packfs, sys; b = packfs.binary(); print("import packfs: runs", b); sys.exit(not b.startswith(sys.prefix))'
+    # The native module rides in it too: the engine in the process, no mount (packfs.Engine).
+    "$venv/bin/python" - <<'PY'
+import os, subprocess, sys, tempfile
+import packfs, packfs._native
+from importlib.metadata import entry_points
+assert packfs._native.__version__ == packfs.__version__, packfs._native.__version__
+assert any(e.name == "packfs" for e in entry_points(group="fsspec.specs")), "no fsspec entry point"
+with tempfile.TemporaryDirectory() as d:
+    os.makedirs(f"{d}/src/train")
+    with open(f"{d}/src/train/x.txt", "wb") as f:
+        f.write(b"in-process\n")
+    subprocess.run(["tar", "-C", f"{d}/src", "-cf", f"{d}/d.tar", "train"], check=True)
+    with packfs.Engine(f"{d}/d.tar") as engine:
+        assert engine.read("train/x.txt") == b"in-process\n"
+print("import packfs._native: reads in-process,", packfs._native.__file__)
+PY
     # packfs.__version__ is the binary's version.
     [ "$("$venv/bin/python" -c 'import packfs; print(packfs.__version__)')" = "$("$venv/bin/packfs" --version | cut -d' ' -f2)" ]
     local newest

@@ -13,12 +13,14 @@
 
 pub mod archive;
 pub mod catalog;
+pub mod cli;
 pub mod daemon;
 pub mod dataset;
 pub mod demo;
 pub mod engine;
 pub mod fs;
 pub mod pack;
+pub mod python;
 pub mod source;
 pub mod tiers;
 pub mod util;

@@ -2,7 +2,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-mod cli;
+use packfs::cli;
 
 use std::process::ExitCode;
 

@@ -269,8 +269,9 @@ fn each_concern_stays_in_its_module() {
         }
         // The file system's replies: errnos come from fs::Error or the refusal table. Errnos the
         // kernel hands back (EAGAIN, EINTR from the ring) are results, not answers.
+        // The Python module answers as the mount does: through fs::Error too.
         let chooses = module.len() > 1
-            && top == "fs"
+            && (top == "fs" || top == "python")
             && module[1] != "error"
             && ["libc::E", "Errno::E"].iter().any(|p| {
                 code.match_indices(p).any(|(at, _)| {

@@ -1,7 +1,8 @@
 //! The Python package (`python/packfs`) tested with pytest against the binary built here:
-//! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build and the
-//! package taken from the source tree. pytest, torch, torchvision and hypothesis come from the venv
-//! `.ci/run` makes; a skipped test fails unless PACKFS_ALLOW_SKIP names python:torch.
+//! `cargo test` runs `python -m pytest python/tests` with PACKFS_BIN naming this build, the
+//! package taken from the source tree and its native module from this build (PACKFS_NATIVE).
+//! pytest, torch, torchvision, fsspec and hypothesis come from the venv `.ci/run` makes; a
+//! skipped test fails unless PACKFS_ALLOW_SKIP names python:torch.
 
 mod common;
 
@@ -9,6 +10,15 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+
+/// The module `packfs._native` as this build made it: the library's cdylib, beside the
+/// binary's dependencies.
+fn native_module() -> std::path::PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_packfs"));
+    let lib = bin.parent().unwrap().join("deps").join("libpackfs.so");
+    assert!(lib.is_file(), "no {} (the library's cdylib)", lib.display());
+    lib
+}
 
 #[test]
 fn the_python_package_passes_its_pytest_suite() {
@@ -28,6 +38,8 @@ fn the_python_package_passes_its_pytest_suite() {
         ])
         .current_dir(root.join("python"))
         .env("PACKFS_BIN", env!("CARGO_BIN_EXE_packfs"))
+        // The native module: the library this test build compiled (it is a cdylib too).
+        .env("PACKFS_NATIVE", native_module())
         .env("PYTHONPATH", root.join("python"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()

@@ -41,6 +41,7 @@ Size = Union[int, str]
 
 __all__ = [
     "Catalog",
+    "Engine",
     "File",
     "Hints",
     "Mount",
@@ -841,3 +842,7 @@ class Hints:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+# The engine in this process (no mount): imports nothing until used.
+from .engine import Engine  # noqa: E402

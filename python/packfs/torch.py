@@ -28,7 +28,7 @@ from torch.utils.data import Sampler
 
 from typing import Any, Dict, Iterator, Optional, Union
 
-from . import Catalog, Hints, Mount, MountError, PathLike, mount_point_of, open_bytes
+from . import Catalog, Engine, Hints, Mount, MountError, PathLike, mount_point_of, open_bytes
 
 __all__ = ["HintedSampler", "ShareSampler", "ShardOrderedSampler", "pil_loader"]
 
@@ -147,6 +147,10 @@ class _Hinter:
         self.hints = None
         if where is None:
             return
+        if isinstance(where, Engine):
+            # The dataset is read in this process: its engine's lookahead takes the orders.
+            self.hints = where.hints(stream) if where.hint_stats() is not None else None
+            return
         try:
             if mount_point_of(where) is None:
                 return
@@ -198,7 +202,8 @@ class HintedSampler(Sampler):
 
     ``dataset`` gives each index's file (ImageFolder and DatasetFolder have ``.samples``), or
     ``paths`` does. ``stream`` names the list (give the training and the validation loader
-    different names). On a dataset not on a packfs mount it only iterates."""
+    different names). A dataset read in the process (``packfs.datasets.ImageFolder``) tells its
+    ``packfs.Engine`` instead of a mount. On a dataset not on packfs it only iterates."""
 
     def __init__(
         self,
@@ -210,7 +215,11 @@ class HintedSampler(Sampler):
     ) -> None:
         self.sampler = sampler
         self._paths = list(paths) if paths is not None else _paths(dataset)
-        self._hinter = _Hinter(self._paths[0] if self._paths else None, stream)
+        # A dataset read through packfs.Engine (packfs.datasets) tells its engine; one on a
+        # mount, the mount its files are on.
+        engine = getattr(dataset, "engine", None)
+        where = engine if isinstance(engine, Engine) else (self._paths[0] if self._paths else None)
+        self._hinter = _Hinter(where, stream)
         self._iterations = 0
 
     def __iter__(self) -> Iterator[int]:

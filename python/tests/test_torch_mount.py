@@ -71,6 +71,48 @@ def test_pil_loader_gives_torchvisions_images(shards):
             assert a.tobytes() == b.tobytes()
 
 
+def test_the_in_process_image_folder_is_torchvisions_over_the_mount(shards):
+    """packfs.datasets.ImageFolder, no mount: the classes, class_to_idx, samples (in order) and
+    images of torchvision's ImageFolder over a mount of the same shards; DataLoader workers
+    (forked) give the same batches."""
+    from packfs.datasets import ImageFolder
+
+    _, images = shards
+    transform = torchvision.transforms.ToTensor()
+    with packfs.mount(images) as m:
+        theirs = torchvision.datasets.ImageFolder(m.path, transform=transform)
+        ours = ImageFolder(images, transform=transform)
+        assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+        assert ours.samples == [(os.path.relpath(p, m.path), t) for p, t in theirs.samples]
+        assert ours.targets == theirs.targets and len(ours) == 48
+        for i in range(len(ours)):
+            (a, la), (b, lb) = ours[i], theirs[i]
+            assert la == lb and torch.equal(a, b)
+        batches = [
+            [x for x in torch.utils.data.DataLoader(d, batch_size=8, num_workers=2)]
+            for d in (ours, theirs)
+        ]
+        for (xa, ya), (xb, yb) in zip(*batches):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_hinted_sampler_tells_the_in_process_engine_its_order(shards):
+    """HintedSampler over packfs.datasets.ImageFolder: each epoch's order goes to the dataset's
+    engine (no mount, no socket), and the loader reads every sample."""
+    from packfs.datasets import ImageFolder
+    from packfs.torch import HintedSampler
+
+    _, images = shards
+    ours = ImageFolder(images, transform=torchvision.transforms.ToTensor(), cache_size="16M")
+    sampler = HintedSampler(torch.utils.data.RandomSampler(ours), ours)
+    for epoch in range(2):
+        seen = sum(len(y) for _, y in torch.utils.data.DataLoader(ours, batch_size=8, sampler=sampler))
+        assert seen == 48
+    stats = ours.engine.hint_stats()
+    assert stats["lists"] == 2 and stats["samples"] == 96 and stats["unknown_paths"] == 0, stats
+    assert stats["first_reads"] == 96, stats
+
+
 def test_a_nodes_local_reads_are_its_staged_share(shards, tmp_path):
     _, images = shards
     for node in range(2):

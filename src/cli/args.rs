@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-use packfs::catalog::DuplicatePolicy;
-use packfs::dataset::classes::ClassSource;
-use packfs::dataset::nested::{InnerKinds, Nesting};
-use packfs::fs::{ReaddirPlus, Transport};
-use packfs::tiers::stage::StageMode;
+use crate::catalog::DuplicatePolicy;
+use crate::dataset::classes::ClassSource;
+use crate::dataset::nested::{InnerKinds, Nesting};
+use crate::fs::{ReaddirPlus, Transport};
+use crate::tiers::stage::StageMode;
 
 /// The images a command works on.
 #[derive(clap::Args, Debug, Clone)]
@@ -45,7 +45,7 @@ pub struct Merge {
     #[arg(long, value_enum, default_value_t = Inner::Tar)]
     pub inner_archives: Inner,
     /// Levels of archives inside archives served as directories.
-    #[arg(long, value_name = "N", default_value_t = packfs::dataset::nested::DEFAULT_DEPTH)]
+    #[arg(long, value_name = "N", default_value_t = crate::dataset::nested::DEFAULT_DEPTH)]
     pub inner_depth: u32,
     /// Serve `n01440764.tar` inside an image as the directory `n01440764` (unless that name is
     /// taken), so ImageFolder's class names are the archives' names.
@@ -69,7 +69,7 @@ pub enum Inner {
 }
 
 impl Merge {
-    pub fn options(&self) -> packfs::dataset::Merge {
+    pub fn options(&self) -> crate::dataset::Merge {
         let duplicates = match self.duplicates {
             Duplicates::Error => DuplicatePolicy::Error,
             Duplicates::LastWins => DuplicatePolicy::LastWins,
@@ -84,7 +84,7 @@ impl Merge {
             Inner::All => InnerKinds::All,
             Inner::None => InnerKinds::None,
         };
-        packfs::dataset::Merge {
+        crate::dataset::Merge {
             duplicates,
             classes,
             images_dir: self.images_dir.clone(),
@@ -92,7 +92,7 @@ impl Merge {
                 kinds,
                 depth: self.inner_depth,
                 strip_extension: self.strip_inner_extension,
-                budget: packfs::dataset::nested::DEFAULT_BUDGET,
+                budget: crate::dataset::nested::DEFAULT_BUDGET,
                 most: self.inner_max,
             },
             checksums: false,

@@ -1,7 +1,7 @@
 //! `packfs cat`
 
-use packfs::engine::{Engine, EngineOptions};
-use packfs::source::Stores;
+use crate::engine::{Engine, EngineOptions};
+use crate::source::Stores;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -20,9 +20,9 @@ pub struct Args {
 
 pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
     let opts = EngineOptions::one_shot(args.images.images.clone(), args.merge.options());
-    let engine = Engine::open(&opts, stores, None, &packfs::dataset::quiet)?;
+    let engine = Engine::open(&opts, stores, None, &crate::dataset::quiet)?;
     let mut out = std::io::stdout().lock();
-    packfs::fs::cat::cat(&engine, args.path.as_bytes(), &mut out)?;
+    crate::fs::cat::cat(&engine, args.path.as_bytes(), &mut out)?;
     out.flush()?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use packfs::demo::{DemoOptions, run_demo};
+use crate::demo::{DemoOptions, run_demo};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

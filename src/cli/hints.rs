@@ -1,14 +1,14 @@
 //! What to do next, as commands a user can copy, built from the library's typed errors: the
 //! library says what happened; the command line is the CLI's to write.
 
-use packfs::daemon::MountError;
-use packfs::dataset::DatasetError;
-use packfs::dataset::expand::as_patterns;
-use packfs::demo::DemoError;
-use packfs::engine::EngineError;
-use packfs::pack::PackError;
-use packfs::source::fingerprint::show_time;
-use packfs::tiers::{OpenError, SameBytes, SourceError, StaleIndex};
+use crate::daemon::MountError;
+use crate::dataset::DatasetError;
+use crate::dataset::expand::as_patterns;
+use crate::demo::DemoError;
+use crate::engine::EngineError;
+use crate::pack::PackError;
+use crate::source::fingerprint::show_time;
+use crate::tiers::{OpenError, SameBytes, SourceError, StaleIndex};
 
 /// The hints for `error`, one line each (none for most errors).
 pub fn for_error(error: &anyhow::Error) -> Vec<String> {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use packfs::catalog::index;
+use crate::catalog::index;
 
 use super::args::{Images, Merge};
 use super::progress::ScanBar;
@@ -29,20 +29,20 @@ pub struct Args {
     merge: Merge,
 }
 
-pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &crate::source::Stores) -> anyhow::Result<()> {
     index::check_replaceable(&args.output, args.force)?;
     // Checkpoint tables of compressed images are spilled beside the index they end up in (as
     // large as 1.6% of the decoded bytes: not for a small /tmp).
     if let Some(dir) = std::path::absolute(&args.output)?.parent() {
-        packfs::archive::spill::set_dir(dir.to_path_buf());
+        crate::archive::spill::set_dir(dir.to_path_buf());
     }
     let started = Instant::now();
     let bar = ScanBar::new();
-    let merge = packfs::dataset::Merge {
+    let merge = crate::dataset::Merge {
         checksums: args.checksums,
         ..args.merge.options()
     };
-    let catalog = packfs::dataset::load(&args.images.images, &merge, stores, &|p| bar.update(p))?;
+    let catalog = crate::dataset::load(&args.images.images, &merge, stores, &|p| bar.update(p))?;
     drop(bar);
     let scanned = started.elapsed().as_secs_f64();
     let written = index::write(&catalog, &args.output)?;

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 
-use packfs::catalog::{Kind, ROOT};
+use crate::catalog::{Kind, ROOT};
 
 use super::args::{Images, Merge};
 use super::progress::ScanBar;
@@ -35,12 +35,11 @@ pub struct Args {
     merge: Merge,
 }
 
-pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &crate::source::Stores) -> anyhow::Result<()> {
     let bar = ScanBar::new();
-    let catalog =
-        packfs::dataset::open(&args.images.images, &args.merge.options(), stores, &|p| {
-            bar.update(p)
-        })?;
+    let catalog = crate::dataset::open(&args.images.images, &args.merge.options(), stores, &|p| {
+        bar.update(p)
+    })?;
     drop(bar);
     if args.json {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());

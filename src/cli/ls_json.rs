@@ -10,8 +10,8 @@
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 
-use packfs::catalog::{Catalog, Kind, ROOT};
-use packfs::source::ImageLocation;
+use crate::catalog::{Catalog, Kind, ROOT};
+use crate::source::ImageLocation;
 
 /// The version of this format, in the first line.
 pub const VERSION: u32 = 1;
@@ -42,7 +42,7 @@ pub fn write(catalog: &Catalog, shares: Option<u32>, out: &mut impl Write) -> an
         write!(line, ",\"size\":{size}")?;
         if let Some(world) = shares {
             // Staged with the image that holds its bytes.
-            let share = packfs::tiers::stage::share_of(outermost, world);
+            let share = crate::tiers::stage::share_of(outermost, world);
             write!(line, ",\"share\":{share}")?;
         }
         line.extend_from_slice(b"}\n");

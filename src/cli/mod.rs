@@ -12,7 +12,7 @@ mod mount;
 mod mount_helper;
 mod pack;
 mod progress;
-use packfs::util::size;
+use crate::util::size;
 mod stage;
 mod staging;
 mod status;
@@ -113,8 +113,8 @@ impl Cli {
     }
 
     /// Where and how much to log: a mount daemon also logs INFO to its log.
-    pub fn log_setup(&self) -> packfs::util::logging::Setup {
-        let mut setup = packfs::util::logging::Setup {
+    pub fn log_setup(&self) -> crate::util::logging::Setup {
+        let mut setup = crate::util::logging::Setup {
             verbosity: self.verbose,
             quiet: self.quiet,
             ..Default::default()
@@ -156,14 +156,35 @@ pub fn mount_helper_args() -> Result<Option<Vec<std::ffi::OsString>>, std::proce
     }
 }
 
+/// The engine and stores that `packfs mount`'s arguments ask for, for an engine opened in this
+/// process (the Python module): `args` are a mount's images and options without its
+/// mountpoint, parsed and checked as `packfs mount` does. A parse error is clap's message.
+pub fn in_process(
+    args: &[std::ffi::OsString],
+) -> anyhow::Result<(crate::engine::EngineOptions, crate::source::StoreOptions)> {
+    // The mountpoint is the last positional argument: a placeholder stands for it.
+    let argv = ["packfs".into(), "mount".into()]
+        .into_iter()
+        .chain(args.iter().cloned())
+        .chain(["(in-process)".into()]);
+    let cli = Cli::try_parse_from(argv)?;
+    let Command::Mount(mount) = &cli.command else {
+        unreachable!("parsed as a mount");
+    };
+    let stores = crate::source::StoreOptions {
+        endpoint: cli.endpoint_url.clone(),
+    };
+    Ok((mount.engine()?, stores))
+}
+
 /// Runs the command; `argv` is what it was parsed from (a mount re-executes itself with it).
 pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
     // The stores this command reads objects from; a daemon started from here parses the same
     // argument.
-    let store_options = packfs::source::StoreOptions {
+    let store_options = crate::source::StoreOptions {
         endpoint: cli.endpoint_url.clone(),
     };
-    let stores = packfs::source::Stores::network(store_options.clone());
+    let stores = crate::source::Stores::network(store_options.clone());
     match cli.command {
         Command::Mount(args) => mount::run(args, cli.quiet, argv, store_options),
         Command::Pack(args) => pack::run(args, stores),
@@ -184,8 +205,8 @@ pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
 /// Whether `e` is a failure the daemon already explained on the terminal (`MountError::Reported`).
 pub fn already_reported(e: &anyhow::Error) -> bool {
     matches!(
-        e.downcast_ref::<packfs::daemon::MountError>(),
-        Some(packfs::daemon::MountError::Reported(_))
+        e.downcast_ref::<crate::daemon::MountError>(),
+        Some(crate::daemon::MountError::Reported(_))
     )
 }
 

@@ -3,11 +3,11 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use packfs::daemon::{self, MountRequest};
-use packfs::engine::EngineOptions;
-use packfs::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
-use packfs::source::ImageLocation;
-use packfs::util::logging::Destination;
+use crate::daemon::{self, MountRequest};
+use crate::engine::EngineOptions;
+use crate::fs::{DEFAULT_IO_THREADS, DEFAULT_THREADS, FsOptions};
+use crate::source::ImageLocation;
+use crate::util::logging::Destination;
 
 use super::args::{Images, Listings, Merge, Staging, Transports, absolute};
 use super::progress::ScanBar;
@@ -128,6 +128,35 @@ pub struct Args {
 }
 
 impl Args {
+    /// The engine these arguments ask for: what a mount serves, or what a process opens in
+    /// itself (`in_process`).
+    pub fn engine(&self) -> anyhow::Result<EngineOptions> {
+        Ok(EngineOptions {
+            images: self.images.images.clone(),
+            merge: {
+                let mut merge = self.merge.options();
+                // What a daemon may hold (--cache-size + 64 MiB) bounds what the archives inside
+                // its images may cost.
+                merge.nesting.budget = self.cache_size.saturating_add(64 << 20);
+                merge
+            },
+            cache_size: self.cache_size,
+            chunk_size: self.staging.chunk_size,
+            ram_chunks: self.ram_chunks,
+            stage: self
+                .stage
+                .clone()
+                .map(|dir| self.staging.options(dir, self.stage_mode.into()))
+                .transpose()?,
+            save_index: absolute(&self.save_index)?,
+            lookahead: self.lookahead,
+            lookahead_depth: self.lookahead_depth.map(usize::from),
+            // The daemon's, or the process's: set where it is opened.
+            holder: String::new(),
+            read_threads: self.io_threads,
+        })
+    }
+
     /// Whether this process is the re-executed daemon.
     pub fn is_daemon(&self) -> bool {
         self.daemon_child
@@ -139,7 +168,7 @@ impl Args {
         if !self.daemon_child {
             return self.log_file.clone().map(Destination::File);
         }
-        let mountpoint = packfs::daemon::mounts::absolute(&self.mountpoint)
+        let mountpoint = crate::daemon::mounts::absolute(&self.mountpoint)
             .unwrap_or_else(|_| self.mountpoint.clone());
         let fallback = daemon::stats::default_path(&mountpoint).with_extension("log");
         if self.log_file.is_none() && daemon::stats::check_default_dir().is_err() {
@@ -154,35 +183,12 @@ pub fn run(
     args: Args,
     quiet: bool,
     argv: &[OsString],
-    stores: packfs::source::StoreOptions,
+    stores: crate::source::StoreOptions,
 ) -> anyhow::Result<()> {
     let log = args
         .daemon_log()
         .map_or_else(|| "stderr".to_string(), |d| d.describe());
-    let engine = EngineOptions {
-        images: args.images.images.clone(),
-        merge: {
-            let mut merge = args.merge.options();
-            // What a daemon may hold (--cache-size + 64 MiB) bounds what the archives inside its
-            // images may cost.
-            merge.nesting.budget = args.cache_size.saturating_add(64 << 20);
-            merge
-        },
-        cache_size: args.cache_size,
-        chunk_size: args.staging.chunk_size,
-        ram_chunks: args.ram_chunks,
-        stage: args
-            .stage
-            .clone()
-            .map(|dir| args.staging.options(dir, args.stage_mode.into()))
-            .transpose()?,
-        save_index: absolute(&args.save_index)?,
-        lookahead: args.lookahead,
-        lookahead_depth: args.lookahead_depth.map(usize::from),
-        // The daemon's: set where it serves.
-        holder: String::new(),
-        read_threads: args.io_threads,
-    };
+    let engine = args.engine()?;
     let request = MountRequest {
         engine,
         mountpoint: args.mountpoint.clone(),
@@ -214,7 +220,7 @@ pub fn run(
         // Its stderr is the launcher's pipe, where no bar is drawn.
         return Ok(daemon::serve(
             &request,
-            &packfs::dataset::quiet,
+            &crate::dataset::quiet,
             daemon::detach_from_launcher,
         )?);
     }
@@ -259,8 +265,8 @@ fn reusable(request: &MountRequest) -> Option<String> {
     if !request.owners.is_empty() {
         return None;
     }
-    let abs = packfs::daemon::mounts::absolute(&request.mountpoint).ok()?;
-    let m = packfs::daemon::mounts::find(&abs).ok()??;
+    let abs = crate::daemon::mounts::absolute(&request.mountpoint).ok()?;
+    let m = crate::daemon::mounts::find(&abs).ok()??;
     let mine = m.fuse_owner() == Some(nix::unistd::getuid().as_raw());
     if !m.is_packfs() || !mine || m.source != request.fs.fsname || daemon::is_dead(&abs) {
         return None;

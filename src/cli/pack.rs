@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::pack::{PackOptions, Progress, ShardCount};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use packfs::pack::{PackOptions, Progress, ShardCount};
 
 use super::args::Merge;
 
@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     shards: Option<usize>,
     /// Make as many shards as it takes for about this size each (e.g. 1G, 512MiB).
-    #[arg(long, value_name = "BYTES", value_parser = packfs::util::size::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = crate::util::size::parse_bytes)]
     shard_size: Option<u64>,
     /// Assign samples to shards (and order them inside) in a random order fixed by --seed, so
     /// every shard is a random sample of the dataset.
@@ -62,7 +62,7 @@ pub struct Args {
     compress: Option<String>,
     /// With --compress: decoded bytes per frame (a frame is cut at the next member boundary);
     /// a random read decodes about this much.
-    #[arg(long, value_name = "BYTES", requires = "compress", value_parser = packfs::util::size::parse_bytes)]
+    #[arg(long, value_name = "BYTES", requires = "compress", value_parser = crate::util::size::parse_bytes)]
     frame_size: Option<u64>,
     /// Write a label member beside each sample of an ImageFolder tree (`train/n01/x.JPEG` gets
     /// `train/n01/x.EXT` holding the class number, ImageFolder's: its directory's place among
@@ -84,7 +84,7 @@ pub struct Args {
 /// file system, yet enough of them to spread reads and staging over nodes.
 const DEFAULT_SHARD_SIZE: u64 = 1 << 30;
 
-pub fn run(args: Args, stores: packfs::source::Stores) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: crate::source::Stores) -> anyhow::Result<()> {
     let shards = match (args.shards, args.shard_size) {
         (Some(0), _) => anyhow::bail!("--shards 0: give at least 1"),
         (Some(n), _) => ShardCount::Count(n),
@@ -93,11 +93,11 @@ pub fn run(args: Args, stores: packfs::source::Stores) -> anyhow::Result<()> {
     };
     let frame = args
         .frame_size
-        .map_or(packfs::pack::compress::DEFAULT_FRAME, |n| n as usize);
+        .map_or(crate::pack::compress::DEFAULT_FRAME, |n| n as usize);
     let compress = args
         .compress
         .as_deref()
-        .map(|c| packfs::pack::compress::Compression::parse(c, frame))
+        .map(|c| crate::pack::compress::Compression::parse(c, frame))
         .transpose()
         .map_err(|why| anyhow::anyhow!("--compress: {why}"))?;
     let opts = PackOptions {
@@ -162,7 +162,7 @@ pub fn run(args: Args, stores: packfs::source::Stores) -> anyhow::Result<()> {
         }
     };
     say_how_to_resume_if_interrupted(&opts.out_dir, bar.clone());
-    let report = packfs::pack::pack(&opts, &on_progress)?;
+    let report = crate::pack::pack(&opts, &on_progress)?;
     bar.finish_and_clear();
     let sizes: Vec<u64> = report.shards.iter().map(|s| s.bytes).collect();
     let counts: Vec<u64> = report.shards.iter().map(|s| s.samples).collect();

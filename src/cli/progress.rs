@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::dataset::ScanProgress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use packfs::dataset::ScanProgress;
 
 /// Where no bar is drawn (stderr is a file: a batch job's log), a line of progress every
 /// `PACKFS_PROGRESS_EVERY` seconds (30 by default), so that a long pack or scan is not silence.

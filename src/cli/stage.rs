@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::tiers::stage::{Stage, StageMode, StopReason, run_copier};
 use anyhow::bail;
-use packfs::tiers::stage::{Stage, StageMode, StopReason, run_copier};
 
 use super::args::Images;
 use super::progress::staging_bar;
@@ -28,9 +28,9 @@ pub struct Args {
     images_dir: Option<PathBuf>,
 }
 
-pub fn run(args: Args, stores: &packfs::source::Stores) -> anyhow::Result<()> {
+pub fn run(args: Args, stores: &crate::source::Stores) -> anyhow::Result<()> {
     let (source, infos) =
-        packfs::dataset::open_images(&args.images.images, args.images_dir.as_deref(), stores)?;
+        crate::dataset::open_images(&args.images.images, args.images_dir.as_deref(), stores)?;
     let opts = args.staging.options(args.to.clone(), StageMode::Eager)?;
     let holder = format!("pid {}: packfs stage", std::process::id());
     let stage = Stage::open(opts, Arc::new(source), &infos, &holder, None)?;

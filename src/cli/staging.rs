@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use packfs::tiers::stage::{Share, StageMode, StageOptions};
+use crate::tiers::stage::{Share, StageMode, StageOptions};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct StageFlags {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use packfs::daemon::status::{self, MountState, MountStatus};
+use crate::daemon::status::{self, MountState, MountStatus};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -76,7 +76,7 @@ fn render(m: &MountStatus) -> String {
     let mut out = String::new();
     let owner = m
         .owner_uid
-        .map(|uid| format!(", user {}", packfs::daemon::user_name(uid)))
+        .map(|uid| format!(", user {}", crate::daemon::user_name(uid)))
         .unwrap_or_default();
     let Some(c) = &m.counters else {
         let state = match m.state {
@@ -297,7 +297,7 @@ fn render(m: &MountStatus) -> String {
 }
 
 /// What samplers' hints did: lists, how many first reads found their sample fetched in time.
-fn hints_line(h: &packfs::tiers::lookahead::HintStats, socket: Option<&str>) -> String {
+fn hints_line(h: &crate::tiers::lookahead::HintStats, socket: Option<&str>) -> String {
     if h.lists == 0 {
         return format!(
             "none received yet (samplers send them to {})",

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::fs::trace::summary::{self, Summary};
 use anyhow::Context;
-use packfs::fs::trace::summary::{self, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

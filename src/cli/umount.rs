@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use packfs::daemon::{self, UnmountError, Unmounted};
+use crate::daemon::{self, UnmountError, Unmounted};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -2,11 +2,11 @@
 
 use std::os::unix::ffi::OsStrExt;
 
+use crate::catalog::index;
+use crate::engine::{Engine, EngineOptions};
+use crate::source::Stores;
+use crate::tiers::OpenedImages;
 use anyhow::bail;
-use packfs::catalog::index;
-use packfs::engine::{Engine, EngineOptions};
-use packfs::source::Stores;
-use packfs::tiers::OpenedImages;
 
 use super::args::{Images, Merge};
 use super::progress::{ScanBar, bytes_bar};
@@ -33,9 +33,8 @@ pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
         [one] if one.ends_with(".packfs-index") => index::open(std::path::Path::new(one), &stores)?,
         patterns => {
             let bar = ScanBar::new();
-            let catalog = packfs::dataset::open(patterns, &args.merge.options(), &stores, &|p| {
-                bar.update(p)
-            })?;
+            let catalog =
+                crate::dataset::open(patterns, &args.merge.options(), &stores, &|p| bar.update(p))?;
             drop(bar);
             catalog
         }
@@ -43,7 +42,7 @@ pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
     let shown = catalog
         .index_path()
         .map(|p| p.display().to_string())
-        .unwrap_or_else(|| packfs::dataset::show_paths(catalog.images().iter().map(|i| i.path())));
+        .unwrap_or_else(|| crate::dataset::show_paths(catalog.images().iter().map(|i| i.path())));
     let damaged = catalog.verify_all();
     if damaged > 0 {
         bail!("index {shown}: {damaged} damaged chunk(s); rebuild it with `packfs index`");
@@ -77,7 +76,7 @@ pub fn run(args: Args, stores: Stores) -> anyhow::Result<()> {
         let engine = Engine::over(catalog.clone(), &opts, stores, None)?;
         let files = engine.files();
         let bar = bytes_bar("reading", catalog.file_bytes());
-        let report = packfs::tiers::read_everything::read_everything(&catalog, files, &|n| {
+        let report = crate::tiers::read_everything::read_everything(&catalog, files, &|n| {
             bar.set_position(n)
         });
         bar.finish_and_clear();

@@ -47,6 +47,14 @@ pub enum Error {
     /// The mount is stopping: its read pool is gone, and a read handed to it cannot be answered.
     #[error("the mount is stopping")]
     Stopping,
+    /// An in-process walk of a path (`python::paths`; the kernel walks a mount's) met more
+    /// symlinks than Linux follows.
+    #[error("too many levels of symbolic links")]
+    Loop,
+    /// An in-process walk met a symlink to an absolute path: outside the dataset, which a walk
+    /// in the process cannot follow.
+    #[error("a symlink to {:?}, outside the dataset", String::from_utf8_lossy(.0))]
+    LinkOutside(Vec<u8>),
     /// Answering panicked: a bug, or an input no check foresaw. The request fails alone.
     #[error("{request} panicked: {message}")]
     Panicked { request: String, message: String },
@@ -72,17 +80,23 @@ pub fn guarded<T>(
 }
 
 impl Error {
+    /// The errno of a request that fails rather than answer wrongly (and of a dataset that
+    /// cannot be opened, in the process, when no system call's errno says more).
+    pub const FAILED: i32 = libc::EIO;
+
     /// The errno the kernel passes on to the caller.
     pub fn errno(&self) -> i32 {
         match self {
             Error::NotFound => libc::ENOENT,
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,
+            Error::Loop => libc::ELOOP,
+            Error::LinkOutside(_) => libc::ENOENT,
             Error::NotSymlink | Error::NotFile => libc::EINVAL,
             Error::WouldWait => libc::EAGAIN,
             // A request fails rather than answer wrongly.
             Error::Damaged(_) | Error::Io { .. } | Error::Panicked { .. } | Error::Stopping => {
-                libc::EIO
+                Error::FAILED
             }
         }
     }

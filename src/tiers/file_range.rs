@@ -55,9 +55,39 @@ impl<'a> FileRange<'a> {
         self.len == 0
     }
 
+    /// The image it is a range of.
+    pub fn image(&self) -> u32 {
+        self.image
+    }
+
     /// Where the range starts in its file (its pages decide how many pipe slots it takes).
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// Reads the range into `dst` (as long as the range) straight from its file, counted as a
+    /// read of the source: the in-process engine's read into a caller's buffer, with no copy
+    /// on the way. A file that ends early is an error.
+    pub fn read_into(&self, dst: &mut [u8]) -> io::Result<()> {
+        let _waiting = self.images.begin(self.reader);
+        let dst = &mut dst[..self.len];
+        let mut done = 0;
+        while done < dst.len() {
+            let at = self.offset + done as u64;
+            match nix::sys::uio::pread(self.file, &mut dst[done..], at as i64) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the image ends before offset {at}"),
+                    ));
+                }
+                Ok(n) => done += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.images.count_spliced(self.image, self.len);
+        Ok(())
     }
 
     /// Moves the range into the pipe whose write end is `pipe` (without copying: the pipe holds

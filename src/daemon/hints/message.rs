@@ -1,6 +1,6 @@
 //! One hints message as it is read: the connection's bytes through a limit (no field longer
 //! than `MAX_FIELD`, no stall in the middle of a message), and its paths resolved to catalog
-//! entries as they arrive, their memory drawn a step at a time (`Shared::draw`).
+//! entries as they arrive, their memory drawn a step at a time (`tiers::lookahead::Intake`).
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{BYTES_PER_SAMPLE, MAX_FIELD, MAX_STREAM, PERMIT_STEP, STALL, Shared};
+use super::{MAX_FIELD, MAX_STREAM, STALL, Shared};
 use crate::catalog::{Catalog, Kind};
 use crate::tiers::budget::Permit;
 
@@ -163,42 +163,11 @@ impl<'de> Visitor<'de> for PathsSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u32>, A::Error> {
         let catalog = &self.shared.catalog;
-        let most = (catalog.file_count() as usize)
-            .saturating_mul(4)
-            .saturating_add(1024);
-        let mut entries = Vec::new();
-        let mut permits = Vec::new();
-        let mut drawn = 0u64;
+        let mut taking = self.shared.intake.take(catalog);
         while let Some(path) = seq.next_element::<String>()? {
             self.since.store(0, Ordering::Relaxed);
-            if entries.len() >= most {
-                self.m.truncated = true;
-                continue;
-            }
-            if self.m.no_room > 0 {
-                // Refused: the rest is read (the message must end) but not held.
-                self.m.no_room += 1;
-                continue;
-            }
             match resolve(catalog, &self.shared.mountpoint, &path) {
-                Some(entry) => {
-                    let need = (entries.len() as u64 + 1) * BYTES_PER_SAMPLE;
-                    if need > drawn {
-                        match self.shared.draw(PERMIT_STEP) {
-                            Some(more) => {
-                                drawn += PERMIT_STEP;
-                                permits.extend(more);
-                            }
-                            None => {
-                                self.m.no_room = 1;
-                                entries = Vec::new();
-                                permits.clear();
-                                continue;
-                            }
-                        }
-                    }
-                    entries.push(entry);
-                }
+                Some(entry) => taking.push(entry),
                 None => {
                     self.m.unknown += 1;
                     if self.m.first_unknown.is_none() {
@@ -207,7 +176,9 @@ impl<'de> Visitor<'de> for PathsSeed<'_> {
                 }
             }
         }
-        entries.shrink_to_fit();
+        self.m.truncated = taking.truncated;
+        self.m.no_room = taking.no_room;
+        let (entries, permits) = taking.finish();
         self.m.permits = permits;
         Ok(entries)
     }

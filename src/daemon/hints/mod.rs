@@ -28,8 +28,8 @@ use serde::de::DeserializeSeed;
 use tracing::{debug, info, warn};
 
 use crate::catalog::Catalog;
-use crate::tiers::budget::{MemoryBudget, Permit};
-use crate::tiers::lookahead::{ListKey, Lookahead, Submitted};
+use crate::tiers::budget::MemoryBudget;
+use crate::tiers::lookahead::{Intake, ListKey, Lookahead, Submitted};
 
 mod message;
 
@@ -41,14 +41,6 @@ const MAX_CONNECTIONS: usize = 64;
 const MAX_FIELD: u64 = 64 << 10;
 /// Characters of a stream name, at most.
 const MAX_STREAM: usize = 256;
-/// List bookkeeping bytes per sample (`lists::List`).
-const BYTES_PER_SAMPLE: u64 = 13;
-/// Memory is drawn for a list in steps of this many bytes (about 5 000 samples).
-const PERMIT_STEP: u64 = 64 << 10;
-/// Tries for a list's memory, 10 ms apart, before the list is refused.
-const DRAW_TRIES: usize = 100;
-/// All lists together hold at most this share of the memory budget: the rest is the readers'.
-const LISTS_SHARE: u64 = 4;
 /// A sender that stops in the middle of a message for this long is cut off (its list dropped);
 /// between messages a connection may stay quiet for as long as it likes.
 const STALL: std::time::Duration = std::time::Duration::from_secs(10);
@@ -94,33 +86,13 @@ pub enum HintsError {
 struct Shared {
     catalog: Arc<Catalog>,
     lookahead: Arc<Lookahead>,
-    memory: Arc<MemoryBudget>,
     mountpoint: PathBuf,
     /// Users who may send hints.
     allowed: Vec<u32>,
     connections: AtomicUsize,
     refused: AtomicU64,
-    /// The lists' share of `memory`: each list's bytes are drawn from both, never waited for.
-    lists: Arc<MemoryBudget>,
-}
-
-impl Shared {
-    /// `bytes` for a list from its share and from the budget, at once or not at all: a list
-    /// never waits for memory, so a sender that stalls in the middle of one holds only what it
-    /// has, and readers never queue behind it.
-    fn draw(&self, bytes: u64) -> Option<Vec<Permit>> {
-        // The lists' own share is full only of lists: no use waiting for it.
-        let share = self.lists.try_acquire(bytes)?;
-        // The budget may be busy for a moment (a reader waiting its turn, the cache full): tried
-        // again for up to a second, never in its queue, so no reader waits behind a list.
-        for _ in 0..DRAW_TRIES {
-            if let Some(main) = self.memory.try_acquire_reclaiming(bytes) {
-                return Some(vec![share, main]);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        None
-    }
+    /// The memory lists are drawn from.
+    intake: Intake,
 }
 
 impl HintsSocket {
@@ -159,8 +131,7 @@ impl HintsSocket {
             allowed: vec![0, me, serves],
             connections: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
-            lists: MemoryBudget::new(memory.stats().total / LISTS_SHARE),
-            memory,
+            intake: Intake::new(memory),
         });
         let listening = listener.try_clone().map_err(|error| HintsError::Bind {
             path: path.clone(),
@@ -419,7 +390,7 @@ fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
         );
     }
     if m.no_room > 0 {
-        let share = shared.lists.stats();
+        let share = shared.intake.lists().stats();
         warn!(
             "hints: a list of stream {:?} rank {} was refused: no memory for {} of its samples \
              (the lists hold {} of their {} share of the memory budget)",
@@ -434,8 +405,8 @@ fn take(m: Message, uid: u32, shared: &Shared) -> Reply {
                 m.no_room,
                 share.held,
                 share.total,
-                shared.memory.stats().held,
-                shared.memory.stats().total
+                shared.intake.memory().stats().held,
+                shared.intake.memory().stats().total
             ))
         };
     }

@@ -6,6 +6,7 @@
 //! chunked) have their chunks fetched through the chunk room; compressed members are decoded into
 //! the RAM cache. Nothing changes for a mount no sampler talks to.
 
+mod intake;
 mod lists;
 
 use std::io;
@@ -18,6 +19,7 @@ use super::budget::Permit;
 use super::window;
 use crate::archive::plan::Piece;
 use crate::catalog::Catalog;
+pub use intake::{Intake, Taking};
 pub use lists::{Class, ListKey};
 use lists::{Job, List, ListStats};
 

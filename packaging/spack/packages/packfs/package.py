@@ -21,7 +21,8 @@ class Packfs(CargoPackage):
     version("0.2.0", tag="v0.2.0")
 
     depends_on("rust@1.88:", type="build")
-    # `import packfs` (pure Python over the binary; packfs.torch needs py-torch, not required).
+    # `import packfs` (over the binary, and its native module for packfs.Engine; packfs.torch
+    # needs py-torch, not required).
     variant("python", default=True, description="Install the packfs Python package")
     extends("python", when="+python")
     # Mounting as an ordinary user needs the system's setuid fusermount3 (package fuse3 of the
@@ -47,6 +48,10 @@ class Packfs(CargoPackage):
             # purelib: the site-packages path relative to a prefix (python's package property).
             purelib = self.spec["python"].package.purelib
             install_tree("python/packfs", join_path(self.prefix, purelib, "packfs"))
+            # Its native module (packfs.Engine): the library's cdylib from the same build
+            # (`cargo install --path .` builds in the source's target directory).
+            native = join_path(self.stage.source_path, "target", "release", "libpackfs.so")
+            install(native, join_path(self.prefix, purelib, "packfs", "_native.abi3.so"))
 
     @run_after("install")
     @on_package_attributes(run_tests=True)
