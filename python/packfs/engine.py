@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import io
 import os
+import re
 import stat as _stat
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -112,7 +113,9 @@ class Engine:
         return len(self._engine)
 
     def __repr__(self) -> str:
-        return f"packfs.Engine({self.sources!r})"
+        # A URL's user and key stay out of what a log or a traceback prints.
+        shown = [re.sub(r"://[^/@]*@", "://", s) for s in self.sources]
+        return f"packfs.Engine({shown!r})"
 
     def close(self) -> None:
         """Stops the background work (staging, the watcher of images); reads still answer."""

@@ -167,6 +167,9 @@ def test_errors_are_oserrors_with_the_mounts_messages(dataset):
     assert "missing.tar" in str(e.value)
     with pytest.raises(TypeError):
         packfs.Engine(dataset["tar"], allow_other=True)
+    with packfs.Engine(dataset["tar"]) as engine:
+        engine.sources.append("https://user:secret@example.org/x.tar")
+        assert "secret" not in repr(engine) and "example.org/x.tar" in repr(engine)
 
 
 def test_damaged_image_fails_reads_with_the_image_and_offset(dataset, tmp_path):
@@ -186,6 +189,25 @@ def test_damaged_image_fails_reads_with_the_image_and_offset(dataset, tmp_path):
                 failed += 1
                 assert str(tar) in str(e) and "offset" in str(e), e
         assert 0 < failed < len(dataset["files"])
+
+
+def test_what_the_engine_skips_is_said_on_stderr(tmp_path):
+    """Never silently less: a member GNU tar would not extract where it says (a `..` name) is
+    skipped with the mount's warning, on the process's stderr; the others are served."""
+    import io
+    import tarfile
+
+    tar = tmp_path / "evil.tar"
+    with tarfile.open(tar, "w") as t:
+        for name in ["../evil.txt", "ok.txt"]:
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            t.addfile(info, io.BytesIO(b"ok"))
+    code = "import packfs, sys; e = packfs.Engine(sys.argv[1]); print(e.listdir(''))"
+    done = subprocess.run([sys.executable, "-c", code, str(tar)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['ok.txt']"
+    assert "skipping member" in done.stderr and "../evil.txt" in done.stderr, done.stderr
 
 
 def test_every_option_is_one_of_mounts():
@@ -387,3 +409,26 @@ def test_a_samplers_order_goes_to_the_lookahead_in_the_process(dataset):
         assert engine.hint_stats() is None
         with pytest.raises(ValueError, match="no hints"):
             engine.hint(paths)
+
+
+def test_imagenet_as_downloaded_opens_with_the_mounts_options(tmp_path):
+    """A tar of class tars (ILSVRC2012_img_train.tar's shape) with strip_inner_extension: the
+    classes are directories of the engine's tree, as on a mount with the same option."""
+    src = tmp_path / "src"
+    files = {}
+    for c in ("n01", "n02"):
+        (src / c).mkdir(parents=True)
+        for i in range(3):
+            data = os.urandom(1000 + i)
+            (src / c / f"{c}_{i}.JPEG").write_bytes(data)
+            files[f"{c}/{c}_{i}.JPEG"] = data
+        subprocess.run(["tar", "-C", src / c, "-cf", tmp_path / f"{c}.tar", "."], check=True)
+    outer = tmp_path / "train.tar"
+    subprocess.run(["tar", "-C", tmp_path, "-cf", outer, "n01.tar", "n02.tar"], check=True)
+    with packfs.Engine(outer, strip_inner_extension=True) as engine:
+        assert engine.listdir("") == ["n01", "n02"]
+        assert {p: engine.read(p) for p in files} == files
+    with packfs.Engine(outer, inner_archives="none") as engine:
+        assert engine.listdir("") == ["n01.tar", "n02.tar"]
+    with pytest.raises(ValueError, match="possible values"):
+        packfs.Engine(outer, inner_archives="off")

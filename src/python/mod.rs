@@ -230,6 +230,10 @@ impl Engine {
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // What the engine warns of (a member skipped, a stale index) reaches the process's stderr,
+    // redacted, as the command's does (RUST_LOG sets the level). A process that installed a
+    // logger of its own (another Rust module) keeps it.
+    let _ = crate::util::logging::init(&crate::util::logging::Setup::default());
     m.add_class::<Engine>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
