@@ -100,6 +100,13 @@ PY
     newest=$(objdump -T "$venv/bin/packfs" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
     echo "the wheel's binary needs glibc symbols up to $newest"
     [ "$(printf '%s\n' "$newest" GLIBC_2.17 | sort -V | tail -1)" = GLIBC_2.17 ]
+    # And its module, linked by the same zig (and to no libpython).
+    local module
+    module=$(echo "$venv"/lib/python3*/site-packages/packfs/_native.abi3.so)
+    newest=$(objdump -T "$module" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    echo "the wheel's module needs glibc symbols up to $newest"
+    [ "$(printf '%s\n' "$newest" GLIBC_2.17 | sort -V | tail -1)" = GLIBC_2.17 ]
+    ! ldd "$module" | grep -q libpython
     (cd /tmp && "$OLDPWD/$venv/bin/packfs" demo --files 300)
 
     echo "== .deb with dpkg"

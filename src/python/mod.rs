@@ -49,6 +49,22 @@ fn stat_of(attr: Attr) -> Stat {
     )
 }
 
+/// A bytes object of `len` bytes whose content is not set yet (`PyBytes::new_with` would
+/// zero it first: a second pass over every sample read, a tenth of a warm read's time).
+fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyBytes>> {
+    let len = pyo3::ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("larger than a bytes object"))?;
+    // SAFETY: a null source asks CPython for an object of `len` bytes left unset; a new
+    // reference or null with the error set, which `from_owned_ptr_or_err` takes.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len),
+        )
+        .map(|b| b.cast_into_unchecked())
+    }
+}
+
 #[pymethods]
 impl Engine {
     /// Opens the dataset that `args` (a mount's images and options, as `packfs mount` takes them,
@@ -125,11 +141,15 @@ impl Engine {
                 Ok((open, ino, len))
             })
             .map_err(|e: FsError| to_py(e.at(path)))?;
-        // Filled in place: the bytes object is nobody else's until it is returned.
-        PyBytes::new_with(py, len, |dst| {
-            py.detach(|| open.read_into(ino, offset, dst))
-                .map_err(|e| to_py(e.at(path)))
-        })
+        let bytes = uninit_bytes(py, len)?;
+        // SAFETY: a bytes object of `len` bytes that nobody else holds until it is returned:
+        // its buffer is written here, once, before anything reads it.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(pyo3::ffi::PyBytes_AsString(bytes.as_ptr()).cast(), len)
+        };
+        py.detach(|| open.read_into(ino, offset, dst))
+            .map_err(|e| to_py(e.at(path)))?;
+        Ok(bytes)
     }
 
     /// Reads file `path` from `offset` into the `len` bytes of writable memory at `address`
