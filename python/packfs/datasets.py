@@ -87,23 +87,13 @@ class ImageFolder(Dataset):
             raise FileNotFoundError(f"Couldn't find any class folder in {directory or '/'}.")
         return classes, {name: i for i, name in enumerate(classes)}
 
-    def _walk(self, top: str):
-        """``os.walk(top, followlinks=True)``'s tuples."""
-        dirs, files = [], []
-        for name, kind in self.engine.scandir(top):
-            path = self._join(top, name)
-            is_dir = kind == "d" or (kind == "l" and self.engine.isdir(path))
-            (dirs if is_dir else files).append(name)
-        yield top, dirs, files
-        for name in dirs:
-            yield from self._walk(self._join(top, name))
-
     def _make_dataset(self, is_valid_file, allow_empty) -> List[Tuple[str, int]]:
         samples, empty = [], []
         for target_class in sorted(self.class_to_idx):
             index = self.class_to_idx[target_class]
             found = 0
-            for top, _, names in sorted(self._walk(self._join(self.root, target_class))):
+            for top, _, names in sorted(self.engine.walk(self._join(self.root, target_class),
+                                                          followlinks=True)):
                 for name in sorted(names):
                     path = self._join(top, name)
                     if is_valid_file(path):

@@ -152,16 +152,21 @@ class Engine:
         """(name, kind) of each entry of a directory: kind is ``"f"``, ``"d"`` or ``"l"``."""
         return [(os.fsdecode(name), kind) for name, kind in self._engine.listdir(_key(path))]
 
-    def walk(self, top: PathLike = "") -> Iterator[Tuple[str, List[str], List[str]]]:
-        """``os.walk`` over the dataset, top down, names sorted; symlinks to directories are
-        listed with the files and not entered (as ``os.walk``'s default)."""
+    def walk(self, top: PathLike = "", followlinks: bool = False
+             ) -> Iterator[Tuple[str, List[str], List[str]]]:
+        """``os.walk`` over the dataset, top down, names sorted: symlinks to directories are
+        listed with the directories, and entered only with ``followlinks``, as ``os.walk``."""
         top = os.fsdecode(_key(top))
-        dirs, files = [], []
+        dirs, files, links = [], [], set()
         for name, kind in self.scandir(top):
-            (dirs if kind == "d" else files).append(name)
+            path = f"{top}/{name}" if top else name
+            if kind == "l" and self.isdir(path):
+                links.add(name)
+            (dirs if kind == "d" or name in links else files).append(name)
         yield top, dirs, files
         for name in dirs:
-            yield from self.walk(f"{top}/{name}" if top else name)
+            if followlinks or name not in links:
+                yield from self.walk(f"{top}/{name}" if top else name, followlinks)
 
     def readlink(self, path: PathLike) -> str:
         return os.fsdecode(self._engine.readlink(_key(path)))

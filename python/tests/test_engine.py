@@ -432,3 +432,6 @@ def test_imagenet_as_downloaded_opens_with_the_mounts_options(tmp_path):
         assert engine.listdir("") == ["n01.tar", "n02.tar"]
     with pytest.raises(ValueError, match="possible values"):
         packfs.Engine(outer, inner_archives="off")
+    with pytest.raises(ValueError) as e:
+        packfs.Engine(outer, inner_archives="https://user:secret@example.org/x")
+    assert "secret" not in str(e.value) and "example.org" in str(e.value)

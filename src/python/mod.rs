@@ -73,7 +73,13 @@ impl Engine {
     fn new(py: Python<'_>, args: Vec<Vec<u8>>, holder: String) -> PyResult<Engine> {
         let args: Vec<OsString> = args.into_iter().map(OsString::from_vec).collect();
         let (mut opts, stores) = crate::cli::in_process(&args)
-            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{e:#}")))?;
+            // clap quotes a value it refuses: a URL's key stays out of the message.
+            .map_err(|e| {
+                let message = format!("{e:#}");
+                pyo3::exceptions::PyValueError::new_err(
+                    crate::util::redact::urls(&message).into_owned(),
+                )
+            })?;
         opts.holder = holder;
         let current = py.detach(|| Current::open(opts, stores)).map_err(to_py)?;
         Ok(Engine { current })

@@ -53,11 +53,10 @@ fn walk(
     Ok(at)
 }
 
-/// The directory holding `ino` (the root is its own).
+/// The directory holding `ino` (the root is its own): its catalog record names it.
 fn parent(core: &Core, ino: u64) -> Result<u64, FsError> {
-    let mut lines = Lines::default();
-    core.list(ino, 1, false, &mut One(&mut lines))?;
-    Ok(lines.0.first().map_or(ino, |(_, _, ino)| *ino))
+    let id = crate::fs::core::id_of(ino).ok_or(Error::NotFound)?;
+    Ok(ino_of(core.catalog().entry(id)?.parent))
 }
 
 /// The names and kinds in directory `ino`, without `.` and `..`.
@@ -89,15 +88,5 @@ impl Listing for Lines {
     fn add(&mut self, entry: DirEntry) -> bool {
         self.0.push((entry.name.to_vec(), entry.kind, entry.ino));
         false
-    }
-}
-
-/// A listing that takes one line.
-struct One<'a>(&'a mut Lines);
-
-impl Listing for One<'_> {
-    fn add(&mut self, entry: DirEntry) -> bool {
-        self.0.add(entry);
-        true
     }
 }
