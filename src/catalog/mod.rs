@@ -290,6 +290,13 @@ impl Catalog {
             .try_fold(ROOT, |dir, comp| self.lookup(dir, comp))
     }
 
+    /// The regular file at `path` (relative to the root), if that is what it names: the entry a
+    /// sampler's path stands for (the hints socket's, and the Python module's).
+    pub fn resolve_file(&self, path: &[u8]) -> Option<EntryId> {
+        let id = self.resolve(path).ok()?;
+        (self.entry(id).ok()?.kind() == Kind::File).then_some(id)
+    }
+
     /// The full path of an entry, for messages and listings (`?` for a part that cannot be read).
     pub fn path_of(&self, mut id: EntryId) -> Vec<u8> {
         let mut parts = Vec::new();

@@ -5,7 +5,6 @@
 use pyo3::PyResult;
 use pyo3::exceptions::PyMemoryError;
 
-use crate::catalog::Kind;
 use crate::tiers::lookahead::{Intake, ListKey, Lookahead, Submitted};
 
 use super::open::Open;
@@ -33,11 +32,7 @@ pub fn take(
     let mut taking = intake.take(catalog);
     let (mut unknown, mut first_unknown) = (0u64, None);
     for path in &paths {
-        let file = catalog
-            .resolve(path.strip_prefix(b"/").unwrap_or(path))
-            .ok()
-            .filter(|&id| catalog.entry(id).is_ok_and(|e| e.kind() == Kind::File));
-        match file {
+        match catalog.resolve_file(path.strip_prefix(b"/").unwrap_or(path)) {
             Some(entry) => taking.push(entry),
             None => {
                 unknown += 1;

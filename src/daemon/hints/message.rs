@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{MAX_FIELD, MAX_STREAM, STALL, Shared};
-use crate::catalog::{Catalog, Kind};
+use crate::catalog::Catalog;
 use crate::tiers::budget::Permit;
 
 /// Counts the bytes read since the last `reset`, and fails past `MAX_FIELD`: a path (or any
@@ -192,8 +192,5 @@ fn resolve(catalog: &Catalog, mountpoint: &Path, path: &str) -> Option<u32> {
         Err(_) if path.starts_with('/') => return None,
         Err(_) => path,
     };
-    let id = catalog
-        .resolve(relative.trim_matches('/').as_bytes())
-        .ok()?;
-    (catalog.entry(id).ok()?.kind() == Kind::File).then_some(id)
+    catalog.resolve_file(relative.trim_matches('/').as_bytes())
 }
