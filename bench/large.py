@@ -3,7 +3,12 @@
 bytes), stored in tar shards, read cold and warm by 1, 2 and 8 reader processes, whole
 (`f.read()`, `np.load`) and in 1 MiB reads, against the same files on the same disk (native),
 in tmpfs, in a squashfs image through squashfuse_ll and through the kernel's squashfs. Prints
-MB/s, packfs's ratio to native and the daemons' CPU seconds per GB read.
+MB/s, packfs's ratio to native, the daemons' CPU seconds per GB read and the bytes they read
+from storage per byte read (cold: /proc/PID/io's read_bytes over the pass).
+
+Peer `packfs-index` mounts the index of `packfs pack`'s shards of the same files (a CRC-32
+recorded for every member, checked before its first reply); `packfs` mounts the GNU tar shards
+by scanning them (no CRC).
 
     bench/large.sh [--sizes 1,8,64,512] [--total-mb 1024] [--readers 1,2,8]
                    [--modes read,1m,npload] [--peers native,tmpfs,packfs,squashfuse_ll,kernel-squashfs]
@@ -92,6 +97,26 @@ def read_file(job):
             total += n
 
 
+def pack(work, binary):
+    """packed/native.packfs-index: `packfs pack` of native/, made once per data set."""
+    index = os.path.join(work, "packed", "native.packfs-index")
+    if not os.path.exists(index):
+        subprocess.run([binary, "pack", "-q", os.path.join(work, "native"), "-o",
+                        os.path.join(work, "packed")], check=True)
+    return index
+
+
+def storage_bytes(pid):
+    """Bytes the process made storage read (its page-cache misses), from /proc/PID/io."""
+    if not pid:
+        return 0
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def cpu_seconds(pid):
     if not pid:
         return 0.0
@@ -125,6 +150,8 @@ class Peer:
         if self.name.startswith("packfs"):
             shards = sorted(os.path.join(self.work, "shards", n)
                             for n in os.listdir(os.path.join(self.work, "shards")))
+            if self.name.endswith("-index"):
+                shards = [pack(self.work, PACKFS)]
             subprocess.run([self.binary, "mount", "-q", *self.mount_args, *shards, self.mnt],
                            check=True)
         elif self.name == "squashfuse_ll":
@@ -154,16 +181,19 @@ def measure(peer, size, mode, readers, temp):
     if temp == "cold":
         peers.drop_caches()
     root = peer.start()
+    if peer.name.endswith("-index"):
+        root = os.path.join(root, "native")
     d = os.path.join(root, f"s{size}")
     files = sorted(os.path.join(d, n) for n in os.listdir(d))
     with Pool(readers) as pool:
         if temp == "warm":
             one_pass(pool, files, mode)
-        cpu0 = cpu_seconds(peer.pid)
+        cpu0, io0 = cpu_seconds(peer.pid), storage_bytes(peer.pid)
         total, secs = one_pass(pool, files, mode)
         cpu = cpu_seconds(peer.pid) - cpu0
+        io = storage_bytes(peer.pid) - io0
     peer.stop()
-    return total / secs / MB, cpu / (total / 1e9)
+    return total / secs / MB, cpu / (total / 1e9), io / total
 
 
 def one_pass(pool, files, mode):
@@ -197,9 +227,10 @@ def main():
     if not os.path.exists(os.path.join(args.work, "image.sqfs")):
         names = [p for p in names if p not in ("squashfuse_ll", "kernel-squashfs")]
     if args.before:
-        names.insert(names.index("packfs") if "packfs" in names else len(names), "packfs-before")
+        for n in [n for n in names if n.startswith("packfs")]:
+            names.insert(names.index(n), n.replace("packfs", "packfs-before"))
     peer_of = {n: Peer(n, args.work, args.mount_args.split(),
-                       os.path.abspath(args.before) if n == "packfs-before" else None)
+                       os.path.abspath(args.before) if n.startswith("packfs-before") else None)
                for n in names}
     rows = []
     # Every round measures each peer once, in a rotating order: the disk and the host drift over
@@ -211,16 +242,20 @@ def main():
                     cell = [n for n in names if not (temp == "cold" and n == "tmpfs")]
                     speeds = {n: [] for n in cell}
                     cpus = {n: [] for n in cell}
+                    ios = {n: [] for n in cell}
                     for k in range(args.rounds):
                         for peer_name in cell[k % len(cell):] + cell[:k % len(cell)]:
-                            speed, cpu = measure(peer_of[peer_name], s, mode, readers, temp)
+                            speed, cpu, io = measure(peer_of[peer_name], s, mode, readers,
+                                                     temp)
                             speeds[peer_name].append(speed)
                             cpus[peer_name].append(cpu)
+                            ios[peer_name].append(io)
                     for peer_name in cell:
                         row = {"peer": peer_name, "size_mb": s, "mode": mode, "readers": readers,
                                "temp": temp, "mb_s": round(statistics.median(speeds[peer_name]), 1),
                                "mb_s_all": [round(x, 1) for x in speeds[peer_name]],
-                               "cpu_s_per_gb": round(statistics.median(cpus[peer_name]), 3)}
+                               "cpu_s_per_gb": round(statistics.median(cpus[peer_name]), 3),
+                               "storage_per_byte": round(statistics.median(ios[peer_name]), 3)}
                         if "native" in speeds and peer_name != "native":
                             row["vs_native_paired"] = round(statistics.median(
                                 a / b for a, b in zip(speeds[peer_name], speeds["native"])), 3)
@@ -242,17 +277,19 @@ def report(rows, names):
     daemons = [n for n in names if n.startswith("packfs")]
     print("| temp | size | reads | readers | " + " | ".join(names) + " | " +
           " | ".join(f"{n} / native" for n in daemons) + " | " +
-          " | ".join(f"{n} CPU s/GB" for n in daemons) + " |")
-    print("|---|---:|---|---:|" + "---:|" * (len(names) + 2 * len(daemons)))
+          " | ".join(f"{n} CPU s/GB" for n in daemons) + " | " +
+          " | ".join(f"{n} storage/read" for n in daemons) + " |")
+    print("|---|---:|---|---:|" + "---:|" * (len(names) + 3 * len(daemons)))
     for k in keys:
         got = [cells.get((*k, n)) for n in names]
         pks = [cells.get((*k, n)) for n in daemons]
         ratios = [f"{p['vs_native_paired']:.2f}x" if p and "vs_native_paired" in p else ""
                   for p in pks]
         cpu = [f"{p['cpu_s_per_gb']:.2f}" if p else "" for p in pks]
+        io = [f"{p['storage_per_byte']:.2f}" if p and k[3] == "cold" else "" for p in pks]
         print(f"| {k[3]} | {k[0]} MB | {k[1]} | {k[2]} | " +
               " | ".join(f"{g['mb_s']:,.0f}" if g else "" for g in got) + " | " +
-              " | ".join(ratios) + " | " + " | ".join(cpu) + " |")
+              " | ".join(ratios) + " | " + " | ".join(cpu) + " | " + " | ".join(io) + " |")
     print("\n(packfs / native: the median over rounds of each round's ratio, native and packfs "
           "measured back to back)")
 

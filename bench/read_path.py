@@ -4,10 +4,12 @@ a change that should not change speed.
 
     sudo python3 bench/read_path.py --before /tmp/packfs-before [--after target/release/packfs]
         [--before-args OPTS] [--after-args OPTS] [--files 6000] [--rounds 3] [--work /tmp/packfs-bench]
-        [--images tar,squashfs-zstd,zip-deflate]
+        [--images tar,squashfs-zstd,zip-deflate,pack-index]
 
 Makes a dataset of incompressible sample files (lognormal sizes, median 60 KB) once, packed as 4
-tar shards, one zstd squashfs image (128 KiB blocks) and one deflated zip. For each round, each
+tar shards, one zstd squashfs image (128 KiB blocks) and one deflated zip; `pack-index` mounts
+the index of `packfs pack`'s 4 shards of the same files (a CRC-32 recorded per member, checked
+before its first reply), made by the `--after` build. For each round, each
 image kind and each build (the builds alternate, so drift hits both): mount, drop the page cache,
 read a fixed shuffled sample whole with 1 reader, drop again, read another with 8 readers (cold:
 the source, decoding and the tiers), then the 8-reader sample again (warm: served by the page
@@ -44,6 +46,17 @@ def make_dataset(root, files):
                    check=True)
     open(os.path.join(root, "done"), "w").close()
     return tree
+
+
+def pack_index(root, tree, binary):
+    """root/packed/read-path.packfs-index: `packfs pack` of the classes of `tree` (each class
+    directory at the mount's root, as in the tar shards), made once."""
+    index = os.path.join(root, "packed", "read-path.packfs-index")
+    if not os.path.exists(index):
+        classes = sorted(os.path.join(tree, c) for c in os.listdir(tree))
+        subprocess.run([binary, "pack", "-q", "--shards", "4", "--name", "read-path", *classes,
+                        "-o", os.path.join(root, "packed")], check=True)
+    return index
 
 
 def samples(tree, work, n):
@@ -126,6 +139,8 @@ def main():
         "squashfs-zstd": [os.path.join(root, "image.sqfs")],
         "zip-deflate": [os.path.join(root, "image.zip")],
     }
+    if "pack-index" in args.images.split(","):
+        kinds["pack-index"] = [pack_index(root, tree, os.path.abspath(args.after))]
     kinds = {k: v for k, v in kinds.items() if k in args.images.split(",")}
     builds = {"before": (os.path.abspath(args.before), shlex.split(args.before_args)),
               "after": (os.path.abspath(args.after), shlex.split(args.after_args))}

@@ -18,6 +18,7 @@ order, as WebDataset's DataLoader workers do):
 Requests and bytes are the server's counts; rss is the daemon's peak (VmHWM). Usage:
   bench/remote.sh [--files 4000] [--size 110000] [--shards 8] [--latency 5,20] [--readers 8,32]
       [--order random|archive|shards] [--runs object,packfs,stage,hints] [--mount-args "..."]
+      [--packfs BINARY] [--before OLD_BINARY] [--rounds N]
 """
 
 import argparse
@@ -217,7 +218,15 @@ def main():
     ap.add_argument("--mount-args", default="", help="extra options for every packfs mount")
     ap.add_argument("--runs", default="object,packfs,stage", help="which runs, of object,packfs,stage")
     ap.add_argument("--order", default="random", choices=["random", "archive", "shards"])
+    ap.add_argument("--packfs", default=PACKFS, help="the packfs binary")
+    ap.add_argument("--before", help="a second packfs build whose packfs and hints runs go in "
+                    "the same cells, after this one's (rows marked 'before')")
+    ap.add_argument("--rounds", type=int, default=1, help="passes over every cell")
     args = ap.parse_args()
+    globals()["PACKFS"] = os.path.abspath(args.packfs)
+    builds = [("", os.path.abspath(args.packfs))]
+    if args.before:
+        builds.append((" (before)", os.path.abspath(args.before)))
 
     objects = make_dataset(args.work, args.files, args.size, args.shards)
     flat = os.path.join(objects, "flat")
@@ -257,35 +266,38 @@ def main():
                     secs = per_object_epoch(url, order, readers)
                     rows.append(row("one object per file", latency, readers, secs, control(url, "_stats"), files_in(order)))
 
-                if "packfs" in runs:
-                    drop_caches()
-                    packfs("mount", *extra, index, mnt, env=env)
-                    control(url, "_reset")
-                    secs = mount_epoch(mnt, order, readers)
-                    rows.append(row("packfs", latency, readers, secs, control(url, "_stats"),
-                                    files_in(order), daemon_rss_mb(mnt)))
-                    packfs("umount", mnt)
+                for (tag, build), _ in [(b, k) for k in range(args.rounds) for b in builds]:
+                    globals()["PACKFS"] = build
+                    if "packfs" in runs:
+                        drop_caches()
+                        packfs("mount", *extra, index, mnt, env=env)
+                        control(url, "_reset")
+                        secs = mount_epoch(mnt, order, readers)
+                        rows.append(row("packfs" + tag, latency, readers, secs, control(url, "_stats"),
+                                        files_in(order), daemon_rss_mb(mnt)))
+                        packfs("umount", mnt)
 
-                if "hints" in runs:
-                    drop_caches()
-                    packfs("mount", *extra, index, mnt, env=env)
-                    control(url, "_reset")
-                    started = time.perf_counter()
-                    hints = packfs_py.Hints(mnt)
-                    hints.send(read_order(order))
-                    sent = time.perf_counter() - started
-                    secs = sent + mount_epoch(mnt, order, readers)
-                    hints.close()
-                    rows.append(row("packfs + hints", latency, readers, secs, control(url, "_stats"),
-                                    files_in(order), daemon_rss_mb(mnt)))
-                    time.sleep(1.1)
-                    la = packfs_py.status(mnt)[0]["counters"]["lookahead"]
-                    rows[-1]["hints"] = {k: la[k] for k in (
-                        "first_reads", "missed", "late", "fetched", "requests", "dropped_unread",
-                        "window_peak")}
-                    print(json.dumps(rows[-1]), flush=True)
-                    packfs("umount", mnt)
+                    if "hints" in runs:
+                        drop_caches()
+                        packfs("mount", *extra, index, mnt, env=env)
+                        control(url, "_reset")
+                        started = time.perf_counter()
+                        hints = packfs_py.Hints(mnt)
+                        hints.send(read_order(order))
+                        sent = time.perf_counter() - started
+                        secs = sent + mount_epoch(mnt, order, readers)
+                        hints.close()
+                        rows.append(row("packfs + hints" + tag, latency, readers, secs, control(url, "_stats"),
+                                        files_in(order), daemon_rss_mb(mnt)))
+                        time.sleep(1.1)
+                        la = packfs_py.status(mnt)[0]["counters"]["lookahead"]
+                        rows[-1]["hints"] = {k: la[k] for k in (
+                            "first_reads", "missed", "late", "fetched", "requests", "dropped_unread",
+                            "window_peak")}
+                        print(json.dumps(rows[-1]), flush=True)
+                        packfs("umount", mnt)
 
+                globals()["PACKFS"] = builds[0][1]
                 if "stage" not in runs:
                     continue
                 shutil.rmtree(stage, ignore_errors=True)

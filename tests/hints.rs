@@ -147,7 +147,7 @@ fn a_random_epoch_with_hints_reads_each_sample_once_ahead_of_eight_readers() {
     let read = after["read_bytes"].as_u64().unwrap() - before["read_bytes"].as_u64().unwrap();
     assert!(
         read <= sample_bytes + 400 * 1024,
-        "{read} bytes read from storage for {sample_bytes} bytes of samples: some twice"
+        "{read} bytes read from storage for {sample_bytes} bytes of samples: some twice: {c}"
     );
     assert!(read >= sample_bytes, "{read} < {sample_bytes}");
     assert_eq!(n(&c, "lookahead", "first_reads"), 400, "{c}");
@@ -253,6 +253,38 @@ time.sleep(60)
         "{fetched} fetched for a rank that read 20"
     );
     assert_eq!(n(&counters(&mnt), "lookahead", "fetched"), fetched);
+}
+
+/// A shuffled epoch over a shard the window covers (5 MB of samples, a 32 MiB window): samples
+/// that lie next to each other in the shard are fetched in one request, far fewer requests than
+/// samples, each byte read from storage once and every byte right.
+#[test]
+fn a_shuffled_epoch_the_window_covers_fetches_neighbours_in_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, order, sim, m) = over_pfs(dir.path(), 200, 5, &["--cache-size", "64M"]);
+    let sample_bytes: u64 = order
+        .iter()
+        .map(|p| fs::metadata(src.join(p)).unwrap().len())
+        .sum();
+    let before = sim.counters();
+    send(&socket_of(&m.dir), &list("train", 0, &order));
+    read_all(&m.dir, &src, &order, 1);
+    let c = counters(&m.dir);
+    let after = sim.counters();
+    let (fetched, requests) = (
+        n(&c, "lookahead", "fetched"),
+        n(&c, "lookahead", "requests"),
+    );
+    assert!(fetched >= 150, "{fetched} of 200 fetched ahead: {c}");
+    assert!(
+        requests * 4 <= fetched,
+        "{requests} requests for {fetched} samples: {c}"
+    );
+    let read = after["read_bytes"].as_u64().unwrap() - before["read_bytes"].as_u64().unwrap();
+    assert!(
+        (sample_bytes..=sample_bytes + 200 * 1024).contains(&read),
+        "{read} bytes read from storage for {sample_bytes} bytes of samples"
+    );
 }
 
 /// Samples the kernel's page cache of the mount holds are not fetched again: an epoch hinted a

@@ -304,7 +304,22 @@ fn each_concern_stays_in_its_module() {
 /// that are allowed, by file and name, each for what is one per process. No mount's state is one
 /// of them: two engines live in one process (tests/engine.rs), and the reply room, the stall
 /// clock, the budget's waiters, the error log and the network store were globals once.
-const PROCESS_WIDE: [(&str, &str, &str); 4] = [
+const PROCESS_WIDE: [(&str, &str, &str); 7] = [
+    (
+        "source/mapped.rs",
+        "GUARDED",
+        "the ranges a SIGBUS handler (the process's) answers for",
+    ),
+    (
+        "source/mapped.rs",
+        "BEFORE",
+        "the process's SIGBUS action before the guard's",
+    ),
+    (
+        "source/mapped.rs",
+        "INSTALL",
+        "the SIGBUS guard, installed once per process",
+    ),
     (
         "fs/page_cache.rs",
         "NO_CACHESTAT",

@@ -31,22 +31,7 @@ fn dataset(dir: &Path) -> (Vec<(String, Vec<u8>)>, PathBuf) {
 /// goes by chunks), then ranges at odd offsets after dropping the mount's cached pages, checking
 /// every byte.
 fn read_and_check(mnt: &Path, files: &[(String, Vec<u8>)]) {
-    for (name, data) in files.iter().rev() {
-        let file = File::open(mnt.join(name)).unwrap();
-        let mut got = Vec::with_capacity(data.len());
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read_at(&mut buf, got.len() as u64).unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert!(
-            got == *data,
-            "{name}: the bytes differ from the archived ones"
-        );
-    }
+    read_whole_files(mnt, files);
     for (name, data) in files {
         let file = File::open(mnt.join(name)).unwrap();
         // Clean pages of a read-only file: dropped, the next reads ask the daemon again.
@@ -191,6 +176,119 @@ fn mounts_that_cannot_splice_keep_1_mib_reads() {
             served["spliced_bytes"].as_u64(),
             Some(0),
             "{what}: {served}"
+        );
+    }
+}
+
+/// `packfs pack`'s shards record a CRC-32 per member, and a member is checked before its first
+/// reply. The check reads it in the image's page cache (a mapping), and every reply splices:
+/// the first READ of a file and small files too. Reads issued on the images are the READ bytes,
+/// not twice them (the check read the member whole into a buffer first, then again). A
+/// damaged member still fails, whole or in part.
+#[test]
+fn members_with_a_crc_record_are_checked_in_place_and_every_reply_spliced() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let files: Vec<(String, Vec<u8>)> = [
+        ("train/a/big.npz", 4 * 1024 * 1024 + 3),
+        ("train/a/1.jpg", 110_000),
+        ("train/b/2.jpg", 97_001),
+        ("train/b/3.jpg", 120_517),
+        ("train/b/tiny.txt", 100),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(name, len))| (name.to_string(), bytes(70 + i as u64, len)))
+    .collect();
+    for (name, data) in &files {
+        write_file(&src.join(name), data, 0o644);
+    }
+    let out = dir.path().join("packed");
+    run(packfs().arg("pack").arg(&src).arg("-o").arg(&out));
+    let index = out.join("src.packfs-index");
+    assert!(
+        index.exists(),
+        "{:?}",
+        fs::read_dir(&out).unwrap().collect::<Vec<_>>()
+    );
+    let files: Vec<(String, Vec<u8>)> = files
+        .into_iter()
+        .map(|(name, data)| (format!("src/{name}"), data))
+        .collect();
+
+    let m = Mount::new(&[&index], &dir.path().join("mnt"), &[]);
+    let read: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    read_whole_files(&m.dir, &files);
+    let c = counters(&m.dir);
+    let (served, source) = (&c["served"], &c["source"]);
+    let spliced = served["spliced_bytes"].as_u64().unwrap();
+    assert_eq!(
+        spliced,
+        served["source_bytes"].as_u64().unwrap(),
+        "every byte from the images spliced, first READs and small files too: {served}"
+    );
+    assert_eq!(spliced, read, "{served}");
+    assert_eq!(source["checked_bytes"].as_u64(), Some(read), "{source}");
+    let issued = source["bytes"].as_u64().unwrap();
+    assert!(
+        issued as f64 <= 1.01 * read as f64,
+        "{issued} bytes read from the images for {read} bytes of READs: {source}"
+    );
+    drop(m);
+
+    // One byte of the big member and of a small one damaged (mtime kept, away from the ends the
+    // fingerprint hashes): each fails with EIO, read whole or from its middle, and the others
+    // still read.
+    let shard = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "tar"))
+        .unwrap();
+    let raw = fs::read(&shard).unwrap();
+    let mtime = fs::metadata(&shard).unwrap().modified().unwrap();
+    let image = File::options().write(true).open(&shard).unwrap();
+    for (name, data) in [&files[0], &files[2]] {
+        let at = raw.windows(64).position(|w| w == &data[..64]).unwrap() + data.len() / 2;
+        assert!(at > 64 << 10 && at < raw.len() - (64 << 10), "{name}");
+        image.write_all_at(&[raw[at] ^ 0x5a], at as u64).unwrap();
+    }
+    image.set_modified(mtime).unwrap();
+    drop(image);
+    let m = Mount::new(&[&index], &dir.path().join("mnt2"), &[]);
+    let big = File::open(m.dir.join(&files[0].0)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let err = big.read_at(&mut buf, 3 << 20).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EIO),
+        "part of the big one: {err}"
+    );
+    for (name, _) in [&files[0], &files[2]] {
+        let err = fs::read(m.dir.join(name)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+    }
+    for (name, data) in [&files[1], &files[3], &files[4]] {
+        assert!(fs::read(m.dir.join(name)).unwrap() == *data, "{name}");
+    }
+}
+
+/// Reads every file whole, in 1 MiB reads, checking its bytes: last first (a walk in archive
+/// order goes by chunks).
+fn read_whole_files(mnt: &Path, files: &[(String, Vec<u8>)]) {
+    for (name, data) in files.iter().rev() {
+        let file = File::open(mnt.join(name)).unwrap();
+        let mut got = Vec::with_capacity(data.len());
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read_at(&mut buf, got.len() as u64).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            got == *data,
+            "{name}: the bytes differ from the packed ones"
         );
     }
 }

@@ -312,8 +312,8 @@ fn hints_line(h: &crate::tiers::lookahead::HintStats, socket: Option<&str>) -> S
     };
     format!(
         "{} list(s) held of {} received (epoch {}), {} samples{unknown}; {:.1}% of {} first reads \
-         fetched in time, {:.1}% waited for the fetch, {:.1}% missed; {} fetched ahead in {} \
-         requests, window {} of {} (peak {}), {} extents dropped unread",
+         fetched in time, {:.1}% waited for the fetch, {:.1}% missed; {} samples ({}) fetched \
+         ahead in {} requests ({:.2} per sample), window {} of {} (peak {}), {} extents dropped unread",
         h.active_lists,
         h.lists,
         h.epoch,
@@ -322,8 +322,10 @@ fn hints_line(h: &crate::tiers::lookahead::HintStats, socket: Option<&str>) -> S
         h.first_reads,
         pct(h.late),
         pct(h.missed),
+        h.fetched,
         human(h.fetched_bytes),
         h.requests,
+        h.requests as f64 / h.fetched.max(1) as f64,
         human(h.window_held),
         human(h.window),
         human(h.window_peak),

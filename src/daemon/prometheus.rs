@@ -226,6 +226,12 @@ impl Counters {
                     h.fetched_bytes,
                 ),
                 (
+                    "lookahead_fetched_samples_total",
+                    "counter",
+                    "Samples fetched ahead of readers (requests per sample: the requests over these).",
+                    h.fetched,
+                ),
+                (
                     "lookahead_requests_total",
                     "counter",
                     "Requests made to fetch samples ahead.",

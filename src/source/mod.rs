@@ -9,6 +9,7 @@
 
 mod blocks;
 pub mod fingerprint;
+pub mod mapped;
 pub mod read_at;
 pub mod remote;
 

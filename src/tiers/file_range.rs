@@ -16,6 +16,17 @@ use super::waits::Waiting;
 pub trait CountSpliced: Sync {
     fn begin(&self, reader: u32) -> Waiting<'_>;
     fn count_spliced(&self, image: u32, len: usize);
+    /// Counts `len` bytes of `image` read through a mapping to check them (`crc32_around`).
+    fn count_checked(&self, image: u32, len: u64);
+}
+
+/// Members up to this size are checked from a copy rather than a mapping: a mapping's setup and
+/// teardown cost more than the copy (on 60 KB samples, 8-9% more daemon CPU a file mapped than
+/// copied; docs/benchmarks/cold-path.md).
+const COPY_TO_CHECK: u64 = 256 << 10;
+
+thread_local! {
+    static CHECK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub struct FileRange<'a> {
@@ -65,27 +76,43 @@ impl<'a> FileRange<'a> {
         self.offset
     }
 
+    /// The CRC-32 of the `len` bytes of the file that start `back` bytes before this range (the
+    /// whole stored member it is part of), computed in the file's page cache without a copy
+    /// (`source::mapped`), where the reply is spliced from next; `None` when no mapping can be
+    /// made (the caller reads the member instead).
+    pub fn crc32_around(
+        &self,
+        back: u64,
+        len: u64,
+        arrival: crate::source::mapped::Arrival,
+    ) -> Option<io::Result<u32>> {
+        let start = self.offset.checked_sub(back)?;
+        let _waiting = self.images.begin(self.reader);
+        let crc = match len <= COPY_TO_CHECK {
+            true => Some(self.crc32_read(start, len as usize)),
+            false => crate::source::mapped::crc32(self.file, start, len, arrival),
+        }?;
+        if crc.is_ok() {
+            self.images.count_checked(self.image, len);
+        }
+        Some(crc)
+    }
+
+    /// The CRC-32 of `len` bytes at `start` of the file, read into a buffer of this thread.
+    fn crc32_read(&self, start: u64, len: usize) -> io::Result<u32> {
+        CHECK_BUF.with_borrow_mut(|buf| {
+            buf.resize(len, 0);
+            pread_exact(self.file, buf, start)?;
+            Ok(crc32fast::hash(buf))
+        })
+    }
+
     /// Reads the range into `dst` (as long as the range) straight from its file, counted as a
     /// read of the source: the in-process engine's read into a caller's buffer, with no copy
     /// on the way. A file that ends early is an error.
     pub fn read_into(&self, dst: &mut [u8]) -> io::Result<()> {
         let _waiting = self.images.begin(self.reader);
-        let dst = &mut dst[..self.len];
-        let mut done = 0;
-        while done < dst.len() {
-            let at = self.offset + done as u64;
-            match nix::sys::uio::pread(self.file, &mut dst[done..], at as i64) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("the image ends before offset {at}"),
-                    ));
-                }
-                Ok(n) => done += n,
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        pread_exact(self.file, &mut dst[..self.len], self.offset)?;
         self.images.count_spliced(self.image, self.len);
         Ok(())
     }
@@ -129,4 +156,24 @@ impl<'a> FileRange<'a> {
         self.images.count_spliced(self.image, self.len);
         Ok(())
     }
+}
+
+/// Fills `dst` from `offset` of `file`; a file that ends early is an error.
+fn pread_exact(file: BorrowedFd<'_>, dst: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let at = offset + done as u64;
+        match nix::sys::uio::pread(file, &mut dst[done..], at as i64) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the image ends before offset {at}"),
+                ));
+            }
+            Ok(n) => done += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }

@@ -16,6 +16,7 @@ use super::request::{ReadRequest, Tiers};
 use crate::archive::placement::{Placement, check_crc};
 use crate::archive::plan::{Piece, Unit, WholeCrc};
 use crate::catalog::{Catalog, CatalogError};
+use crate::source::mapped::Arrival;
 use crate::source::read_at::ReadAt;
 
 /// A failed read: the image offset it failed at (for the log) and why.
@@ -67,7 +68,16 @@ pub struct FileReader {
     failed: Bits,
     /// Files read at least once: only those can be in the kernel's page cache of the mount.
     served: Bits,
+    /// Where the last member checked in place ended, per image (by image number modulo its
+    /// length): a check that starts right after it reads through the file's readahead.
+    check_ends: Box<[AtomicU64]>,
 }
+
+/// Images whose last check's end is remembered (`FileReader::check_ends`).
+const CHECK_ENDS: usize = 64;
+/// A check that starts this close after the last one's end is sequential (a tar's headers lie
+/// between two members; a zip's local headers and names).
+const CHECK_SEQUENTIAL: u64 = 64 << 10;
 
 /// A fixed set of bits, set without locks.
 struct Bits(Box<[AtomicU64]>);
@@ -161,6 +171,7 @@ impl FileReader {
             checked: Bits::new(entries),
             failed: Bits::new(entries),
             served: Bits::new(entries),
+            check_ends: (0..CHECK_ENDS).map(|_| AtomicU64::new(u64::MAX)).collect(),
         }
     }
 
@@ -287,9 +298,14 @@ impl FileReader {
     }
 
     /// The read of `len` bytes at `offset` of `file` as a range of an image file, when its
-    /// bytes lie stored in one piece, need no check on the way (a CRC-32 over the bytes read)
-    /// and would be read straight from the source (`Images::file_range`); `None` when `read`
-    /// must serve it.
+    /// bytes lie stored in one piece and would be read straight from the source
+    /// (`Images::file_range`); `None` when `read` must serve it.
+    ///
+    /// A stored member with a CRC-32 not yet checked is checked here first, over a mapping of
+    /// the image (`FileRange::crc32_around`): its pages come into the page cache once, are
+    /// checked there, and this reply and the ones after it splice them. A mismatch, or a file
+    /// that cannot be mapped, goes to `read`, which reads the member to check it and reports
+    /// what it finds.
     pub fn file_range(
         &self,
         req: &ReadRequest,
@@ -305,21 +321,36 @@ impl FileReader {
         if n != len {
             return None;
         }
+        // Whether the member must be checked before this reply: not yet checked, and either
+        // small enough to check whole for a part of it, or read whole now.
+        let mut check = None;
         if let Some(member) = crc {
             let whole = member.at == at && member.len == n as u64;
-            // Found sound before; or a part of a file too large to check in parts
-            // (`check_whole`). A read of a whole file not yet checked is checked by `read`.
-            let sound = match self.checked.get(file.entry) {
-                true => !self.failed.get(file.entry),
-                false => !whole && member.len > CHECK_LIMIT,
-            };
-            if !sound {
-                return None;
+            match self.checked.get(file.entry) {
+                true if self.failed.get(file.entry) => return None,
+                true => {}
+                false if whole || member.len <= CHECK_LIMIT => check = Some(member),
+                // A part of a file too large to check for it (`check_whole`).
+                false => {}
             }
         }
-        self.images.file_range(req, file.image, at, n, || {
+        let range = self.images.file_range(req, file.image, at, n, || {
             self.note_read(req, file.entry, file.size)
-        })
+        })?;
+        if let Some(member) = check {
+            let back = at.checked_sub(member.at)?;
+            let end = &self.check_ends[file.image as usize % CHECK_ENDS];
+            let last = end.swap(member.at + member.len, Ordering::Relaxed);
+            let arrival = match member.at.checked_sub(last) {
+                Some(gap) if gap <= CHECK_SEQUENTIAL => Arrival::Sequential,
+                _ => Arrival::Whole,
+            };
+            match range.crc32_around(back, member.len, arrival)? {
+                Ok(got) if got == member.crc => self.checked.set(file.entry),
+                _ => return None,
+            }
+        }
+        Some(range)
     }
 
     /// Checks a stored file against its CRC-32 before a read serves part of it: once per daemon

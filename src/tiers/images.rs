@@ -425,6 +425,10 @@ impl CountSpliced for Images {
         self.source_bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.spliced_bytes.fetch_add(len as u64, Ordering::Relaxed);
     }
+
+    fn count_checked(&self, image: u32, len: u64) {
+        self.source.count_checked(image, len);
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod opened;
 mod ram_cache;
 pub mod read_everything;
 mod request;
+mod source_stats;
 pub mod stage;
 pub mod waits;
 pub mod window;

@@ -2,7 +2,8 @@
 //!
 //! Files are read with `pread` rather than mmap: the images live on parallel filesystems, where
 //! page faults turn into synchronous 4 KiB round trips and a truncated file raises SIGBUS instead
-//! of an error. Anything else that implements `ReadAt` (a fault-injecting wrapper in tests, later
+//! of an error (the one mapping, a member's CRC check in the page cache, is populated first
+//! and guarded: `source::mapped`). Anything else that implements `ReadAt` (a fault-injecting wrapper in tests, later
 //! an object store) can stand in for a file.
 
 use std::io;
@@ -10,27 +11,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use serde::Serialize;
-
+pub use super::source_stats::SourceStats;
 use crate::catalog::ImageInfo;
 use crate::source::fingerprint::stamp_differences;
 use crate::source::read_at::{ReadAt, Stamp, Wait, on_local_disk};
 use crate::source::{ImageLocation, Stores};
-
-/// Counters of the operations issued on the backing files: for reads of the mount, and for the
-/// stager's copies.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct SourceStats {
-    pub opens: u64,
-    pub reads: u64,
-    pub bytes: u64,
-    pub stage_reads: u64,
-    pub stage_bytes: u64,
-    /// Images asked whether they changed under the mount (a stat of a file, a HEAD of an
-    /// object): the metadata requests the mount sends after it opened its images.
-    pub checks: u64,
-}
 
 /// One image: where it is, how to read it, and its size as fingerprinted.
 pub struct OpenedImage {
@@ -58,6 +43,7 @@ pub struct OpenedImages {
     stage_reads: AtomicU64,
     stage_bytes: AtomicU64,
     checks: AtomicU64,
+    checked_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for OpenedImages {
@@ -224,6 +210,7 @@ impl OpenedImages {
             stage_reads: AtomicU64::new(0),
             stage_bytes: AtomicU64::new(0),
             checks: AtomicU64::new(0),
+            checked_bytes: AtomicU64::new(0),
         }
     }
 
@@ -330,6 +317,14 @@ impl OpenedImages {
         }
     }
 
+    /// Counts `len` bytes of `image` checked in place (`SourceStats::checked_bytes`).
+    pub fn count_checked(&self, image: u32, len: u64) {
+        self.checked_bytes.fetch_add(len, Ordering::Relaxed);
+        if let Some(flag) = self.read_since_check.get(image as usize) {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+
     fn has_changed(&self, image: u32) -> bool {
         self.changed
             .get(image as usize)
@@ -415,6 +410,7 @@ impl OpenedImages {
             stage_reads: self.stage_reads.load(Ordering::Relaxed),
             stage_bytes: self.stage_bytes.load(Ordering::Relaxed),
             checks: self.checks.load(Ordering::Relaxed),
+            checked_bytes: self.checked_bytes.load(Ordering::Relaxed),
         }
     }
 }

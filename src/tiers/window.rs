@@ -252,6 +252,19 @@ impl Window {
         true
     }
 
+    /// Takes `bytes` off the payload of the extent in flight at `start` of `image`: samples of
+    /// it that their readers read elsewhere before it was announced, whose bytes it will never
+    /// serve (it would be held, unread, until dropped).
+    pub fn read_elsewhere(&self, image: u32, start: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut extents = self.lock();
+        if let Some(e) = extents.get_mut(image, start) {
+            e.payload = e.payload.saturating_sub(bytes).max(1);
+        }
+    }
+
     /// Ends the fetch `begin` announced: its bytes, or nothing (it failed; its readers read
     /// the source themselves). Wakes the readers waiting for it.
     pub fn finish(&self, image: u32, start: u64, fetched: Option<Held>) {
@@ -420,6 +433,23 @@ mod tests {
             Found::Ready
         );
         assert_eq!(w.held(), 0);
+        assert_eq!(w.stats().dropped_unread, 0);
+    }
+
+    #[test]
+    fn an_extent_whose_sample_was_read_elsewhere_goes_once_the_others_are_read() {
+        let w = Window::default();
+        // Two samples of 40 bytes; the first was read from the source before the fetch began.
+        assert!({
+            w.reserve(100);
+            w.begin(0, 0, 100, 80, OWNER)
+        });
+        w.read_elsewhere(0, 0, 40);
+        w.finish(0, 0, Some(Held::unbudgeted(vec![1; 100])));
+        let mut buf = [0u8; 40];
+        let found = w.serve(0, 60, &mut buf, Wait::May, &Waits::default(), 0);
+        assert_eq!(found.unwrap(), Found::Ready);
+        assert_eq!(w.held(), 0, "held for a sample nobody will read from it");
         assert_eq!(w.stats().dropped_unread, 0);
     }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::catalog::Catalog;
 use crate::tiers::budget::{MemoryBudget, Permit};
 
-/// List bookkeeping bytes per sample (`lists::List`).
-const BYTES_PER_SAMPLE: u64 = 13;
+/// List bookkeeping bytes per sample (`lists::List`: entry, by entry, state, by place).
+const BYTES_PER_SAMPLE: u64 = 37;
 /// Memory is drawn for a list in steps of this many bytes (about 5 000 samples).
 const PERMIT_STEP: u64 = 64 << 10;
 /// Tries for a list's memory, 10 ms apart, before the list is refused.

@@ -118,6 +118,7 @@ pub struct Lookahead {
     fetched_bytes: AtomicU64,
     failed: AtomicU64,
     in_page_cache: AtomicU64,
+    catalog: Arc<Catalog>,
 }
 
 /// A list as the hints channel hands it over: the entries it resolved, and the memory they take.
@@ -138,9 +139,16 @@ impl Lookahead {
     /// Takes a list: it replaces the one of the same key (the rank's previous epoch).
     pub fn submit(&self, list: Submitted) {
         let now = Instant::now();
+        // Where each sample lies (for fetching neighbours in one request), found before the
+        // lock: a million samples take a while.
+        let catalog = &self.catalog;
+        let mut fresh = List::new(0, list.key, list.entries, now).placed(|entry| {
+            let member = super::Member::of(catalog, entry).ok()?;
+            stored_extent(&member)
+        });
         let mut board = self.lock();
         board.received += 1;
-        board.samples += list.entries.len() as u64;
+        board.samples += fresh.len() as u64;
         board.unknown += list.unknown;
         board.epoch = board.epoch.max(list.epoch);
         let id = board.next_id;
@@ -148,7 +156,7 @@ impl Lookahead {
         let gone: Vec<u64> = board
             .lists
             .iter()
-            .filter(|l| l.key == list.key)
+            .filter(|l| l.key == fresh.key)
             .map(|l| l.id)
             .collect();
         for old in gone {
@@ -160,7 +168,7 @@ impl Lookahead {
             self.drop_list(&mut board, oldest);
         }
         // The permit goes with the list's memory: it is dropped with it.
-        let mut fresh = List::new(id, list.key, list.entries, now);
+        fresh.id = id;
         fresh.permits = list.permits;
         board.lists.push(fresh);
         self.lists.store(board.lists.len(), Ordering::Relaxed);
@@ -251,14 +259,21 @@ impl Lookahead {
     /// Whether the samples of `job` were all read since it was handed out (or their list is
     /// gone): a reader that came first read them from the source itself.
     fn overtaken(&self, job: &Job) -> bool {
-        self.of_list(job, true, |l| l.all_read(job.first, job.last))
+        self.of_list(job, true, |l| l.all_read(job.positions()))
     }
 
     /// Whether no sample of `job` was read by its list's readers yet (false once the list is
     /// gone): pages of a sample they read are in the kernel's cache because they read it, which
     /// says nothing of an earlier epoch.
     fn untouched(&self, job: &Job) -> bool {
-        self.of_list(job, false, |l| l.none_read(job.first, job.last))
+        self.of_list(job, false, |l| l.none_read(job.positions()))
+    }
+
+    /// The bytes of `job`'s samples read so far (0 once the list is gone).
+    fn read_bytes(&self, job: &Job, size: impl Fn(u32) -> u64) -> u64 {
+        let board = self.lock();
+        let list = board.lists.iter().find(|l| l.id == job.list);
+        list.map_or(0, |l| l.read_bytes(job.positions(), size))
     }
 
     /// `ask` of the list `job` came from, or `gone` when it is no more.
@@ -283,6 +298,7 @@ impl Lookahead {
         &self,
         size: &impl Fn(u32) -> u64,
         classify: &mut impl FnMut(u32) -> Class,
+        alone: &impl Fn(u32) -> bool,
     ) -> Option<Job> {
         let mut board = self.lock();
         loop {
@@ -304,7 +320,7 @@ impl Lookahead {
                         best = Some((ahead, i, p, seen));
                     }
                 }
-                if let Some((_, i, p, seen)) = best {
+                if let Some((ahead, i, p, seen)) = best {
                     let entry_size = size(board.lists[i].entry_at(p));
                     let fits = entry_size <= room || self.window.held() == 0;
                     // Only a reader reading now may have others' stale bytes dropped for it: a
@@ -312,7 +328,10 @@ impl Lookahead {
                     let active = now.duration_since(seen) < QUIET;
                     if fits || (active && self.make_room(&board, now, entry_size)) {
                         let budget = self.opts.window.saturating_sub(self.window.held());
-                        let job = board.lists[i].take(p, budget, classify);
+                        // Samples further down join it as far as its head fetches in turn.
+                        let list = &mut board.lists[i];
+                        let horizon = list.reach(p, share.saturating_sub(ahead), size);
+                        let job = list.take(p, budget, (horizon, alone), classify);
                         if let Class::Exact { len, .. } = job.what {
                             self.window.reserve(len);
                         }
@@ -390,6 +409,7 @@ pub fn start(
         fetched_bytes: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         in_page_cache: AtomicU64::new(0),
+        catalog: catalog.clone(),
     });
     let hears = Arc::downgrade(&lookahead);
     files.hear_reads(Box::new(move |reader, entry| {
@@ -418,7 +438,11 @@ pub fn start(
 fn fetch_loop(files: &FileReader, catalog: &Catalog, la: &Lookahead) {
     let size = |entry: u32| catalog.entry(entry).map_or(0, |e| e.size);
     let mut classify = |entry: u32| classify(files, catalog, entry);
-    while let Some(job) = la.next_job(&size, &mut classify) {
+    // A sample read before may be in the mount's page cache (`run` asks): not gathered into
+    // another's fetch, where nobody would ask.
+    let probed = la.opts.page_cache.is_some();
+    let alone = |entry: u32| probed && files.was_read(entry);
+    while let Some(job) = la.next_job(&size, &mut classify, &alone) {
         let done = run(files, catalog, la, job);
         if let Err(e) = done {
             la.failed.fetch_add(1, Ordering::Relaxed);
@@ -433,24 +457,15 @@ fn classify(files: &FileReader, catalog: &Catalog, entry: u32) -> Class {
     let Ok(member) = super::Member::of(catalog, entry) else {
         return Class::Resident;
     };
-    if member.size == 0 {
-        return Class::Resident;
+    if let Some((image, start, len)) = stored_extent(&member) {
+        return files.images().ahead_class(image, start, len);
     }
-    // Stored bytes in one run (several pieces back to back: a squashfs file of uncompressed
-    // blocks), or decoded units; anything else (sparse files) is read as it comes.
-    let (mut start, mut end, mut stored, mut decoded) = (u64::MAX, 0u64, false, false);
+    // Decoded units; anything else (stored bytes beside them, sparse files) is read as it comes.
+    let mut stored = false;
     for piece in member.placement.plan(member.size, 0, member.size as usize) {
         match piece {
-            Ok(Piece::Stored { at, len, .. }) => {
-                if stored && at != end {
-                    return Class::Resident;
-                }
-                start = start.min(at);
-                end = at + len as u64;
-                stored = true;
-            }
+            Ok(Piece::Stored { .. }) => stored = true,
             Ok(Piece::Decoded { unit, .. }) => {
-                decoded = true;
                 if !files.images().ram().contains(member.image, unit.key()) {
                     return if stored {
                         Class::Resident
@@ -463,10 +478,27 @@ fn classify(files: &FileReader, catalog: &Catalog, entry: u32) -> Class {
             Err(_) => return Class::Resident,
         }
     }
-    match (stored, decoded) {
-        (true, false) => files.images().ahead_class(member.image, start, end - start),
-        _ => Class::Resident,
+    Class::Resident
+}
+
+/// The image, start and length of a file whose bytes are stored in one run (several pieces
+/// back to back: a squashfs file of uncompressed blocks); `None` for anything else.
+fn stored_extent(member: &super::Member<'_>) -> Option<(u32, u64, u64)> {
+    let (mut start, mut end) = (u64::MAX, 0u64);
+    for piece in member.placement.plan(member.size, 0, member.size as usize) {
+        match piece.ok()? {
+            Piece::Stored { at, len, .. } => {
+                if start != u64::MAX && at != end {
+                    return None;
+                }
+                start = start.min(at);
+                end = at + len as u64;
+            }
+            Piece::Zeros(_) => {}
+            Piece::Decoded { .. } => return None,
+        }
     }
+    (start != u64::MAX).then(|| (member.image, start, end - start))
 }
 
 fn run(files: &FileReader, catalog: &Catalog, la: &Lookahead, job: Job) -> io::Result<()> {
@@ -477,18 +509,22 @@ fn run(files: &FileReader, catalog: &Catalog, la: &Lookahead, job: Job) -> io::R
     // Only a read before this list's readers came counts: one of theirs is a reader that
     // overtook the job (left to `overtaken` below), not a fetch the page cache saved. Asked
     // after `was_read`: a read is noted in its list before it is marked served.
-    let read_before = files.was_read(job.entry) && files.was_read(job.last_entry);
+    let ends = [job.entry, job.last_entry];
+    let samples = || {
+        ends.iter()
+            .copied()
+            .chain(job.gathered.iter().map(|&(_, e)| e))
+    };
+    let read_before = samples().all(|e| files.was_read(e));
     let earlier = read_before && la.untouched(&job);
-    if let Some(probe) = la.opts.page_cache.as_deref().filter(|_| earlier) {
-        let held = |entry| probe(catalog, entry);
-        if held(job.entry) && (job.last_entry == job.entry || held(job.last_entry)) {
-            la.in_page_cache
-                .fetch_add(u64::from(job.last - job.first + 1), Ordering::Relaxed);
-            if let Class::Exact { len, .. } = job.what {
-                la.window.release(len);
-            }
-            return Ok(());
+    if let Some(probe) = la.opts.page_cache.as_deref().filter(|_| earlier)
+        && samples().all(|e| probe(catalog, e))
+    {
+        la.in_page_cache.fetch_add(job.samples, Ordering::Relaxed);
+        if let Class::Exact { len, .. } = job.what {
+            la.window.release(len);
         }
+        return Ok(());
     }
     let owner = window::Owner {
         list: job.list,
@@ -507,11 +543,16 @@ fn run(files: &FileReader, catalog: &Catalog, la: &Lookahead, job: Job) -> io::R
                 return Ok(());
             }
             // Announced: from here a reader of these samples waits for this fetch. One that
-            // came before read them itself; fetching them again would read them twice.
+            // came before read them itself; fetching them again would read them twice. Of
+            // several, those read already are not waited for: the extent is done with once
+            // the others are read.
             if la.overtaken(&job) {
                 la.window.finish(image, start, None);
                 return Ok(());
             }
+            let size = |entry: u32| catalog.entry(entry).map_or(0, |e| e.size);
+            let read = la.read_bytes(&job, size);
+            la.window.read_elsewhere(image, start, read);
             let fetched = images.fetch_exact(image, start, len, permit);
             if fetched.is_ok() {
                 la.fetched_bytes.fetch_add(len, Ordering::Relaxed);

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 pub use crate::tiers::images::Class;
 
+mod gather;
+pub use gather::Place;
+use gather::{Extent, Gather};
+
 /// A list's state per position.
 const TODO: u8 = 0;
 /// Fetched, being fetched, or given up on (a fetch that failed is not retried ahead: its reader
@@ -45,12 +49,14 @@ pub struct ListKey {
 }
 
 /// One fetch: samples `first..=last` of list `list`, which all lie in `what` (more than one
-/// only for `Exact`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// only for `Exact`), or some of them (`gathered`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
     pub list: u64,
     pub first: u32,
     pub last: u32,
+    /// The last of the run of positions from `first` (samples back to back in the image).
+    pub run_last: u32,
     /// The catalog entries of `first` (for `Decode`) and `last`.
     pub entry: u32,
     pub last_entry: u32,
@@ -58,6 +64,19 @@ pub struct Job {
     /// The samples' own bytes in an `Exact` fetch (without the gaps between them): read all,
     /// the extent is done with.
     pub payload: u64,
+    /// How many samples it fetches (positions between `first` and `last` may be others', when
+    /// it gathered samples further down the list).
+    pub samples: u64,
+    /// The positions and entries of the samples gathered down the list (`List::gather`),
+    /// beyond the run of positions from `first`.
+    pub gathered: Vec<(u32, u32)>,
+}
+
+impl Job {
+    /// The list positions of its samples.
+    pub fn positions(&self) -> impl Iterator<Item = u32> + '_ {
+        (self.first..=self.run_last).chain(self.gathered.iter().map(|&(p, _)| p))
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +106,8 @@ pub struct List {
     entries: Vec<u32>,
     /// (entry, position), sorted: where a read sample is in the list.
     by_entry: Vec<(u32, u32)>,
+    /// Where the samples stored in one piece lie, in image order (`gather`).
+    by_place: Vec<Place>,
     state: Vec<u8>,
     heads: Vec<Head>,
     pub last_read: Instant,
@@ -112,6 +133,7 @@ impl List {
             key,
             entries,
             by_entry,
+            by_place: Vec::new(),
             state,
             heads: vec![Head {
                 reader: START,
@@ -124,14 +146,26 @@ impl List {
         }
     }
 
-    /// Whether every sample at positions `first..=last` has been read.
-    pub fn all_read(&self, first: u32, last: u32) -> bool {
-        (first..=last).all(|p| self.state.get(p as usize) == Some(&READ))
+    /// Whether every sample at `positions` has been read.
+    pub fn all_read(&self, mut positions: impl Iterator<Item = u32>) -> bool {
+        positions.all(|p| self.state.get(p as usize) == Some(&READ))
     }
 
-    /// Whether no sample at positions `first..=last` has been read.
-    pub fn none_read(&self, first: u32, last: u32) -> bool {
-        (first..=last).all(|p| self.state.get(p as usize) != Some(&READ))
+    /// Whether no sample at `positions` has been read.
+    pub fn none_read(&self, mut positions: impl Iterator<Item = u32>) -> bool {
+        positions.all(|p| self.state.get(p as usize) != Some(&READ))
+    }
+
+    /// The bytes (`size` of each entry) of the samples at `positions` that have been read.
+    pub fn read_bytes(
+        &self,
+        positions: impl Iterator<Item = u32>,
+        size: impl Fn(u32) -> u64,
+    ) -> u64 {
+        positions
+            .filter(|&p| self.state.get(p as usize) == Some(&READ))
+            .map(|p| size(self.entries[p as usize]))
+            .sum()
     }
 
     /// The entry at position `p`.
@@ -265,14 +299,26 @@ impl List {
     }
 
     /// The job for position `p` (which `next` chose): the sample, and for exact fetches the
-    /// samples after it that lie right behind it in the same image, up to `MERGE_MAX` bytes
-    /// and `budget`. Marks them fetched.
-    pub fn take(&mut self, p: u32, budget: u64, classify: &mut impl FnMut(u32) -> Class) -> Job {
+    /// samples after it that lie right behind it in the same image, then those further down
+    /// the list that lie near the extent in the image (`gather`), up to `MERGE_MAX` bytes and
+    /// `budget`. Marks them fetched.
+    pub fn take(
+        &mut self,
+        p: u32,
+        budget: u64,
+        (horizon, alone): (u32, &impl Fn(u32) -> bool),
+        classify: &mut impl FnMut(u32) -> Class,
+    ) -> Job {
         let entry = self.entries[p as usize];
         let mut what = classify(entry);
         let mut last = p;
         let mut payload = 0;
+        let mut count = 1;
+        let mut gathered = Vec::new();
+        let mut run_last = p;
+        self.state[p as usize] = FETCHED;
         if let Class::Exact { image, start, len } = &mut what {
+            let own = (*image, *start, *len);
             payload = *len;
             let limit = MERGE_MAX.min(budget.max(*len));
             while let Some(q) = last.checked_add(1).filter(|&q| (q as usize) < self.len()) {
@@ -294,21 +340,41 @@ impl List {
                 *len = s + l - *start;
                 payload += l;
                 last = q;
+                count += 1;
+                self.state[q as usize] = FETCHED;
             }
+            let mut extent = Extent {
+                image: *image,
+                start: *start,
+                end: *start + *len,
+                payload,
+                count,
+                last,
+            };
+            run_last = last;
+            let gather = Gather { p, own, horizon };
+            self.gather(gather, &mut extent, limit, (classify, alone), &mut gathered);
+            (*start, *len, payload, count, last) = (
+                extent.start,
+                extent.end - extent.start,
+                extent.payload,
+                extent.count,
+                extent.last,
+            );
         }
-        for q in p..=last {
-            self.state[q as usize] = FETCHED;
-        }
-        self.stats.fetched += u64::from(last - p + 1);
+        self.stats.fetched += count;
         self.stats.requests += 1;
         Job {
             list: self.id,
             first: p,
             last,
+            run_last,
             entry,
             last_entry: self.entries[last as usize],
             what,
             payload,
+            samples: count,
+            gathered,
         }
     }
 }
@@ -317,7 +383,7 @@ impl List {
 mod tests {
     use super::*;
 
-    fn key(rank: u32) -> ListKey {
+    pub(super) fn key(rank: u32) -> ListKey {
         ListKey {
             uid: 1000,
             stream: "train".into(),
@@ -334,9 +400,10 @@ mod tests {
         }
     }
 
+    /// Entry e is 100 bytes at 200 * e of image 0 (100 bytes apart), e >= 1000 in image 1.
     fn take_next(list: &mut List, share: u64, now: Instant) -> Option<Job> {
         let (_, p, _) = list.next(share, now, &|_| 100, &mut spread)?;
-        Some(list.take(p, share, &mut spread))
+        Some(list.take(p, share, (p, &|_| false), &mut spread))
     }
 
     #[test]
@@ -432,7 +499,7 @@ mod tests {
         };
         let mut list = List::new(1, key(0), (0..6).collect(), now);
         let (_, p, _) = list.next(1 << 20, now, &|_| 600, &mut adjacent).unwrap();
-        let job = list.take(p, 1 << 20, &mut adjacent);
+        let job = list.take(p, 1 << 20, (p, &|_| false), &mut adjacent);
         assert_eq!((job.first, job.last, job.payload), (0, 3, 4 * 600));
         assert_eq!(
             job.what,
@@ -443,7 +510,10 @@ mod tests {
             }
         );
         let (_, p, _) = list.next(1 << 20, now, &|_| 600, &mut adjacent).unwrap();
-        assert_eq!(list.take(p, 1 << 20, &mut adjacent).first, 4);
+        assert_eq!(
+            list.take(p, 1 << 20, (p, &|_| false), &mut adjacent).first,
+            4
+        );
         assert_eq!((list.stats.fetched, list.stats.requests), (5, 2));
     }
 
@@ -476,12 +546,12 @@ mod tests {
     fn a_stretch_is_untouched_until_one_of_its_samples_is_read_and_done_when_all_are() {
         let now = Instant::now();
         let mut list = List::new(1, key(0), vec![7, 8, 9], now);
-        assert!(list.none_read(0, 2) && !list.all_read(0, 2));
+        assert!(list.none_read(0..=2) && !list.all_read(0..=2));
         list.read(1, 8, now);
-        assert!(!list.none_read(0, 2) && !list.all_read(0, 2));
-        assert!(list.none_read(0, 0) && list.none_read(2, 2));
+        assert!(!list.none_read(0..=2) && !list.all_read(0..=2));
+        assert!(list.none_read(0..=0) && list.none_read(2..=2));
         list.read(1, 7, now);
         list.read(1, 9, now);
-        assert!(list.all_read(0, 2));
+        assert!(list.all_read(0..=2));
     }
 }
