@@ -105,6 +105,15 @@ pub fn remove_if_orphaned(mountpoint: &Path) {
     }
 }
 
+/// The pid of the daemon serving `mountpoint`, from its stats file at the default path, if it
+/// runs.
+pub fn daemon_pid(mountpoint: &Path) -> Option<i64> {
+    let text = std::fs::read_to_string(default_path(mountpoint)).ok()?;
+    let value = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+    let pid = value.get("pid")?.as_i64()?;
+    (pid > 0 && alive(pid)).then_some(pid)
+}
+
 /// Whether process `pid` runs (a killed daemon may stay a zombie for long: its parent is
 /// whoever adopted it).
 pub fn alive(pid: i64) -> bool {

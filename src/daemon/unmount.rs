@@ -3,6 +3,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::mount::{MntFlags, umount2};
@@ -11,7 +12,7 @@ use tracing::warn;
 use super::mounts;
 
 /// How an unmount went.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unmounted {
     /// Gone at once.
     Now,
@@ -69,14 +70,52 @@ pub enum UnmountError {
 /// removed.
 pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, UnmountError> {
     let abs = checked_mount(path, any_fuse)?;
+    let daemon = super::stats::daemon_pid(&abs);
     let done = if nix::unistd::geteuid().is_root() {
         unmount_as_root(&abs, lazy)
     } else {
         unmount_with_fusermount(&abs, lazy)
     }?;
+    // Unmounted, the daemon still ends its work (the stage's state written, its lock
+    // released): a mount of the same stage right after would find it held. A detached mount's
+    // daemon ends only once its open files close: not waited for.
+    if let (Unmounted::Now, Some(pid)) = (done, daemon) {
+        wait_for_exit(pid, &abs);
+    }
     super::stats::remove_if_orphaned(&abs);
     super::hints::remove_if_orphaned(&abs);
     Ok(done)
+}
+
+/// How long `unmount` waits for the daemon to end at most, and when it says it waits.
+const EXIT_PATIENCE: Duration = Duration::from_secs(60);
+const EXIT_SAID: Duration = Duration::from_secs(2);
+
+/// Waits until process `pid` (the daemon of `mountpoint`) has ended, saying so if it takes long.
+fn wait_for_exit(pid: i64, mountpoint: &Path) {
+    let started = Instant::now();
+    let mut said = false;
+    while super::stats::alive(pid) {
+        let waited = started.elapsed();
+        if waited >= EXIT_PATIENCE {
+            warn!(
+                "the daemon of {} (pid {pid}) still runs {}s after its unmount; its stage may \
+                 stay locked until it ends",
+                mountpoint.display(),
+                waited.as_secs()
+            );
+            return;
+        }
+        if waited >= EXIT_SAID && !said {
+            eprintln!(
+                "packfs: waiting for the daemon of {} (pid {pid}) to finish (it writes its \
+                 stage's state and releases it)",
+                mountpoint.display()
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Unmounts the packfs mount at `path` only if nothing uses it (no open file, no working
