@@ -266,7 +266,7 @@ def main():
                     secs = per_object_epoch(url, order, readers)
                     rows.append(row("one object per file", latency, readers, secs, control(url, "_stats"), files_in(order)))
 
-                for (tag, build), _ in [(b, k) for k in range(args.rounds) for b in builds]:
+                for tag, build in builds * args.rounds:
                     globals()["PACKFS"] = build
                     if "packfs" in runs:
                         drop_caches()

@@ -95,20 +95,13 @@ fn cached_pages(file: &std::fs::File) -> Option<u64> {
 /// mapping (mapping reads nothing).
 fn resident(file: &std::fs::File, size: u64) -> bool {
     let pages = size.div_ceil(PAGE) as usize;
-    // SAFETY: a fresh read-only mapping of `size` bytes, unmapped below; `vec` holds a byte per
+    use std::os::fd::AsFd;
+    let Some(map) = crate::source::mapped::map_shared(file.as_fd(), size as usize, 0) else {
+        return false;
+    };
+    // SAFETY: the mapping of `size` bytes made above, unmapped below; `vec` holds a byte per
     // page as mincore writes.
     unsafe {
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            size as usize,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        );
-        if map == libc::MAP_FAILED {
-            return false;
-        }
         let mut vec = vec![0u8; pages];
         let done = libc::mincore(map, size as usize, vec.as_mut_ptr());
         libc::munmap(map, size as usize);

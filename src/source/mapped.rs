@@ -175,7 +175,7 @@ fn guarded_crc(map: usize, map_len: usize, skip: usize, len: usize) -> Option<Op
 }
 
 /// A fresh shared read-only mapping of `len` bytes of `file` at `offset` (page-aligned).
-fn map_shared(file: BorrowedFd<'_>, len: usize, offset: u64) -> Option<*mut libc::c_void> {
+pub fn map_shared(file: BorrowedFd<'_>, len: usize, offset: u64) -> Option<*mut libc::c_void> {
     // SAFETY: a new mapping the kernel places; nothing else refers to it.
     let map = unsafe {
         libc::mmap(

@@ -26,7 +26,9 @@ pub trait CountSpliced: Sync {
 const COPY_TO_CHECK: u64 = 256 << 10;
 
 thread_local! {
-    static CHECK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A thread's buffer for reading stored bytes to check them (here, and `FileReader`'s
+    /// checks through the tiers): one per thread, not one per kind of check.
+    pub(super) static CHECK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub struct FileRange<'a> {

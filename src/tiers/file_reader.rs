@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::chunks::Fetch;
-use super::file_range::FileRange;
+use super::file_range::{CHECK_BUF, FileRange};
 use super::images::Images;
 use super::ram_cache::{Decoded, Room};
 use super::request::{ReadRequest, Tiers};
@@ -109,10 +109,6 @@ const CHECK_LIMIT: u64 = 256 << 20;
 
 /// Bytes read at a time while checking a stored file.
 const CHECK_PIECE: u64 = 1 << 20;
-
-thread_local! {
-    static CHECK_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 fn bad_crc(at: u64, why: &str) -> ReadError {
     ReadError {
@@ -301,9 +297,9 @@ impl FileReader {
     /// bytes lie stored in one piece and would be read straight from the source
     /// (`Images::file_range`); `None` when `read` must serve it.
     ///
-    /// A stored member with a CRC-32 not yet checked is checked here first, over a mapping of
-    /// the image (`FileRange::crc32_around`): its pages come into the page cache once, are
-    /// checked there, and this reply and the ones after it splice them. A mismatch, or a file
+    /// A stored member with a CRC-32 not yet checked is checked here first, in the image's page
+    /// cache (`FileRange::crc32_around`: a mapping, or one copy for a small member): its pages
+    /// come into the page cache once, are checked there, and this reply and the ones after it splice them. A mismatch, or a file
     /// that cannot be mapped, goes to `read`, which reads the member to check it and reports
     /// what it finds.
     pub fn file_range(
