@@ -165,6 +165,20 @@ fn index_mount_equals_scan_mount() {
         err.contains("ds.packfs-index is an index file, not an image"),
         "{err}"
     );
+    // An index alone, before or after -o: told it is one already, not that it is among images.
+    for order in [true, false] {
+        let mut cmd = packfs();
+        cmd.arg("index");
+        let out = ds.tmp().join("again.packfs-index");
+        if order {
+            cmd.arg("-o").arg(&out).arg(ds.index());
+        } else {
+            cmd.arg(ds.index()).arg("-o").arg(&out);
+        }
+        let err = assert_clean_failure(&cmd.output().unwrap(), "index of an index");
+        assert!(err.contains("is an index already"), "{err}");
+        assert!(!err.contains("among images"), "{err}");
+    }
 }
 
 #[test]

@@ -143,6 +143,8 @@ fn imagenet_as_downloaded_mounts_as_its_classes() {
         );
         assert_eq!(out.trim(), "12 180 n01440764", "{out}");
     }
+    // One open of the outer tar: the class tars are windows of it (status said 13).
+    assert_eq!(counters(&mnt)["source"]["opens"], 1);
     drop(m);
 
     // Real positions: every sample's bytes are at its offset in the outer tar.
@@ -211,14 +213,22 @@ fn imagenet_as_downloaded_mounts_as_its_classes() {
     assert_eq!(compared, 180);
     drop(m);
 
-    // Nesting is chosen when images are scanned: an index refuses it.
-    let out = packfs()
-        .args(["ls", "--inner-archives", "none"])
-        .arg(&index)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("give --inner-archives"));
+    // Nesting is chosen when images are scanned: an index refuses it, whatever the value (the
+    // default's own value too: accepted, it would read as obeyed).
+    for given in [
+        &["--inner-archives", "none"][..],
+        &["--inner-archives", "tar"],
+        &["--inner-depth", "4"],
+        &["--strip-inner-extension"],
+    ] {
+        let out = packfs().arg("ls").args(given).arg(&index).output().unwrap();
+        assert!(!out.status.success(), "{given:?} accepted with an index");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("give --inner-archives"),
+            "{given:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Expands, in place and recursively up to `depth` levels, the archives of `dir` as the real
@@ -652,4 +662,70 @@ fn a_stale_index_of_nested_archives_is_rebuilt_from_the_outer_image() {
     let err = String::from_utf8_lossy(&out.stderr);
     let command = format!("`packfs index -o {} {}`", index.display(), outer.display());
     assert!(err.contains(&command), "{err}");
+}
+
+/// `n01440764.tar` beside a directory `n01440764` keeps its extension under
+/// --strip-inner-extension (else two classes would merge in one image), and says so; class tars
+/// of the same name in two images merge into one directory, and that is said too (both were
+/// silent: ImageFolder saw an extra class, or one class made of two images).
+#[test]
+fn stripped_names_that_clash_are_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, _) = imagenet_shaped(&dir.path().join("one"), 2, 3);
+    let ls = |images: &[&Path]| {
+        let out = packfs()
+            .args(["ls", "--strip-inner-extension", "--duplicates", "last-wins"])
+            .args(images)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (_, quiet) = ls(&[&one]);
+    assert!(!quiet.contains("keep their extension"), "{quiet}");
+
+    // A directory n01440764 beside n01440764.tar in the same image.
+    let beside = dir.path().join("beside");
+    fs::create_dir_all(beside.join("n01440764")).unwrap();
+    write_file(&beside.join("n01440764/extra.JPEG"), b"x", 0o644);
+    fs::copy(
+        dir.path().join("one/tars/n01440764.tar"),
+        beside.join("n01440764.tar"),
+    )
+    .unwrap();
+    let image = dir.path().join("beside.tar");
+    run(Command::new("tar")
+        .arg("-cf")
+        .arg(&image)
+        .arg("-C")
+        .arg(&beside)
+        .args(["n01440764", "n01440764.tar"]));
+    let (listing, told) = ls(&[&image]);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l == "n01440764.tar/n01440764_0.JPEG"),
+        "{listing}"
+    );
+    assert!(
+        told.contains("keep their extension") && told.contains("\"n01440764.tar\""),
+        "{told}"
+    );
+
+    // The same class tar in two images: one directory, told.
+    let (two, _) = imagenet_shaped(&dir.path().join("two"), 1, 2);
+    let (listing, told) = ls(&[&one, &two]);
+    assert!(listing.lines().any(|l| l == "n01440764"), "{listing}");
+    assert!(told.contains("merge there"), "{told}");
+    assert!(
+        told.contains(&one.display().to_string()) && told.contains(&two.display().to_string()),
+        "{told}"
+    );
 }

@@ -104,13 +104,20 @@ def _locate(paths, catalog, root):
 
 
 def _world(num_replicas, rank):
-    """DistributedSampler's defaults: the process group's size and rank."""
+    """DistributedSampler's defaults: the process group's size and rank; without a process
+    group, one process (rank 0 of 1), as a script run without torchrun is, unless a launcher
+    says there are more (WORLD_SIZE > 1: every rank would then read the whole epoch)."""
     if num_replicas is None or rank is None:
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "give num_replicas and rank, or initialise torch.distributed first "
-                "(as DistributedSampler requires)"
-            )
+            world = os.environ.get("WORLD_SIZE", "1")
+            if world.isdigit() and int(world) > 1:
+                raise RuntimeError(
+                    f"WORLD_SIZE is {world} but torch.distributed is not initialised: call "
+                    "torch.distributed.init_process_group() before making the sampler, or give "
+                    "num_replicas and rank"
+                )
+            num_replicas = 1 if num_replicas is None else num_replicas
+            rank = 0 if rank is None else rank
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
     if not 0 <= rank < num_replicas:
@@ -120,7 +127,10 @@ def _world(num_replicas, rank):
 
 def _ranks_per_node(given, num_replicas):
     """Ranks sharing one node (and so one stage share): the argument, else torchrun's
-    LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1."""
+    LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1 (and 1 for a lone process,
+    whatever the job around it says)."""
+    if given is None and num_replicas == 1:
+        given = 1
     if given is None:
         for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
             value = os.environ.get(name, "").split("(")[0]

@@ -235,10 +235,26 @@ def test_a_sampler_refuses_what_it_cannot_place():
         ShareSampler(["img0/f0"], cat, num_replicas=2, rank=0, ranks_per_node=1)
     with pytest.raises(ValueError, match="does not divide"):
         ShareSampler(["img0/f0"], cat, num_replicas=3, rank=0, ranks_per_node=2)
-    with pytest.raises(RuntimeError, match="torch.distributed"):
-        ShareSampler(["img0/f0"], cat)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WORLD_SIZE", "2")
+        with pytest.raises(RuntimeError, match="WORLD_SIZE is 2 but torch.distributed"):
+            ShareSampler(["img0/f0"], cat)
     with pytest.raises(TypeError, match="samples"):
         ShareSampler(object(), cat, num_replicas=1, rank=0)
+
+
+def test_outside_ddp_a_sampler_is_one_process_reading_everything(monkeypatch):
+    # README's snippet run as `python train.py`: no process group, no launcher (a Slurm
+    # allocation's task count says nothing about this one process).
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    cat = catalog([5, 7], [0, 0], 1)
+    paths = [f.path for f in cat.files]
+    for sampler in (ShareSampler(paths, cat, q=0.2),
+                    ShardOrderedSampler(paths, cat, run_length=2, buffer=2)):
+        assert (sampler.num_replicas, sampler.rank) == (1, 0)
+        assert sorted(sampler) == list(range(12))
 
 
 def test_with_one_share_every_sample_is_local():

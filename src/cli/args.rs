@@ -41,12 +41,12 @@ pub struct Merge {
     /// Archives inside the images served as directories of their members (ImageNet's tar of
     /// class tars): `tar` (plain or compressed tars; a zip or squashfs member, such as a `.npz`
     /// sample, stays a file), `all` (zip and squashfs too) or `none`. Applied when images are
-    /// scanned.
-    #[arg(long, value_enum, default_value_t = Inner::Tar)]
-    pub inner_archives: Inner,
-    /// Levels of archives inside archives served as directories.
-    #[arg(long, value_name = "N", default_value_t = crate::dataset::nested::DEFAULT_DEPTH)]
-    pub inner_depth: u32,
+    /// scanned. Default: tar.
+    #[arg(long, value_enum)]
+    pub inner_archives: Option<Inner>,
+    /// Levels of archives inside archives served as directories. Default: 4.
+    #[arg(long, value_name = "N")]
+    pub inner_depth: Option<u32>,
     /// Serve `n01440764.tar` inside an image as the directory `n01440764` (unless that name is
     /// taken), so ImageFolder's class names are the archives' names.
     #[arg(long)]
@@ -79,7 +79,7 @@ impl Merge {
             (TreeLayout::Imagefolder, None) => Some(ClassSource::Cls),
             (TreeLayout::Imagefolder, Some(f)) => Some(ClassSource::JsonField(f.clone())),
         };
-        let kinds = match self.inner_archives {
+        let kinds = match self.inner_archives.unwrap_or(Inner::Tar) {
             Inner::Tar => InnerKinds::Tar,
             Inner::All => InnerKinds::All,
             Inner::None => InnerKinds::None,
@@ -90,12 +90,18 @@ impl Merge {
             images_dir: self.images_dir.clone(),
             nesting: Nesting {
                 kinds,
-                depth: self.inner_depth,
+                depth: self
+                    .inner_depth
+                    .unwrap_or(crate::dataset::nested::DEFAULT_DEPTH),
                 strip_extension: self.strip_inner_extension,
                 budget: crate::dataset::nested::DEFAULT_BUDGET,
                 most: self.inner_max,
             },
             checksums: false,
+            // Given at all, even as the default: with an index they would be ignored.
+            nesting_given: self.inner_archives.is_some()
+                || self.inner_depth.is_some()
+                || self.strip_inner_extension,
         }
     }
 }

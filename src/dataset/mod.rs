@@ -53,6 +53,12 @@ pub enum DatasetError {
         index.display()
     )]
     NestingOfIndex { index: PathBuf },
+    #[error(
+        "{} is an index already: `packfs index` scans images into one, so give the images it \
+         was made from (`packfs ls --json` on it names them), or mount the index as it is",
+        index.display()
+    )]
+    IndexOfIndex { index: PathBuf },
 }
 
 /// How the images' members make one tree.
@@ -68,6 +74,9 @@ pub struct Merge {
     /// Record the CRC-32 of every stored member (one read of the data), so that reads are
     /// checked against it (`packfs index --checksums`).
     pub checksums: bool,
+    /// Whether --inner-archives, --inner-depth or --strip-inner-extension were given: with an
+    /// index they are refused whatever their value (the index holds the tree they made).
+    pub nesting_given: bool,
 }
 
 impl From<DuplicatePolicy> for Merge {
@@ -78,6 +87,7 @@ impl From<DuplicatePolicy> for Merge {
             images_dir: None,
             nesting: nested::Nesting::default(),
             checksums: false,
+            nesting_given: false,
         }
     }
 }
@@ -175,7 +185,7 @@ pub fn open(
                 index: path.to_path_buf(),
             });
         }
-        if !merge.nesting.is_default_tree() {
+        if merge.nesting_given || !merge.nesting.is_default_tree() {
             return Err(DatasetError::NestingOfIndex {
                 index: path.to_path_buf(),
             });
@@ -202,7 +212,13 @@ pub fn load(
     stores: &Stores,
     on_scan: OnScan,
 ) -> Result<Catalog, DatasetError> {
-    load_paths(&image_locations(patterns, stores)?, merge, stores, on_scan)
+    let paths = image_locations(patterns, stores)?;
+    if let Some(index) = the_index(&paths, stores) {
+        return Err(DatasetError::IndexOfIndex {
+            index: index.to_path_buf(),
+        });
+    }
+    load_paths(&paths, merge, stores, on_scan)
 }
 
 /// The images of `patterns` opened for reading without a catalog (for staging): as one index
@@ -342,6 +358,7 @@ pub fn scan_all(
     if groups.len() == 1 {
         return Ok(groups.pop().expect("one group"));
     }
+    warn_of_merged_inner_archives(&groups);
     let mut all = Vec::with_capacity(groups.iter().map(Vec::len).sum());
     for group in groups {
         // Positions in the group become positions in the whole list.
@@ -352,6 +369,43 @@ pub fn scan_all(
         }
     }
     Ok(all)
+}
+
+/// Archives inside two images served as one directory (`n01440764.tar` in each, or with
+/// --strip-inner-extension) merge there, as the images' own directories do: said once, with the
+/// first such pair, so a class spread over two images is no surprise.
+fn warn_of_merged_inner_archives(groups: &[Vec<ScannedImage>]) {
+    let mut first_of: std::collections::HashMap<&[u8], &Path> = std::collections::HashMap::new();
+    let mut merged = 0u64;
+    let mut example = None;
+    for group in groups {
+        for inner in group.iter().filter(|image| image.within == Some(0)) {
+            let Some(dir) = nested::served_dir(inner) else {
+                continue;
+            };
+            let outer = group[0].path.as_path();
+            match first_of.entry(dir) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(outer);
+                }
+                std::collections::hash_map::Entry::Occupied(o) if *o.get() != outer => {
+                    merged += 1;
+                    example.get_or_insert((dir, *o.get(), outer));
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some((dir, one, other)) = example {
+        warn!(
+            "{merged} archive(s) inside images are served as a directory that an archive inside \
+             another image is served as too, and their members merge there (a name in both is \
+             a duplicate, as --duplicates says): e.g. {:?} from {} and from {}",
+            String::from_utf8_lossy(dir),
+            one.display(),
+            other.display()
+        );
+    }
 }
 
 /// Paths for a message or a command line: all of them when few, else the first and the last.

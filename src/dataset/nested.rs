@@ -238,6 +238,8 @@ fn expand_one(
     // squashfs image shares the blocks of equal files; a crafted image points many members at
     // one) is opened once, so nesting never multiplies what the bytes hold.
     let mut opened: BTreeMap<u64, u64> = BTreeMap::new();
+    // Archives whose stripped name the image serves already: they keep their extension.
+    let mut kept_suffix: Vec<Vec<u8>> = Vec::new();
     for i in candidates {
         let m = image.members[i];
         let name = image.path_of(&m).to_vec();
@@ -319,12 +321,13 @@ fn expand_one(
             }
             continue;
         }
-        let dir = match nesting.strip_extension {
-            true => stripped(&name)
-                .filter(|s| !taken.contains(*s))
-                .unwrap_or(&name)
-                .to_vec(),
-            false => name.clone(),
+        let dir = match (nesting.strip_extension, stripped(&name)) {
+            (true, Some(short)) if !taken.contains(short) => short.to_vec(),
+            (true, Some(_)) => {
+                kept_suffix.push(name.clone());
+                name.clone()
+            }
+            _ => name.clone(),
         };
         taken.insert(dir.clone());
         place_under(&mut inner, &dir, &m);
@@ -334,6 +337,20 @@ fn expand_one(
         group.push(inner);
         readers.push(window);
         expanded.push(i);
+    }
+    if let Some(first) = kept_suffix.first() {
+        let short = stripped(first).unwrap_or(first);
+        warn!(
+            image = %image.path.display(),
+            "{} archive(s) inside the image keep their extension although \
+             --strip-inner-extension was given, because the image already serves the name \
+             without it: {:?} is the directory {:?}, beside the image's own {:?} (ImageFolder \
+             would see both as classes); rename one, or leave out --strip-inner-extension",
+            kept_suffix.len(),
+            String::from_utf8_lossy(first),
+            String::from_utf8_lossy(first),
+            String::from_utf8_lossy(short)
+        );
     }
     // The members that are now directories: each accounted for as merged into what it holds.
     let mut k = 0;
@@ -370,6 +387,16 @@ fn is_archive(window: &dyn ReadAt, len: u64, name: &[u8], kinds: InnerKinds) -> 
         len,
     };
     Registry::standard().inner_archive(&probe, name, all_kinds(kinds))
+}
+
+/// The directory an archive inside an image is served as: its entries all lie under it, so it
+/// is the shortest path among them.
+pub fn served_dir(inner: &ScannedImage) -> Option<&[u8]> {
+    inner
+        .members
+        .iter()
+        .map(|m| inner.bytes(m.path))
+        .min_by_key(|p| p.len())
 }
 
 /// `name` without its archive extension, if it has one and something is left.
