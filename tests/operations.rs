@@ -209,7 +209,21 @@ fn a_daemon_logs_info_by_default_to_syslog_or_a_file() {
         drop(m);
     }
 
-    // No syslog: a file the status names, with the ready line and the errors.
+    // No syslog: a file the status names. A mount that ended with nothing worth keeping in it
+    // takes it along (thousands of mounts left thousands of logs in the runtime directory).
+    let m = Mount::new(&[&index], &mnt, &[]);
+    let (_, status) = status_json(&mnt);
+    let quiet_log = PathBuf::from(status["counters"]["log"].as_str().unwrap());
+    assert!(quiet_log.exists());
+    std::fs::read(mnt.join("d/f002.bin")).unwrap();
+    drop(m);
+    assert!(
+        !quiet_log.exists(),
+        "{} outlived a clean mount",
+        quiet_log.display()
+    );
+
+    // One with an error keeps it, with the ready line and the errors.
     let m = Mount::new(&[&index], &mnt, &[]);
     let (_, status) = status_json(&mnt);
     let log = PathBuf::from(status["counters"]["log"].as_str().unwrap());

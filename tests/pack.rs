@@ -45,12 +45,13 @@ fn shards(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// No temporary shard file is left in `dir`.
+/// No temporary shard file is left in `dir`, nor the lock of a pack that ended.
 fn assert_no_partials(dir: &Path) {
     for e in fs::read_dir(dir).unwrap() {
         let name = e.unwrap().file_name();
+        let name = name.to_string_lossy();
         assert!(
-            !name.to_string_lossy().ends_with(".partial"),
+            !name.ends_with(".partial") && !name.ends_with(".pack-lock"),
             "{name:?} left behind"
         );
     }
@@ -788,7 +789,55 @@ fn progress_goes_to_a_log_as_lines() {
         .unwrap();
     assert!(status.success());
     let said = fs::read_to_string(&log).unwrap();
-    assert!(said.contains("packfs: scanning: 2 of 2 images"), "{said}");
+    assert!(said.contains("read (100%), 2 of 2 images"), "{said}");
+
+    // Inside one image: a compressed tar of 256 MiB is scanned for seconds, and the lines say
+    // how far in bytes (they said "0 of 1 images, 0 members" until it was done), from `index`
+    // and from a mount's daemon, to its log too.
+    let big = tmp.path().join("big.tar.gz");
+    let made = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd {0} && truncate -s 256M zeros && tar -cf - zeros | gzip -1 > big.tar.gz && rm zeros",
+            tmp.path().display()
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let inside = |said: &str| {
+        said.lines().any(|l| {
+            l.contains("scanning: ") && l.contains(" read (") && l.contains("%), 0 of 1 images")
+        })
+    };
+    let status = packfs()
+        .env("PACKFS_PROGRESS_EVERY", "0")
+        .arg("index")
+        .arg(&big)
+        .arg("-o")
+        .arg(tmp.path().join("big.packfs-index"))
+        .stderr(to_log())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(inside(&said), "{said}");
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let daemon_log = tmp.path().join("daemon.log");
+    let mounted = packfs()
+        .env("PACKFS_PROGRESS_EVERY", "0")
+        .args(["mount", "--log-file"])
+        .arg(&daemon_log)
+        .arg(&big)
+        .arg(&mnt)
+        .stderr(to_log())
+        .status()
+        .unwrap();
+    let _unmount = UnmountOnDrop(mnt.clone());
+    assert!(mounted.success());
+    let relayed = fs::read_to_string(&log).unwrap();
+    assert!(inside(&relayed), "{relayed}");
+    assert!(inside(&fs::read_to_string(&daemon_log).unwrap()));
 }
 
 /// The `.json` manifest given to `mount` (it sits beside the shards, with the dataset's name)

@@ -1047,3 +1047,78 @@ fn a_stage_can_be_mounted_again_as_soon_as_umount_returns() {
         assert_ok(&packfs().arg("umount").arg(&mnt).output().unwrap());
     }
 }
+
+/// `--stage-in BASE`: packfs makes BASE/packfs-UID/NAME-HASH (0700), the same for every mount
+/// of the same images by the same user, removes it when the mount ends, keeps it with
+/// --keep-stage (the next mount resumes from it), and refuses a per-user directory another user
+/// made first, naming the owner.
+#[test]
+fn a_stage_packfs_makes_is_one_per_dataset_and_goes_with_the_mount() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, images) = dataset(dir.path(), 2, 1 << 20);
+    let (mnt, base) = (dir.path().join("mnt"), dir.path().join("shm"));
+    fs::create_dir_all(&mnt).unwrap();
+    fs::create_dir_all(&base).unwrap();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o1777)).unwrap();
+    let mine = base.join(format!("packfs-{}", nix::unistd::geteuid()));
+    let stats = dir.path().join("stats.json");
+    let stage_of =
+        |m: &Path| -> PathBuf { PathBuf::from(counters(m)["stage"]["dir"].as_str().unwrap()) };
+    let base_arg = base.to_str().unwrap();
+    let stats_arg = stats.to_str().unwrap();
+    let m = Mount::new(&refs(&images), &mnt, &["--stage-in", base_arg]);
+    let stage = stage_of(&mnt);
+    assert_eq!(stage.parent().unwrap(), mine);
+    assert_eq!(fs::metadata(&stage).unwrap().mode() & 0o777, 0o700);
+    assert_eq!(fs::metadata(&mine).unwrap().mode() & 0o777, 0o700);
+    let name = stage.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("shard-00.tar-"), "{name}");
+    drop(m);
+    assert!(!stage.exists(), "the staged copy outlived its mount");
+
+    // Kept when asked, and the same directory next time.
+    let m = Mount::new(
+        &refs(&images),
+        &mnt,
+        &[
+            "--stage-in",
+            base_arg,
+            "--keep-stage",
+            "--stats-file",
+            stats_arg,
+        ],
+    );
+    assert_eq!(stage_of(&mnt), stage);
+    let total = size_of(&images);
+    wait_stats(&stats, 60, "staging to complete", |s| {
+        status(s) == "complete"
+    });
+    drop(m);
+    assert!(stage.join("packfs.lock").exists(), "kept");
+    let m = Mount::new(
+        &refs(&images),
+        &mnt,
+        &["--stage-in", base_arg, "--stats-file", stats_arg],
+    );
+    let resumed = wait_stats(&stats, 10, "the stats file", |s| status(s) == "complete");
+    assert_eq!(field(&resumed, "present_bytes"), total);
+    assert_eq!(field(&resumed, "copied_bytes"), 0, "{resumed}");
+    drop(m);
+    assert!(!stage.exists());
+
+    // Another user's per-user directory, made first: refused, naming the owner.
+    fs::remove_dir(&mine).unwrap();
+    fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(65534), Some(65534)).unwrap();
+    let out = packfs()
+        .args(["mount", "--stage-in", base_arg])
+        .args(&images)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("65534") || err.contains("nobody"), "{err}");
+    assert!(!is_mounted(&mnt));
+}

@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import inspect
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ import subprocess
 import sysconfig
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
@@ -46,6 +48,7 @@ __all__ = [
     "Hints",
     "Mount",
     "MountError",
+    "NodeStage",
     "binary",
     "mount",
     "mount_point_of",
@@ -67,6 +70,23 @@ class MountError(RuntimeError):
     def __init__(self, message, returncode=None):
         super().__init__(message)
         self.returncode = returncode
+
+
+class NodeStage:
+    """A stage directory packfs makes: ``stage=packfs.NodeStage("/dev/shm")`` (or the node's
+    NVMe) is ``--stage-in BASE``, one private directory per node, user and dataset under
+    ``base`` (``BASE/packfs-UID/NAME-HASH``), the same for every rank that asks, removed when
+    the mount ends unless ``keep=True``."""
+
+    def __init__(self, base: PathLike = "/dev/shm", keep: bool = False) -> None:
+        self.base = os.path.abspath(os.fspath(base))
+        self.keep = keep
+
+    def flags(self):
+        return ["--stage-in", self.base] + (["--keep-stage"] if self.keep else [])
+
+    def __repr__(self):
+        return f"NodeStage({self.base!r}, keep={self.keep})"
 
 
 def binary() -> str:
@@ -108,6 +128,9 @@ def _options(options):
             args += ["--verbose"] * int(value)
             continue
         if value is None or value is False:
+            continue
+        if key == "stage" and isinstance(value, NodeStage):
+            args += value.flags()
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -161,6 +184,23 @@ def _open_private(path, flags=os.O_RDWR | os.O_CREAT):
     return fd
 
 
+def _lock_file(path, kind, timeout, what):
+    """``path`` opened (a private file) and locked: the file still at ``path`` once locked, as
+    the last process to leave a mount (or its daemon) removes these files while it holds them."""
+    while True:
+        fd = _open_private(path)
+        try:
+            _lock(fd, kind, timeout, what)
+            if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
 def _lock(fd, kind, timeout, what):
     """flock with a timeout (a lock held by a process that hangs must not hang every rank)."""
     deadline = time.monotonic() + timeout
@@ -184,8 +224,8 @@ class _Place:
     a shared lock on it; the daemon, started with ``--users``, unmounts when none is left, however
     they ended) and ``.json`` (what is mounted there: sources and options)."""
 
-    def __init__(self, path, runtime_dir):
-        base = runtime_dir / f"mount-{_digest(os.path.realpath(path))}"
+    def __init__(self, path, runtime_dir, base=None):
+        base = base or runtime_dir / f"mount-{_digest(os.path.realpath(path))}"
         self.base = base
         self.lock, self.users, self.marker = (
             Path(f"{base}.lock"),
@@ -204,6 +244,97 @@ class _Place:
     def forget_listings(self):
         for old in self.base.parent.glob(f"{self.base.name}.ls-*"):
             _remove(old)
+
+    def forget(self):
+        """Everything this place keeps, the lock files last (their holder calls it)."""
+        _remove(self.marker)
+        self.forget_listings()
+        _remove(self.users)
+        _remove(self.lock)
+
+
+def _try_lock(path):
+    """``path`` locked exclusively now, or None (held, gone, or not a private file)."""
+    try:
+        fd = _open_private(path, os.O_RDWR)
+    except (OSError, MountError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _prune_places(runtime_dir):
+    """What mounts that ended without their last process leaving left in the runtime directory
+    (the daemon killed too, the node's last packfs.mount killed mid-way): places nobody holds,
+    and the empty mountpoints made for them."""
+    for users in runtime_dir.glob("mount-*.users"):
+        place = _Place(None, runtime_dir, base=Path(str(users)[: -len(".users")]))
+        held = [fd for fd in (_try_lock(place.lock), _try_lock(users)) if fd is not None]
+        try:
+            if len(held) == 2:
+                place.forget()
+        finally:
+            for fd in held:
+                os.close(fd)
+    for made in runtime_dir.glob("mnt-*"):
+        place = _Place(made, runtime_dir)
+        if os.path.ismount(made) or place.users.exists():
+            continue
+        held = _try_lock(place.lock)
+        if held is None:
+            continue
+        try:
+            if not os.path.ismount(made) and not place.users.exists():
+                _rmdir_quietly(made)
+                _remove(place.lock)
+        finally:
+            os.close(held)
+
+
+def _warn_of_other_options(runtime_dir, wanted, path):
+    """Another live mount of the same sources on this node, with other options: every set of
+    options is its own mount (and its own staged copy), which ranks meant to share one never
+    want. Said once per mount, naming the difference."""
+    mine = _option_pairs(wanted["options"])
+    for marker in runtime_dir.glob("mount-*.json"):
+        try:
+            there = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        other = there.get("path")
+        if there.get("sources") != wanted["sources"] or not other or Path(other) == path:
+            continue
+        if not os.path.ismount(other):
+            continue
+        theirs = _option_pairs(there.get("options") or [])
+        differ = sorted(set(mine) ^ set(theirs))
+        if not differ:
+            continue
+        here = " ".join(f"{k} {v}".strip() for k, v in differ if (k, v) in mine) or "none"
+        there_ = " ".join(f"{k} {v}".strip() for k, v in differ if (k, v) in theirs) or "none"
+        warnings.warn(
+            f"{wanted['sources'][0]} is mounted on this node already, at {other}, with other "
+            f"options ({there_}; here: {here}): this is a second mount, with its own cache and "
+            "staged copy. Give every rank of the node the same options (a stage from "
+            "packfs.NodeStage is the same for all), or unmount the other one",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+
+
+def _option_pairs(flags):
+    """``["--cache-size", "1G", "--allow-other"]`` as ``{("--cache-size", "1G"), ...}``."""
+    pairs, i = [], 0
+    while i < len(flags):
+        value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else ""
+        pairs.append((flags[i], value))
+        i += 2 if value else 1
+    return pairs
 
 
 class Mount:
@@ -258,8 +389,8 @@ class Mount:
         setup = None
         try:
             if self._place is not None:
-                setup = _open_private(self._place.lock)
-                _lock(setup, fcntl.LOCK_EX, 60, f"{self._place.lock} (another process mounting)")
+                setup = _lock_file(self._place.lock, fcntl.LOCK_EX, 60,
+                                   f"{self._place.lock} (another process mounting)")
             last = True
             if self._users_fd is not None:
                 try:
@@ -271,8 +402,7 @@ class Mount:
                 if done.returncode != 0 and os.path.ismount(self.path):
                     _run(["umount", "--lazy", str(self.path)])
                 if self._place is not None:
-                    _remove(self._place.marker)
-                    self._place.forget_listings()
+                    self._place.forget()
                 if self._own_dir:
                     _rmdir_quietly(self.path)
             self._mounted = False
@@ -320,7 +450,9 @@ def mount(
     timeout: float = 600,
     *,
     cache_size: Optional[Size] = None,
-    stage: Optional[PathLike] = None,
+    stage: Union[PathLike, NodeStage, None] = None,
+    stage_in: Optional[PathLike] = None,
+    keep_stage: bool = False,
     stage_mode: Optional[str] = None,
     stage_share: Union[Tuple[int, int], str, None] = None,
     stage_budget: Optional[Size] = None,
@@ -368,9 +500,13 @@ def mount(
     (the same for every process that asks for the same), removed with the mount.
 
     The keyword arguments are ``packfs mount``'s options, by the same names with ``_`` for ``-``
-    (``cache_size="1G"``, ``stage="/dev/shm/x"``, ``stage_share=(node, nodes)``,
-    ``allow_other=True``, ...; docs/configuration.md): a misspelt one is a TypeError here, not a
-    failure of the command. Raises MountError with the
+    (``cache_size="1G"``, ``stage_share=(node, nodes)``, ``allow_other=True``, ...;
+    docs/configuration.md): a misspelt one is a TypeError here, not a failure of the command.
+    ``stage=packfs.NodeStage("/dev/shm")`` stages to one private directory per node, user and
+    dataset that packfs makes, the same for every rank (so one mount and one copy per node), and
+    removes with the mount; ``stage="/path"`` is a directory of yours, kept. Ranks of one node
+    that ask for other options than a live mount of the same sources get a RuntimeWarning naming
+    the difference (each set of options is a mount of its own). Raises MountError with the
     binary's message if the mount fails, or if another dataset or other options are mounted at
     ``mountpoint``. Use it as a context manager, or call ``unmount()``. Also makes SIGTERM end
     the process through its ``with`` blocks and ``finally`` clauses (exit status 143), where no
@@ -396,13 +532,11 @@ def mount(
         path = Path(os.path.realpath(mountpoint))
     place = _Place(path, runtime_dir)
     _cleanup_on_sigterm()
-    setup = _open_private(place.lock)
+    setup = _lock_file(place.lock, fcntl.LOCK_EX, timeout, f"another process mounting at {path}")
     users = None
     try:
-        _lock(setup, fcntl.LOCK_EX, timeout, f"another process mounting at {path}")
-        users = _open_private(place.users)
         # Refused only while a daemon whose users all left holds it, until it has unmounted.
-        _lock(users, fcntl.LOCK_SH, timeout, f"the mount at {path} to end")
+        users = _lock_file(place.users, fcntl.LOCK_SH, timeout, f"the mount at {path} to end")
         if os.path.ismount(path):
             attached = _attach(path, place, wanted)
             if attached is not None:
@@ -411,10 +545,12 @@ def mount(
                 return mounted
         if not own_dir:
             _check_mountpoint(path)
-        _mount_here(sources, flags, path, place)
+        _prune_places(runtime_dir)
+        _warn_of_other_options(runtime_dir, wanted, path)
+        _mount_here(sources, flags + (["--remove-mountpoint"] if own_dir else []), path, place)
         try:
             place.forget_listings()
-            _write_marker(place.marker, {**wanted, "daemon": _daemon_at(path)})
+            _write_marker(place.marker, {**wanted, "path": str(path), "daemon": _daemon_at(path)})
         except BaseException:
             Mount(sources, path, own_dir, None, None).unmount()
             raise
@@ -543,11 +679,25 @@ def _check_mountpoint(path):
         )
 
 
+#: The binary's progress lines while a mount scans its images (every PACKFS_PROGRESS_EVERY
+#: seconds, 30 by default), as INFO records of this logger.
+_log = logging.getLogger("packfs")
+
+
 def _mount_here(sources, flags, path, place):
     args = ["mount", "--users", str(place.users), *flags, *sources, str(path)]
-    child = subprocess.Popen([binary(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen([binary(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said = []
     try:
-        _, err = child.communicate()
+        # Line by line as they come: a scan of one large image takes minutes.
+        for line in child.stderr:
+            text = line.decode(errors="replace").rstrip("\n")
+            if text.startswith(("packfs: scanning", "packfs: checksums")):
+                _log.info("%s", text[len("packfs: "):])
+            else:
+                said.append(text)
+        child.wait()
+        err = "\n".join(said).encode()
     except BaseException:
         # Interrupted while mounting (Ctrl-C, SIGTERM): the command stops the daemon, scanning
         # or mounted, and leaves nothing mounted.

@@ -121,8 +121,8 @@ def test_mount_names_every_option_of_packfs_mount_and_refuses_others(tree):
     ).stdout.decode()
     flags = set(re.findall(r"^\s+(?:-\w, )?--([a-z0-9-]+)", help_text, re.M))
     # The daemon's own business, not a Python caller's: staying in the foreground would never
-    # return, and packfs.mount passes --users itself.
-    flags -= {"help", "foreground", "users"}
+    # return, and packfs.mount passes --users and --remove-mountpoint itself.
+    flags -= {"help", "foreground", "users", "remove-mountpoint"}
     params = inspect.signature(packfs.mount).parameters
     keyword_only = {
         name.replace("_", "-")

@@ -3,6 +3,7 @@
 every rank reads it, and nothing stays mounted once they are gone, however they end."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -359,3 +360,117 @@ def test_a_mountpoint_given_through_a_symlink_is_left_unmounted(shards, tmp_path
         assert mounted(real)
     assert not mounted(real), "unmount() found the mount at the link's target"
     assert link.is_symlink() and real.is_dir()
+
+
+NODE_RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import packfs
+    shards, base, marker, hold = sys.argv[1:5]
+    m = packfs.mount(shards.split(","), stage=packfs.NodeStage(base), cache_size="16M")
+    counters = m.status()["counters"]
+    sizes = sorted(len(p.read_bytes()) for p in m.path.rglob("*") if p.is_file())
+    print(json.dumps({"path": str(m.path), "daemon": counters["pid"],
+                      "stage": counters["stage"]["dir"], "sizes": sizes}), flush=True)
+    open(marker + "." + os.environ["LOCAL_RANK"], "w").close()
+    while len([f for f in os.listdir(os.path.dirname(marker))
+               if f.startswith(os.path.basename(marker) + ".")]) < int(os.environ["LOCAL_WORLD_SIZE"]):
+        time.sleep(0.05)
+    if hold == "hold":
+        print("ready", flush=True)
+        time.sleep(600)
+    m.unmount()
+    """
+)
+
+
+def start_node_ranks(n, shards, tmp_path, hold):
+    base = tmp_path / "shm"
+    base.mkdir()
+    return base, [
+        subprocess.Popen(
+            [sys.executable, "-c", NODE_RANK, shards, str(base), str(tmp_path / "in"), hold],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n)},
+        )
+        for r in range(n)
+    ]
+
+
+def place_files(path):
+    place = packfs._Place(path, packfs._runtime_dir())
+    return [p for p in place.base.parent.glob(place.base.name + ".*")]
+
+
+def nothing_left_within(path, stage, seconds):
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [str(p) for p in [path, stage, *place_files(path)] if os.path.lexists(p)]
+        if not left and not mounted(path):
+            return []
+        if time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def test_ranks_asking_for_a_node_stage_share_one_mount_one_copy_and_leave_nothing(shards, tmp_path):
+    base, ranks = start_node_ranks(2, shards, tmp_path, "leave")
+    said = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err.decode()
+        said.append(__import__("json").loads(out))
+    assert len({s["daemon"] for s in said}) == 1, said
+    assert len({s["path"] for s in said}) == 1, said
+    assert said[0]["sizes"] == said[1]["sizes"] and len(said[0]["sizes"]) == 10
+    stage = said[0]["stage"]
+    assert os.path.dirname(stage) == str(base / f"packfs-{os.geteuid()}"), stage
+    assert nothing_left_within(said[0]["path"], stage, 10) == []
+    # The per-user directory stays (empty, private): other datasets' stages live there too.
+    assert os.listdir(base / f"packfs-{os.geteuid()}") == []
+
+
+def test_kill_9_of_every_rank_leaves_nothing_on_the_node(shards, tmp_path):
+    base, ranks = start_node_ranks(2, shards, tmp_path, "hold")
+    said = []
+    for rank in ranks:
+        said.append(__import__("json").loads(rank.stdout.readline()))
+        assert rank.stdout.readline() == b"ready\n", rank.stderr.read().decode()
+    path, stage = said[0]["path"], said[0]["stage"]
+    assert os.path.isdir(stage) and place_files(path)
+    for rank in ranks:
+        rank.kill()
+        rank.wait()
+    # The daemon sees its users gone: it unmounts, removes the staged copy, the marker, the
+    # locks, the users file and the mountpoint it was given to remove.
+    assert nothing_left_within(path, stage, 15) == []
+
+
+def test_ranks_asking_for_other_options_are_warned(shards, tmp_path):
+    first = shards.split(",")[0]
+    with packfs.mount(first, cache_size="16M") as one:
+        with pytest.warns(RuntimeWarning, match=r"--cache-size 16M; here: --cache-size 32M"):
+            two = packfs.mount(first, cache_size="32M")
+        assert two.path != one.path
+        two.unmount()
+        with packfs.mount(first, cache_size="16M") as same:
+            assert same.attached
+
+
+def test_a_long_scan_is_told_to_logging_as_it_goes(tmp_path, monkeypatch, caplog):
+    # One compressed image: before, nothing was said until the mount was ready.
+    big = tmp_path / "big.tar.gz"
+    subprocess.run(
+        f"truncate -s 512M {tmp_path}/zeros && tar -C {tmp_path} -cf - zeros | gzip -1 > {big}"
+        f" && rm {tmp_path}/zeros",
+        shell=True,
+        check=True,
+    )
+    monkeypatch.setenv("PACKFS_PROGRESS_EVERY", "0")
+    caplog.set_level("INFO", logger="packfs")
+    with packfs.mount(big) as m:
+        assert (m.path / "zeros").stat().st_size == 512 << 20
+    lines = [r.getMessage() for r in caplog.records if r.name == "packfs"]
+    assert any(re.match(r"scanning: .* of .* read \(\d+%\), 0 of 1 images", line)
+               for line in lines), lines

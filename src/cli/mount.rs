@@ -14,6 +14,7 @@ use super::progress::ScanBar;
 use super::staging::StageFlags;
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("staged").args(["stage", "stage_in"])))]
 pub struct Args {
     #[command(flatten)]
     images: Images,
@@ -76,10 +77,21 @@ pub struct Args {
     lookahead_depth: Option<u16>,
     /// Copy the images to this directory (node-local NVMe or /dev/shm) in the background and
     /// serve each chunk from there once it is complete and checked; a later mount resumes.
+    /// The directory is yours: packfs keeps it (see --stage-in for one it makes and removes).
     #[arg(long, value_name = "DIR")]
     stage: Option<PathBuf>,
+    /// Stage in a directory packfs makes under BASE (e.g. /dev/shm or the node's NVMe), private
+    /// to you: BASE/packfs-UID/NAME-HASH, one per user and dataset, so every rank of a node that
+    /// asks the same shares one mount and one copy. Removed when the mount ends, unless
+    /// --keep-stage.
+    #[arg(long, value_name = "BASE")]
+    stage_in: Option<PathBuf>,
+    /// Keep the copy --stage-in made when the mount ends (a later mount of the same dataset
+    /// on the node then resumes from it).
+    #[arg(long, requires = "stage_in")]
+    keep_stage: bool,
     /// `eager` copies everything; `lazy` copies the chunks that reads touch.
-    #[arg(long, value_enum, default_value_t = Staging::Eager, requires = "stage")]
+    #[arg(long, value_enum, default_value_t = Staging::Eager, requires = "staged")]
     stage_mode: Staging,
     #[command(flatten)]
     staging: StageFlags,
@@ -119,6 +131,10 @@ pub struct Args {
     /// uses the mount holds one (what `packfs.mount` does in each rank of a job).
     #[arg(long, value_name = "FILE")]
     users: Option<PathBuf>,
+    /// Remove the mountpoint directory when the mount ends, if it is empty: for a directory
+    /// made for this mount (`packfs.mount` without a mountpoint passes it).
+    #[arg(long)]
+    remove_mountpoint: bool,
     /// Write the daemon's process id to this file while it runs.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -144,8 +160,7 @@ impl Args {
             chunk_size: self.staging.chunk_size,
             ram_chunks: self.ram_chunks,
             stage: self
-                .stage
-                .clone()
+                .stage_dir()?
                 .map(|dir| self.staging.options(dir, self.stage_mode.into()))
                 .transpose()?,
             save_index: absolute(&self.save_index)?,
@@ -155,6 +170,29 @@ impl Args {
             holder: String::new(),
             read_threads: self.io_threads,
         })
+    }
+
+    /// The stage directory: the one given, or the one --stage-in makes for this user and these
+    /// sources (the same in every process that asks the same).
+    fn stage_dir(&self) -> anyhow::Result<Option<PathBuf>> {
+        let Some(base) = &self.stage_in else {
+            return Ok(self.stage.clone());
+        };
+        let sources = self
+            .images
+            .images
+            .iter()
+            .map(|s| match s.contains("://") {
+                true => Ok(s.clone()),
+                false => std::path::absolute(s).map(|p| p.to_string_lossy().into_owned()),
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let uid = nix::unistd::geteuid().as_raw();
+        Ok(Some(crate::tiers::stage::per_node::dir_for(
+            &std::path::absolute(base)?,
+            &sources,
+            uid,
+        )))
     }
 
     /// Whether this process is the re-executed daemon.
@@ -215,15 +253,23 @@ pub fn run(
         },
         log,
         stores,
+        discard_stage: args.stage_in.is_some() && !args.keep_stage,
+        remove_mountpoint: args.remove_mountpoint,
     };
     if args.daemon_child {
         // Its stderr is the launcher's pipe, where no bar is drawn.
-        return Ok(daemon::serve(
-            &request,
-            &crate::dataset::quiet,
-            daemon::detach_from_launcher,
-        )?);
+        // Progress as lines: to the launcher, which relays them until the mount is ready (to a
+        // terminal, a log, packfs.mount's logging), and to the daemon's log.
+        let bar = ScanBar::with_lines(super::progress::LogLines::logged());
+        daemon::serve(&request, &|p| bar.update(p), daemon::detach_from_launcher)?;
+        // The log packfs chose in the runtime directory: its job is done when it says nothing
+        // worth keeping (thousands of mounts left thousands of logs).
+        if let (None, Some(Destination::File(log))) = (&args.log_file, args.daemon_log()) {
+            daemon::leftovers::remove_quiet_log(&log);
+        }
+        return Ok(());
     }
+    daemon::leftovers::prune_old_logs(&daemon::stats::default_dir().0);
     if args.foreground {
         let bar = ScanBar::new();
         let ready = |line: String| {

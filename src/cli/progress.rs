@@ -13,6 +13,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub struct LogLines {
     every: Option<Duration>,
     last: Mutex<Option<Instant>>,
+    /// Also to the log (a daemon's: its stderr is its launcher's, until the mount is ready).
+    to_log: bool,
 }
 
 impl LogLines {
@@ -25,6 +27,15 @@ impl LogLines {
         LogLines {
             every: (!std::io::stderr().is_terminal()).then_some(every),
             last: Mutex::new(None),
+            to_log: false,
+        }
+    }
+
+    /// Lines to stderr and to the log as well.
+    pub fn logged() -> LogLines {
+        LogLines {
+            to_log: true,
+            ..LogLines::new()
         }
     }
 
@@ -36,7 +47,11 @@ impl LogLines {
         match *last {
             None => *last = Some(now),
             Some(at) if now.duration_since(at) >= every => {
-                eprintln!("packfs: {}", line());
+                let line = line();
+                eprintln!("packfs: {line}");
+                if self.to_log {
+                    tracing::info!("{line}");
+                }
                 *last = Some(now);
             }
             Some(_) => {}
@@ -44,23 +59,29 @@ impl LogLines {
     }
 }
 
-/// A bar over the images being scanned.
+/// A bar over the bytes of the images being scanned.
 pub struct ScanBar(ProgressBar, LogLines);
 
 impl ScanBar {
     pub fn new() -> ScanBar {
+        ScanBar::with_lines(LogLines::new())
+    }
+
+    pub fn with_lines(lines: LogLines) -> ScanBar {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
         bar.set_style(
-            ProgressStyle::with_template("scanning {bar:30} {pos}/{len} images, {msg}, eta {eta}")
-                .expect("valid template"),
+            ProgressStyle::with_template(
+                "scanning {bar:30} {binary_bytes}/{binary_total_bytes}, {msg}, eta {eta}",
+            )
+            .expect("valid template"),
         );
         bar.set_message("0 members");
-        ScanBar(bar, LogLines::new())
+        ScanBar(bar, lines)
     }
 
     pub fn update(&self, p: ScanProgress) {
-        self.0.set_length(p.images);
-        self.0.set_position(p.images_done);
+        self.0.set_length(p.image_bytes.max(1));
+        self.0.set_position(p.scanned_bytes);
         if p.bytes_to_check > 0 {
             // The checksums' pass: the bar follows the bytes read.
             let (done, total) = (p.bytes_checked, p.bytes_to_check);
@@ -79,14 +100,29 @@ impl ScanBar {
             });
             return;
         }
-        self.0.set_message(format!("{} members", p.members));
-        self.1.say(|| {
-            format!(
-                "scanning: {} of {} images, {} members",
-                p.images_done, p.images, p.members
-            )
-        });
+        self.0.set_message(format!(
+            "{}/{} images, {} members",
+            p.images_done, p.images, p.members
+        ));
+        self.1.say(|| scan_line(&p));
     }
+}
+
+/// `scanning: 1.2 GiB of 6.4 GiB read (19%), 0 of 1 images, 0 members`.
+fn scan_line(p: &ScanProgress) -> String {
+    use indicatif::BinaryBytes;
+    let percent = match p.image_bytes {
+        0 => 0,
+        total => p.scanned_bytes.saturating_mul(100) / total,
+    };
+    format!(
+        "scanning: {} of {} read ({percent}%), {} of {} images, {} members",
+        BinaryBytes(p.scanned_bytes),
+        BinaryBytes(p.image_bytes),
+        p.images_done,
+        p.images,
+        p.members
+    )
 }
 
 impl Drop for ScanBar {

@@ -3,7 +3,7 @@
 //! command returns 0 only when the mount answers, and otherwise prints why it failed.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,6 +25,10 @@ pub fn spawn_background(child_args: &[OsString], mountpoint: &Path) -> Result<St
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // The daemon's progress lines come through here: on a terminal, often enough to watch.
+    if std::env::var_os("PACKFS_PROGRESS_EVERY").is_none() && std::io::stderr().is_terminal() {
+        cmd.env("PACKFS_PROGRESS_EVERY", "2");
+    }
     // SAFETY: setsid is async-signal-safe; it detaches the daemon from the job's terminal and
     // process group, so a Ctrl-C aimed at the launching shell does not reach it.
     unsafe {

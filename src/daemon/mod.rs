@@ -5,6 +5,7 @@
 
 pub mod hints;
 mod launcher;
+pub mod leftovers;
 pub mod mounts;
 pub mod owners;
 mod preflight;

@@ -47,6 +47,10 @@ pub struct MountRequest {
     pub log: String,
     /// How to reach the object stores (`--endpoint-url`).
     pub stores: StoreOptions,
+    /// Remove the stage directory when the mount ends (one `--stage-in` made).
+    pub discard_stage: bool,
+    /// Remove the mountpoint directory when the mount ends, if empty (one made for the mount).
+    pub remove_mountpoint: bool,
 }
 
 impl MountRequest {
@@ -211,8 +215,26 @@ pub fn serve(
         .errors
         .flush(std::time::Instant::now() + fs::error_log::WINDOW);
     stats::log_counters(&sources());
+    if let Some(stage) = engine.stage().filter(|_| req.discard_stage) {
+        match crate::tiers::stage::per_node::discard(stage) {
+            Ok(bytes) => info!(
+                "stage directory {} removed ({bytes} bytes)",
+                stage.dir().display()
+            ),
+            Err(e) => warn!(
+                "could not remove stage directory {}: {e}; remove it by hand (rm -r)",
+                stage.dir().display()
+            ),
+        }
+    }
     if let Some(trace) = &observer.trace {
         trace.finish();
+    }
+    if req.remove_mountpoint {
+        let _ = std::fs::remove_dir(&mountpoint);
+    }
+    if let Some(users) = &req.owners.users {
+        super::leftovers::leave_place(users);
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 pub mod checksums;
 pub mod classes;
 pub mod expand;
+mod meter;
 pub mod nested;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,9 @@ use expand::{ExpandError, expand_images};
 
 /// Images are scanned this many at a time: scanning waits on I/O latency more than on the CPU.
 const SCAN_THREADS: usize = 8;
+
+/// How often a scan's progress inside its images is told.
+const SCAN_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
@@ -102,6 +106,10 @@ pub struct ScanProgress {
     /// `bytes_to_check`.
     pub bytes_checked: u64,
     pub bytes_to_check: u64,
+    /// While scanning: bytes of the images their scans have come through, of `image_bytes`
+    /// (the images opened so far).
+    pub scanned_bytes: u64,
+    pub image_bytes: u64,
 }
 
 /// Told about the scan as it goes.
@@ -154,10 +162,12 @@ fn scan_nested(
     nesting: &nested::Nesting,
     room: &nested::Room,
     stores: &Stores,
+    meter: (&meter::ScanMeter, usize),
 ) -> Result<Vec<ScannedImage>, ArchiveError> {
     let (data, fingerprint) = location
         .open_for_scan(stores)
         .map_err(|e| ArchiveError::io(location.name(), e))?;
+    let data = meter.0.watch(meter.1, fingerprint.size, data);
     let outer = archive::scan(location, &*data, fingerprint)?;
     Ok(nested::expand(outer, data, nesting, room))
 }
@@ -256,6 +266,7 @@ fn load_paths(
                 members,
                 bytes_checked: done.min(total),
                 bytes_to_check: total,
+                ..ScanProgress::default()
             })
         })?;
     }
@@ -323,13 +334,20 @@ pub fn scan_all(
     let results: Vec<Mutex<Option<ScannedGroup>>> =
         paths.iter().map(|_| Mutex::new(None)).collect();
     let threads = SCAN_THREADS.min(paths.len()).max(1);
+    let meter = meter::ScanMeter::new(paths.len());
+    let tell = |told: &mut ScanProgress| {
+        (told.scanned_bytes, told.image_bytes) = meter.bytes();
+        on_scan(*told);
+    };
+    let finished = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
-                    let result = scan_nested(path, nesting, &room, stores);
+                    let result = scan_nested(path, nesting, &room, stores, (&meter, i));
+                    meter.done(i);
                     let found = result.as_ref().map_or(0, |group| {
                         group.iter().map(|image| image.members.len() as u64).sum()
                     });
@@ -337,12 +355,24 @@ pub fn scan_all(
                         let mut told = told.lock().unwrap_or_else(|p| p.into_inner());
                         told.images_done += 1;
                         told.members += found;
-                        on_scan(*told);
+                        tell(&mut told);
                     }
                     *results[i].lock().expect("not poisoned") = Some(result);
                 }
+                finished.fetch_add(1, Ordering::Relaxed);
             });
         }
+        // Between images, the bytes inside one: told every quarter second.
+        scope.spawn(|| {
+            let mut since = std::time::Instant::now();
+            while finished.load(Ordering::Relaxed) < threads {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                if since.elapsed() >= SCAN_TICK {
+                    tell(&mut told.lock().unwrap_or_else(|p| p.into_inner()));
+                    since = std::time::Instant::now();
+                }
+            }
+        });
     });
     let mut groups = Vec::with_capacity(paths.len());
     for slot in results {

@@ -127,32 +127,65 @@ pub(super) fn check_name(name: &str) -> Result<(), PackError> {
     Ok(())
 }
 
-/// One pack per name and directory at a time.
-pub(super) fn lock(
-    dir: &Path,
-    name: &str,
-) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, PackError> {
+/// One pack per name and directory at a time: an exclusive flock on `.NAME.pack-lock`, a
+/// file removed when the pack ends (while still held), so finished packs leave nothing beside
+/// their shards.
+pub(super) struct PackLock {
+    path: PathBuf,
+    held: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+impl Drop for PackLock {
+    fn drop(&mut self) {
+        if self.held.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+pub(super) fn lock(dir: &Path, name: &str) -> Result<PackLock, PackError> {
+    use std::os::unix::fs::MetadataExt;
     let path = dir.join(format!(".{name}.pack-lock"));
-    let file = crate::util::safe_file::no_follow()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|error| PackError::Write { path, error })?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(PackError::Busy {
-            dir: dir.to_path_buf(),
-            name: name.to_string(),
-        }),
-        // Some parallel file systems are mounted without flock support: go on unguarded.
-        Err((_, errno)) => {
-            warn!(
-                "cannot lock {}: {errno}; make sure no other pack writes {name} there",
-                dir.display()
-            );
-            Ok(None)
+    loop {
+        let file = crate::util::safe_file::no_follow()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|error| PackError::Write {
+                path: path.clone(),
+                error,
+            })?;
+        let held = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            Ok(lock) => lock,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(PackError::Busy {
+                    dir: dir.to_path_buf(),
+                    name: name.to_string(),
+                });
+            }
+            // Some parallel file systems are mounted without flock support: go on unguarded.
+            Err((_, errno)) => {
+                warn!(
+                    "cannot lock {}: {errno}; make sure no other pack writes {name} there",
+                    dir.display()
+                );
+                return Ok(PackLock { path, held: None });
+            }
+        };
+        // The pack that held it before may have removed the file once done: a lock on a file
+        // no longer at the path guards nothing, so take the new one.
+        let same = match (held.metadata(), std::fs::symlink_metadata(&path)) {
+            (Ok(mine), Ok(now)) => (mine.dev(), mine.ino()) == (now.dev(), now.ino()),
+            _ => false,
+        };
+        if same {
+            return Ok(PackLock {
+                path,
+                held: Some(held),
+            });
         }
     }
 }

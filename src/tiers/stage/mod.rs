@@ -9,6 +9,7 @@
 mod copier;
 mod image;
 mod lock;
+pub mod per_node;
 mod state;
 mod state_file;
 mod store;
