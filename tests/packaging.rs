@@ -149,6 +149,20 @@ fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
         )),
         "{exports}"
     );
+    // The one that failed is not exported (it pointed at an empty directory): named in
+    // PACKFS_FAILED, and why, printed on the task's output.
+    assert!(!exports.contains("export PACKFS_BROKEN="), "{exports}");
+    assert!(exports.contains("unset PACKFS_BROKEN"), "{exports}");
+    assert!(
+        exports.contains("export PACKFS_FAILED=\"broken\""),
+        "{exports}"
+    );
+    assert!(
+        exports
+            .lines()
+            .any(|l| l.starts_with("print packfs: ") && l.contains("missing.packfs-index")),
+        "{exports}"
+    );
 
     // A daemon that died leaves a stale mount: the epilog cleans it too.
     let stats = packfs()

@@ -233,6 +233,31 @@ fn root_mounts_for_a_job_user() {
     let denied = as_user(other, cat, &[private.to_str().unwrap()]);
     assert!(!denied.status.success());
     assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
+
+    // The job's user sees the mount made for them in `packfs status`, with its counters (they
+    // were told "no packfs mounts of this user"); another user does not.
+    let bin = dir.path().join("packfs");
+    fs::copy(env!("CARGO_BIN_EXE_packfs"), &bin).unwrap();
+    let listed = |uid: u32| -> serde_json::Value {
+        let out = as_user(uid, &bin, &["status", "--json"]);
+        assert_ok(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mine = listed(NOBODY);
+    let ours: Vec<&serde_json::Value> = mine
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["mountpoint"] == m.dir.to_str().unwrap())
+        .collect();
+    assert_eq!(ours.len(), 1, "{mine}");
+    assert_eq!(ours[0]["state"], "live", "{mine}");
+    assert_eq!(ours[0]["counters"]["served_uid"], NOBODY, "{mine}");
+    let theirs = listed(other);
+    assert!(
+        !theirs.to_string().contains(m.dir.to_str().unwrap()),
+        "{theirs}"
+    );
 }
 
 /// Without XDG_RUNTIME_DIR a user's stats go to /tmp/packfs-UID. If another user made that

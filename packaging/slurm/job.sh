@@ -7,19 +7,18 @@
 set -euo pipefail
 INDEX=/gpfs/datasets/imagenet/train.packfs-index
 MNT=/tmp/$USER-$SLURM_JOB_ID/imagenet
-# Made on each node by mktemp (0700, a name nobody can make first): packfs refuses a stage
-# directory another user owns, and /dev/shm/$USER-$SLURM_JOB_ID is a name anyone could take.
-STAGE_GLOB="/dev/shm/packfs-$SLURM_JOB_ID.*"
 
 # Unmount on every node whatever happens (a failed mount on one node, the training, scancel or
-# the time limit, as long as the batch script gets to run its trap).
+# the time limit, as long as the batch script gets to run its trap). The staged copy goes with
+# the mount.
 cleanup() {
     srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" bash -c \
-        "packfs umount --if-mounted $MNT; rm -rf --one-file-system $STAGE_GLOB /tmp/$USER-$SLURM_JOB_ID"
+        "packfs umount --if-mounted $MNT; rmdir $MNT /tmp/$USER-$SLURM_JOB_ID 2>/dev/null || true"
 }
 trap cleanup EXIT
-# One mount per node; each returns once its mount answers, or fails with the reason.
+# One mount per node; each returns once its mount answers, or fails with the reason. --stage-in:
+# packfs makes the stage directory, private to you, under /dev/shm (or the node's NVMe).
 srun --ntasks-per-node=1 --ntasks="$SLURM_JOB_NUM_NODES" bash -c \
-    "mkdir -p $MNT && packfs mount --stage \$(mktemp -d /dev/shm/packfs-$SLURM_JOB_ID.XXXXXX) $INDEX $MNT"
+    "mkdir -p $MNT && packfs mount --stage-in /dev/shm $INDEX $MNT"
 
 srun python train.py --data "$MNT/train"

@@ -105,19 +105,22 @@ def _locate(paths, catalog, root):
 
 def _world(num_replicas, rank):
     """DistributedSampler's defaults: the process group's size and rank; without a process
-    group, one process (rank 0 of 1), as a script run without torchrun is, unless a launcher
-    says there are more (WORLD_SIZE > 1: every rank would then read the whole epoch)."""
+    group, the launcher's (torchrun's RANK and WORLD_SIZE), else one process (rank 0 of 1), as
+    a script run on its own is."""
     if num_replicas is None or rank is None:
         if not (dist.is_available() and dist.is_initialized()):
-            world = os.environ.get("WORLD_SIZE", "1")
-            if world.isdigit() and int(world) > 1:
+            world, mine = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
+            if world.isdigit() and int(world) > 1 and not mine.isdigit():
                 raise RuntimeError(
-                    f"WORLD_SIZE is {world} but torch.distributed is not initialised: call "
-                    "torch.distributed.init_process_group() before making the sampler, or give "
+                    f"WORLD_SIZE is {world} but neither torch.distributed nor RANK says which "
+                    "rank this is: call torch.distributed.init_process_group() first, or give "
                     "num_replicas and rank"
                 )
-            num_replicas = 1 if num_replicas is None else num_replicas
-            rank = 0 if rank is None else rank
+            launched = world.isdigit() and mine.isdigit()
+            if num_replicas is None:
+                num_replicas = int(world) if launched else 1
+            if rank is None:
+                rank = int(mine) if launched else 0
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
     if not 0 <= rank < num_replicas:

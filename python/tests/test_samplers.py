@@ -237,7 +237,8 @@ def test_a_sampler_refuses_what_it_cannot_place():
         ShareSampler(["img0/f0"], cat, num_replicas=3, rank=0, ranks_per_node=2)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WORLD_SIZE", "2")
-        with pytest.raises(RuntimeError, match="WORLD_SIZE is 2 but torch.distributed"):
+        env.delenv("RANK", raising=False)
+        with pytest.raises(RuntimeError, match="WORLD_SIZE is 2 but neither torch.distributed"):
             ShareSampler(["img0/f0"], cat)
     with pytest.raises(TypeError, match="samples"):
         ShareSampler(object(), cat, num_replicas=1, rank=0)
@@ -247,6 +248,7 @@ def test_outside_ddp_a_sampler_is_one_process_reading_everything(monkeypatch):
     # README's snippet run as `python train.py`: no process group, no launcher (a Slurm
     # allocation's task count says nothing about this one process).
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
     cat = catalog([5, 7], [0, 0], 1)
@@ -255,6 +257,12 @@ def test_outside_ddp_a_sampler_is_one_process_reading_everything(monkeypatch):
                     ShardOrderedSampler(paths, cat, run_length=2, buffer=2)):
         assert (sampler.num_replicas, sampler.rank) == (1, 0)
         assert sorted(sampler) == list(range(12))
+    # Under torchrun before init_process_group: the launcher's rank and world.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    sampler = ShareSampler(paths, cat, q=0.2)
+    assert (sampler.num_replicas, sampler.rank, sampler.ranks_per_node) == (2, 1, 2)
 
 
 def test_with_one_share_every_sample_is_local():

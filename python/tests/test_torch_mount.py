@@ -4,9 +4,11 @@ gloo DDP run over two staged mounts trains through whole epochs with equal count
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -247,12 +249,16 @@ def test_the_guides_torchrun_block_runs_on_two_nodes(shards, tmp_path):
     subprocess.run(
         [packfs.binary(), "index", *images, "-o", index], check=True, capture_output=True
     )
-    script = tmp_path / "train.py"
-    script.write_text(
-        block.replace("/gpfs/datasets/imagenet/train.packfs-index", str(index))
-        .replace("/dev/shm/", f"{tmp_path}/")
-        .replace("num_workers=8", "num_workers=1")
-    )
+    # Two nodes played on one machine: each its own "/dev/shm".
+    scripts = []
+    for node in range(2):
+        (tmp_path / f"shm{node}").mkdir()
+        scripts.append(tmp_path / f"train{node}.py")
+        scripts[-1].write_text(
+            block.replace("/gpfs/datasets/imagenet/train.packfs-index", str(index))
+            .replace('"/dev/shm"', repr(str(tmp_path / f"shm{node}")))
+            .replace("num_workers=8", "num_workers=1")
+        )
 
     def run(**env):
         port = free_port()
@@ -260,7 +266,7 @@ def test_the_guides_torchrun_block_runs_on_two_nodes(shards, tmp_path):
             subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                  "--nproc-per-node", "2", "--node-rank", str(node), "--master-addr",
-                 "127.0.0.1", "--master-port", str(port), str(script)],
+                 "127.0.0.1", "--master-port", str(port), str(scripts[node])],
                 env=dict(os.environ, SLURM_JOB_ID=f"test-node{node}", OMP_NUM_THREADS="1",
                          CHECKPOINTS=str(tmp_path / "checkpoints"), **env),
                 stdout=subprocess.PIPE,
@@ -291,5 +297,80 @@ def test_the_guides_torchrun_block_runs_on_two_nodes(shards, tmp_path):
     assert first == {(r, "0"): 8 for r in "0123"}, first
     second = run()
     assert second == {**{(r, "0"): 4 for r in "0123"}, **{(r, "1"): 12 for r in "0123"}}, second
+    # Each node's staged copy went with its mount.
     for node in range(2):
-        assert list((tmp_path / f"packfs-test-node{node}").rglob("*")), "each node staged"
+        assert [p.name for p in (tmp_path / f"shm{node}").rglob("*")] == [
+            f"packfs-{os.geteuid()}"], "a staged copy was left"
+
+
+def _runs_readme_block(shards, tmp_path, tail):
+    """README's Python block, as written but for its paths, followed by ``tail`` (lines of the
+    ``with`` block), as the script of a torchrun job of two ranks on this node."""
+    src, _ = shards
+    readme = open(os.path.join(HERE, "..", "..", "README.md")).read()
+    start = readme.index("  ```python\n  import packfs, torchvision")
+    block = readme[start + len("  ```python\n") : readme.index("  ```\n", start + 10)]
+    shard = tmp_path / "train.tar"
+    subprocess.run(["tar", "-cf", shard, "--transform", "s,^,train/,", "-C", src, "."],
+                   check=True)
+    index = tmp_path / "train.packfs-index"
+    subprocess.run([packfs.binary(), "index", shard, "-o", index], check=True,
+                   capture_output=True)
+    base = tmp_path / "shm"
+    base.mkdir()
+    script = tmp_path / "readme.py"
+    script.write_text(
+        textwrap.dedent(block)
+        .replace("/gpfs/datasets/imagenet/train.packfs-index", str(index))
+        .replace('"/dev/shm"', repr(str(base)))
+        + textwrap.indent(textwrap.dedent(tail), "    ")
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script)],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    return job, base
+
+
+def test_the_readme_block_under_torchrun_is_one_mount_one_copy_and_leaves_nothing(
+        shards, tmp_path):
+    """README's block as written, two torchrun ranks on one node with a NodeStage: one mount,
+    one staged copy; SIGKILL of one rank (torchrun then stops the other) leaves nothing on the
+    node: no mount, no staged copy, no mountpoint, no lock, users, marker or listing file."""
+    job, base = _runs_readme_block(shards, tmp_path, """
+        import json, os, time
+        stage = m.status()["counters"]["stage"]["dir"]
+        print(json.dumps({"pid": os.getpid(), "path": str(m.path), "attached": m.attached,
+                          "stage": stage, "samples": len(sampler)}), flush=True)
+        time.sleep(600)
+    """)
+    try:
+        said = [json.loads(job.stdout.readline()) for _ in range(2)]
+    except ValueError:
+        job.kill()
+        raise AssertionError(job.communicate()[1].decode()[-3000:]) from None
+    path, stage = said[0]["path"], said[0]["stage"]
+    assert {s["path"] for s in said} == {path}, said
+    assert sorted(s["attached"] for s in said) == [False, True], said
+    assert sum(s["samples"] for s in said) == 48, said
+    with open("/proc/self/mounts") as mounts:
+        assert sum(line.split()[1] == path for line in mounts) == 1, "one mount"
+    mine = base / f"packfs-{os.geteuid()}"
+    assert [p.name for p in mine.iterdir()] == [os.path.basename(stage)], "one staged copy"
+    place = packfs._Place(path, packfs._runtime_dir())
+    assert place.users.exists() and place.marker.exists()
+
+    os.kill(said[1]["pid"], signal.SIGKILL)
+    job.communicate(timeout=120)
+
+    def nothing_left():
+        left = [p for p in [path, stage, place.lock, place.users, place.marker]
+                if os.path.lexists(p)]
+        left += list(place.base.parent.glob(place.base.name + ".ls-*"))
+        return not left and not os.path.ismount(path)
+
+    wait_for("nothing left on the node", nothing_left, seconds=30)
+    assert list(mine.iterdir()) == []

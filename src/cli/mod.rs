@@ -22,11 +22,20 @@ mod verify;
 
 use clap::{Parser, Subcommand};
 
+/// The variables packfs and its Slurm kit read, in the top-level help.
+const ENVIRONMENT: &str = "Environment:
+  PACKFS_PROGRESS_EVERY  seconds between progress lines when stderr is not a terminal (30)
+  RUST_LOG               log filter (overrides -v)
+  PACKFS_SLURM_CONF      the Slurm kit's config (default /etc/packfs/slurm.conf; see
+                         /usr/share/doc/packfs/examples/slurm/README.md)
+  AWS_*, --endpoint-url  object stores, as the AWS CLI takes them (docs/configuration.md)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "packfs",
     version,
-    about = "Mount the tar, zip and squashfs shards of a dataset (or their index) as one read-only tree"
+    about = "Mount the tar, zip and squashfs shards of a dataset (or their index) as one read-only tree",
+    after_help = ENVIRONMENT
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.

@@ -239,6 +239,22 @@ pub fn serve(
     Ok(())
 }
 
+/// The user (and group) a mount is made for, when not the daemon's (`--uid`): its group is the
+/// one given, or the user's own.
+fn served_for(req: &MountRequest) -> Option<(u32, u32)> {
+    let uid = req
+        .fs
+        .uid
+        .filter(|&u| u != nix::unistd::geteuid().as_raw())?;
+    let gid = req.fs.gid.or_else(|| {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.gid.as_raw())
+    })?;
+    Some((uid, gid))
+}
+
 /// What the stats file says of the mount besides its counters.
 fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
     stats::About {
@@ -266,6 +282,8 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
             .map(|(p, _)| p.to_string_lossy().into_owned()),
         idle_timeout_s: req.idle_timeout.map(|d| d.as_secs()),
         uid: nix::unistd::geteuid().as_raw(),
+        served_uid: served_for(req).map(|(uid, _)| uid),
+        served_gid: served_for(req).map(|(_, gid)| gid),
         // Known once mounted.
         transport: String::new(),
         skipped_members: catalog.skipped().members,

@@ -155,6 +155,11 @@ pub struct About {
     pub idle_timeout_s: Option<u64>,
     /// The uid that owns the daemon (who can unmount it, besides root).
     pub uid: u32,
+    /// The user and group a mount was made for (`--uid`, `--gid` of a root prolog), when not
+    /// the daemon's own: that group may read these counters, so the job's user sees the mount
+    /// in `packfs status`.
+    pub served_uid: Option<u32>,
+    pub served_gid: Option<u32>,
     /// How FUSE requests reach the daemon: `classic` or `uring` (the one in use, after any
     /// fallback).
     pub transport: String,
@@ -382,10 +387,14 @@ fn write_once(
         let _ =
             crate::util::safe_file::replace_for(&prom, prom_text.as_bytes(), mode, metrics_group);
     }
-    // Counters name the dataset, its paths and the daemon's pid: the owner's only.
+    // Counters name the dataset, its paths and the daemon's pid: the owner's only, and the
+    // group of the user the mount serves (a job's, mounted by root).
+    let (mode, group) = match counters.about.served_gid {
+        Some(gid) => (0o640, Some(gid)),
+        None => (crate::util::safe_file::PRIVATE, None),
+    };
     for (p, warned) in paths.iter().zip(warned.iter_mut()) {
-        let written =
-            crate::util::safe_file::replace(p, text.as_bytes(), crate::util::safe_file::PRIVATE);
+        let written = crate::util::safe_file::replace_for(p, text.as_bytes(), mode, group);
         if let Err(e) = written
             && !*warned
         {

@@ -48,10 +48,20 @@ pub fn list(wanted: &[PathBuf]) -> std::io::Result<Vec<MountStatus>> {
     let all = mounts::packfs_mounts()?;
     let me = nix::unistd::getuid();
     if wanted.is_empty() {
+        // A user's own, and root's made for them (a prolog's --uid), whose counters say so.
+        let made_for_me = |s: &MountStatus| {
+            s.counters
+                .as_ref()
+                .is_some_and(|c| c.about.served_uid == Some(me.as_raw()))
+        };
         return Ok(all
             .iter()
-            .filter(|m| me.is_root() || m.fuse_owner() == Some(me.as_raw()))
-            .map(status_of)
+            .filter_map(|m| match m.fuse_owner() {
+                _ if me.is_root() => Some(status_of(m)),
+                Some(owner) if owner == me.as_raw() => Some(status_of(m)),
+                Some(0) => Some(status_of(m)).filter(made_for_me),
+                _ => None,
+            })
             .collect());
     }
     wanted
