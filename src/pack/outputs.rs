@@ -53,7 +53,16 @@ pub(super) fn open_sources(opts: &PackOptions, out_dir: &Path) -> Result<Sources
             &opts.stores,
             &crate::dataset::quiet,
         )?);
-        let tiers = TierOptions::direct(tiers::ONE_SHOT_CACHE * 4);
+        // Every byte is read once, in order: a chunk kept in RAM is never asked for again, and
+        // a cache of the mount's size held 256 MiB of them (pack from tar shards peaked at
+        // 373 MB against 107 MB from the same files in a directory). Room for the chunks in
+        // flight, and for one decoded unit when an image is compressed.
+        let compressed = catalog.images().iter().any(|i| i.stream.is_some());
+        let cache = match compressed {
+            true => tiers::ONE_SHOT_CACHE,
+            false => PACK_READ_CACHE,
+        };
+        let tiers = TierOptions::direct(cache);
         let files = tiers::open(&catalog, &tiers, &opts.stores)?;
         Some((catalog, files))
     };
@@ -71,6 +80,9 @@ pub(super) fn open_sources(opts: &PackOptions, out_dir: &Path) -> Result<Sources
         image_patterns: patterns,
     })
 }
+
+/// The RAM cache of `pack` reading stored images: chunks read ahead of the members in flight.
+const PACK_READ_CACHE: u64 = 16 << 20;
 
 /// The name of the first source: a directory's name, or an image's without its shard number and
 /// extension (`train-000003.tar` -> `train`).
