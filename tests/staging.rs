@@ -1107,6 +1107,24 @@ fn a_stage_packfs_makes_is_one_per_dataset_and_goes_with_the_mount() {
     drop(m);
     assert!(!stage.exists());
 
+    // Its daemon killed: `packfs umount` of the stale mount removes the copy (it stayed, in
+    // /dev/shm's RAM, until the dataset was mounted there again).
+    let m = Mount::new(&refs(&images), &mnt, &["--stage-in", base_arg]);
+    assert_eq!(stage_of(&mnt), stage);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(m.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    m.wait_daemon_exit(Duration::from_secs(10));
+    assert!(stage.exists());
+    assert_ok(&packfs().arg("umount").arg(&mnt).output().unwrap());
+    assert!(
+        !stage.exists(),
+        "a killed daemon's staged copy outlived umount"
+    );
+    drop(m);
+
     // Another user's per-user directory, made first: refused, naming the owner.
     fs::remove_dir(&mine).unwrap();
     fs::create_dir(&mine).unwrap();

@@ -284,6 +284,7 @@ fn about(req: &MountRequest, catalog: &Catalog) -> stats::About {
         uid: nix::unistd::geteuid().as_raw(),
         served_uid: served_for(req).map(|(uid, _)| uid),
         served_gid: served_for(req).map(|(_, gid)| gid),
+        stage_goes: req.discard_stage,
         // Known once mounted.
         transport: String::new(),
         skipped_members: catalog.skipped().members,

@@ -89,20 +89,22 @@ pub fn check_default_dir() -> Result<(), crate::util::safe_file::DirError> {
 }
 
 /// Removes the stats file a daemon that died left for `mountpoint` (found at the default path;
-/// the file names its pid, which must no longer run).
-pub fn remove_if_orphaned(mountpoint: &Path) {
+/// the file names its pid, which must no longer run), and gives its counters (what that daemon
+/// was doing: its stage, to remove).
+pub fn remove_if_orphaned(mountpoint: &Path) -> Option<Counters> {
     let path = default_path(mountpoint);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
-    };
-    let pid = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
+    let text = std::fs::read_to_string(&path).ok()?;
+    let value = serde_json::from_str::<serde_json::Value>(&text).ok();
+    let pid = value
+        .as_ref()
         .and_then(|v| v.get("pid").and_then(|p| p.as_i64()));
     if pid.is_none_or(|pid| pid > 0 && !alive(pid)) {
         let _ = std::fs::remove_file(&path);
         // Metrics of a dead daemon would show it up to a dashboard forever.
         let _ = std::fs::remove_file(path.with_extension("prom"));
+        return serde_json::from_str(&text).ok();
     }
+    None
 }
 
 /// The pid of the daemon serving `mountpoint`, from its stats file at the default path, if it
@@ -160,6 +162,9 @@ pub struct About {
     /// in `packfs status`.
     pub served_uid: Option<u32>,
     pub served_gid: Option<u32>,
+    /// The stage directory goes with the mount (`--stage-in` without `--keep-stage`): what
+    /// `packfs umount` removes too when the daemon was killed.
+    pub stage_goes: bool,
     /// How FUSE requests reach the daemon: `classic` or `uring` (the one in use, after any
     /// fallback).
     pub transport: String,

@@ -82,8 +82,25 @@ pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, Unm
     if let (Unmounted::Now, Some(pid)) = (done, daemon) {
         wait_for_exit(pid, &abs);
     }
-    super::stats::remove_if_orphaned(&abs);
+    let orphaned = super::stats::remove_if_orphaned(&abs);
     super::hints::remove_if_orphaned(&abs);
+    // A killed daemon's --stage-in copy (in /dev/shm: RAM) would stay until the dataset is
+    // mounted on the node again.
+    if let Some(counters) = orphaned.filter(|c| c.about.stage_goes)
+        && let Some(stage) = counters.stage
+    {
+        let dir = Path::new(&stage.dir);
+        match crate::tiers::stage::per_node::discard_orphan(dir) {
+            Ok(_) => tracing::info!(
+                "removed the stage directory {} of its killed daemon",
+                stage.dir
+            ),
+            Err(e) => tracing::warn!(
+                "the stage directory {} of the killed daemon stays: {e}",
+                stage.dir
+            ),
+        }
+    }
     Ok(done)
 }
 

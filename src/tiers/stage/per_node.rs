@@ -45,7 +45,33 @@ pub fn dir_for(base: &Path, sources: &[String], uid: u32) -> PathBuf {
 /// until the files are gone, and then makes a new directory. Files still open (the staged
 /// images) free their space when the daemon exits.
 pub fn discard(stage: &Stage) -> std::io::Result<u64> {
-    let dir = &stage.opts.dir;
+    remove_locked(&stage.opts.dir)
+}
+
+/// The stage directory a daemon that was killed left (its mount's stats file names it), removed
+/// as its daemon would have: only a directory `dir_for` makes (a `packfs-UID` of this user's
+/// above it), and only once its lock is ours (no other mount uses it).
+pub fn discard_orphan(dir: &Path) -> std::io::Result<u64> {
+    let me = format!("packfs-{}", nix::unistd::geteuid().as_raw());
+    let made_here = dir
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n.to_str() == Some(me.as_str()));
+    if !made_here || !dir.is_absolute() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory --stage-in makes for this user",
+            dir.display()
+        )));
+    }
+    let _lock = super::DirLock::take(dir, "packfs umount, removing it").map_err(|e| match e {
+        super::LockError::Io { error, .. } => error,
+        busy => std::io::Error::other(busy.to_string()),
+    })?;
+    remove_locked(dir)
+}
+
+/// Everything in `dir` but its lock, then the lock file, then `dir`: its lock must be held.
+fn remove_locked(dir: &Path) -> std::io::Result<u64> {
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
