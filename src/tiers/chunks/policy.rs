@@ -110,6 +110,8 @@ pub struct Ask {
     pub len: u64,
     pub fetch: Fetch,
     pub chunk_or_more: bool,
+    /// Another node serves the image by whole chunks (`peers`).
+    pub by_chunk: bool,
 }
 
 /// The per-read decision.
@@ -144,6 +146,7 @@ impl Policy {
             len,
             fetch,
             chunk_or_more,
+            by_chunk,
         } = ask;
         // Chunks are fetched whole so the stager can keep them. Where it will not (an image of
         // another node's share; staging stopped: budget reached, directory full), a whole chunk
@@ -174,7 +177,8 @@ impl Policy {
         Plan {
             kept,
             staging,
-            chunked: wants_chunks && (self.every_image || staging || streaming),
+            chunked: wants_chunks
+                && (self.every_image || staging || streaming || (by_chunk && self.holds_chunks)),
         }
     }
 

@@ -7,6 +7,7 @@
 //! only writer of local bytes; readers may only drop a chunk that fails its check.
 
 mod copier;
+mod for_peers;
 mod image;
 mod lock;
 pub mod per_node;

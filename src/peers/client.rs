@@ -1,0 +1,236 @@
+//! Reading another node's staged chunks: an image of another node's share is read through
+//! `PeerFirst`, which asks that node for the whole chunks a read covers, checks them (the xxh3
+//! the node's stage recorded from the source, and the answer's signature), and on any failure
+//! (no answer within the timeout, not staged yet, refused, a mismatch) reads the source at once
+//! and counts why. A node that failed to answer is left alone for a while (`REST`), so a dead
+//! node costs one timeout, not one per read.
+
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::auth::{Secret, unix_now};
+use super::nodes::Nodes;
+use super::stats::{Fallback, PeerTierCounters};
+use crate::source::read_at::{ReadAt, Stamp};
+
+/// How long a chunk may take from another node before the source is read instead.
+const TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a node that did not answer is not asked again.
+const REST: Duration = Duration::from_secs(10);
+
+/// The job's other nodes, as one reading node sees them.
+pub struct PeerLink {
+    agent: ureq::Agent,
+    nodes: Nodes,
+    me: u32,
+    secret: Secret,
+    dataset: String,
+    chunk_size: u64,
+    counters: Arc<PeerTierCounters>,
+    /// Per node: until when (ms since `epoch`) it is left alone after failing to answer.
+    resting_until: Vec<AtomicU64>,
+    epoch: Instant,
+}
+
+impl PeerLink {
+    pub fn new(
+        nodes: Nodes,
+        me: u32,
+        secret: Secret,
+        dataset: String,
+        chunk_size: u64,
+        counters: Arc<PeerTierCounters>,
+    ) -> PeerLink {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(TIMEOUT))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .max_redirects(0)
+            .build()
+            .into();
+        let resting_until = (0..nodes.0.len()).map(|_| AtomicU64::new(0)).collect();
+        PeerLink {
+            agent,
+            nodes,
+            me,
+            secret,
+            dataset,
+            chunk_size,
+            counters,
+            resting_until,
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn counters(&self) -> &Arc<PeerTierCounters> {
+        &self.counters
+    }
+
+    /// This node's share.
+    pub fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// Shares, one per node.
+    pub fn world(&self) -> u32 {
+        self.nodes.0.len() as u32
+    }
+
+    pub fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
+    /// Whether reads of an image of `share` go to a peer first: another node's share.
+    pub fn serves(&self, share: u32) -> bool {
+        share != self.me && self.nodes.of(share).is_some()
+    }
+
+    /// Chunk `chunk` of `image` (of `share`) from the node that stages it, checked, into `buf`
+    /// (exactly the chunk's length); why not, otherwise.
+    fn fetch(&self, share: u32, image: u32, chunk: u64, buf: &mut [u8]) -> Result<(), Fallback> {
+        let node = self.nodes.of(share).ok_or(Fallback::Other)?;
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        let rest = &self.resting_until[share as usize];
+        if rest.load(Ordering::Relaxed) > now_ms {
+            return Err(Fallback::Unreachable);
+        }
+        let peer = &self.counters.peers[share as usize];
+        let started = Instant::now();
+        peer.requests.fetch_add(1, Ordering::Relaxed);
+        let got = self.ask(node, image, chunk, buf);
+        let ns = started.elapsed().as_nanos() as u64;
+        peer.total_ns.fetch_add(ns, Ordering::Relaxed);
+        peer.max_ns.fetch_max(ns, Ordering::Relaxed);
+        match &got {
+            Ok(()) => {
+                peer.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            }
+            Err(why) => {
+                peer.failures.fetch_add(1, Ordering::Relaxed);
+                if *why == Fallback::Unreachable {
+                    rest.store(now_ms + REST.as_millis() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        got
+    }
+
+    fn ask(&self, node: &str, image: u32, chunk: u64, buf: &mut [u8]) -> Result<(), Fallback> {
+        let path = format!("/v1/{}/{image}/{chunk}", self.dataset);
+        let time = unix_now();
+        let signature = self.secret.sign_request(&path, time);
+        let resp = self
+            .agent
+            .get(&format!("http://{node}{path}"))
+            .header("x-packfs-time", &time.to_string())
+            .header("x-packfs-signature", &signature)
+            .call();
+        let mut resp = match resp {
+            Ok(resp) => resp,
+            Err(_) => return Err(Fallback::Unreachable),
+        };
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        match resp.status().as_u16() {
+            200 => {}
+            404 => return Err(Fallback::NotStaged),
+            401 | 403 | 409 => return Err(Fallback::Refused),
+            503 => return Err(Fallback::Busy),
+            _ => return Err(Fallback::Other),
+        }
+        let sum = header("x-packfs-xxh3").and_then(|s| u64::from_str_radix(&s, 16).ok());
+        let signed = header("x-packfs-signature");
+        let (Some(sum), Some(signed)) = (sum, signed) else {
+            return Err(Fallback::Mismatch);
+        };
+        let mut body = resp.body_mut().as_reader();
+        let mut got = 0;
+        while got < buf.len() {
+            match body.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(Fallback::Unreachable),
+            }
+        }
+        let mut more = [0u8; 1];
+        if got < buf.len() || matches!(body.read(&mut more), Ok(n) if n > 0) {
+            return Err(Fallback::Mismatch);
+        }
+        // The node's record of the source's bytes, and the job's signature over it: bytes that
+        // changed on its disk, or on the way, are never served.
+        if xxh3_64(buf) != sum || !self.secret.verify_answer(&signature, sum, buf.len() as u64, &signed)
+        {
+            return Err(Fallback::Mismatch);
+        }
+        Ok(())
+    }
+}
+
+/// An image of another node's share: whole chunks from that node, the source otherwise.
+pub struct PeerFirst {
+    pub inner: Arc<dyn ReadAt>,
+    pub link: Arc<PeerLink>,
+    pub image: u32,
+    pub share: u32,
+    pub size: u64,
+}
+
+impl PeerFirst {
+    /// Fills `buf` from `offset` when it is exactly whole chunks (the tiers read another node's
+    /// images in chunks); false when the peer could not, or the read is not chunk-shaped.
+    fn from_peer(&self, buf: &mut [u8], offset: u64) -> bool {
+        let chunk = self.link.chunk_size;
+        if offset % chunk != 0 || buf.is_empty() {
+            return false;
+        }
+        let mut at = 0usize;
+        while at < buf.len() {
+            let start = offset + at as u64;
+            let len = chunk.min(self.size.saturating_sub(start)) as usize;
+            if len == 0 || at + len > buf.len() {
+                return false;
+            }
+            let i = start / chunk;
+            if let Err(why) = self
+                .link
+                .fetch(self.share, self.image, i, &mut buf[at..at + len])
+            {
+                self.link.counters.fell_back(why);
+                return false;
+            }
+            at += len;
+        }
+        true
+    }
+}
+
+impl ReadAt for PeerFirst {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if self.from_peer(buf, offset) {
+            return Ok(buf.len());
+        }
+        self.inner.read_at(buf, offset)
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at_now(buf, offset)
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        self.inner.will_need(offset, len)
+    }
+
+    fn current(&self) -> Option<io::Result<Stamp>> {
+        self.inner.current()
+    }
+}
