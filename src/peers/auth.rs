@@ -85,13 +85,13 @@ impl Secret {
         Secret(bytes.to_vec())
     }
 
-    fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+    fn mac(&self, parts: &[&[u8]]) -> Vec<u8> {
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
         for part in parts {
             mac.update(&(part.len() as u64).to_le_bytes());
             mac.update(part);
         }
-        mac.finalize().into_bytes().into()
+        mac.finalize().into_bytes().to_vec()
     }
 
     /// The signature of a request for `path` (what is asked) at `time` (Unix seconds).
