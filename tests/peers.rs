@@ -26,7 +26,14 @@ fn images(dir: &Path) -> (Vec<PathBuf>, Vec<(String, Vec<u8>)>) {
             members.push((name.clone(), data.clone()));
             files.push((name, data));
         }
-        images.push(tar_of(&dir.join(format!("src{s}")), &format!("shard-{s}"), &members).1);
+        images.push(
+            tar_of(
+                &dir.join(format!("src{s}")),
+                &format!("shard-{s}"),
+                &members,
+            )
+            .1,
+        );
     }
     (images, files)
 }
@@ -51,7 +58,14 @@ struct Node {
     stats: PathBuf,
 }
 
-fn node(dir: &Path, name: &str, images: &[PathBuf], share: &str, peers: &str, secret: &Path) -> Node {
+fn node(
+    dir: &Path,
+    name: &str,
+    images: &[PathBuf],
+    share: &str,
+    peers: &str,
+    secret: &Path,
+) -> Node {
     let stats = dir.join(format!("{name}.json"));
     let stage = dir.join(format!("stage-{name}"));
     let args = [
@@ -131,6 +145,10 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     let source = c["source"]["bytes"].as_u64().unwrap() - fetched;
     assert!(source <= total / 100, "{source} bytes from the source: {c}");
     assert!(fetched > total / 3, "{c}");
+    eprintln!(
+        "epoch on a: {source} bytes from the source, {fetched} from b, of {total}: {}",
+        c["peers"]
+    );
     assert_eq!(c["peers"]["fallbacks"]["mismatch"], 0, "{c}");
     assert!(fresh(&b)["peers"]["served_chunks"].as_u64().unwrap() > 0);
 
@@ -147,7 +165,10 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     );
     read_all(&c_node, &files);
     let c = fresh(&c_node);
-    assert!(c["peers"]["fallbacks"]["refused"].as_u64().unwrap() > 0, "{c}");
+    assert!(
+        c["peers"]["fallbacks"]["refused"].as_u64().unwrap() > 0,
+        "{c}"
+    );
     assert_eq!(c["peers"]["fetched_bytes"], 0, "{c}");
     assert!(fresh(&b)["peers"]["refused"].as_u64().unwrap() > 0);
     drop(c_node);
@@ -168,7 +189,10 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     let a = node(dir.path(), "a", &images, "0/2", &peers, &job);
     read_all(&a, &files);
     let c = fresh(&a);
-    assert!(c["peers"]["fallbacks"]["mismatch"].as_u64().unwrap() > 0, "{c}");
+    assert!(
+        c["peers"]["fallbacks"]["mismatch"].as_u64().unwrap() > 0,
+        "{c}"
+    );
 
     // Node b gone: its share comes from the source, no error reaches the reader.
     drop(b);
@@ -176,6 +200,9 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     let a = node(dir.path(), "a", &images, "0/2", &peers, &job);
     read_all(&a, &files);
     let c = fresh(&a);
-    assert!(c["peers"]["fallbacks"]["unreachable"].as_u64().unwrap() > 0, "{c}");
+    assert!(
+        c["peers"]["fallbacks"]["unreachable"].as_u64().unwrap() > 0,
+        "{c}"
+    );
     assert_eq!(c["errors"], 0, "{c}");
 }

@@ -18,13 +18,13 @@ use tracing::{info, warn};
 use crate::catalog::Catalog;
 use crate::catalog::index::IndexError;
 use crate::dataset::{DatasetError, Merge, OnScan};
-use crate::source::Stores;
-use crate::tiers::lookahead::{Lookahead, LookaheadOptions, PageCacheProbe};
-use crate::tiers::stage::{Stage, StageOptions};
 use crate::peers::client::{PeerFirst, PeerLink};
 use crate::peers::server::PeerServer;
 use crate::peers::stats::PeerTierCounters;
+use crate::source::Stores;
 use crate::source::read_at::ReadAt;
+use crate::tiers::lookahead::{Lookahead, LookaheadOptions, PageCacheProbe};
+use crate::tiers::stage::{Stage, StageOptions};
 use crate::tiers::{self, FileReader, OpenError, TierOptions};
 
 /// What an engine is built from, besides its stores.

@@ -55,7 +55,7 @@ impl Secret {
             path: shown.clone(),
             error,
         };
-        let mut file = crate::util::safe_file::no_follow()
+        let file = crate::util::safe_file::no_follow()
             .read(true)
             .open(path)
             .map_err(read_err)?;
@@ -96,14 +96,20 @@ impl Secret {
 
     /// The signature of a request for `path` (what is asked) at `time` (Unix seconds).
     pub fn sign_request(&self, path: &str, time: u64) -> String {
-        hex(&self.mac(&[b"packfs-peer-request-1", path.as_bytes(), &time.to_le_bytes()]))
+        hex(&self.mac(&[
+            b"packfs-peer-request-1",
+            path.as_bytes(),
+            &time.to_le_bytes(),
+        ]))
     }
 
     /// Whether `signature` signs `path` at `time`, and `time` is within `SKEW` of now.
     pub fn verify_request(&self, path: &str, time: u64, signature: &str) -> Result<(), Refused> {
         let now = unix_now();
         if now.abs_diff(time) > SKEW.as_secs() {
-            return Err(Refused::Stale { skew: now as i64 - time as i64 });
+            return Err(Refused::Stale {
+                skew: now as i64 - time as i64,
+            });
         }
         match same(&self.sign_request(path, time), signature) {
             true => Ok(()),
@@ -167,7 +173,10 @@ mod tests {
         let now = unix_now();
         let signed = job.sign_request("/v1/d/3/7", now);
         assert_eq!(job.verify_request("/v1/d/3/7", now, &signed), Ok(()));
-        assert_eq!(job.verify_request("/v1/d/3/8", now, &signed), Err(Refused::Signature));
+        assert_eq!(
+            job.verify_request("/v1/d/3/8", now, &signed),
+            Err(Refused::Signature)
+        );
         assert_eq!(
             other.verify_request("/v1/d/3/7", now, &other.sign_request("/v1/d/3/8", now)),
             Err(Refused::Signature)
@@ -190,7 +199,10 @@ mod tests {
         let path = dir.path().join("secret");
         std::fs::write(&path, "short\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(matches!(Secret::load(&path), Err(SecretError::Short { len: 5, .. })));
+        assert!(matches!(
+            Secret::load(&path),
+            Err(SecretError::Short { len: 5, .. })
+        ));
         std::fs::write(&path, "a-long-enough-job-secret\n").unwrap();
         Secret::load(&path).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();

@@ -168,7 +168,10 @@ impl PeerLink {
         }
         // The node's record of the source's bytes, and the job's signature over it: bytes that
         // changed on its disk, or on the way, are never served.
-        if xxh3_64(buf) != sum || !self.secret.verify_answer(&signature, sum, buf.len() as u64, &signed)
+        if xxh3_64(buf) != sum
+            || !self
+                .secret
+                .verify_answer(&signature, sum, buf.len() as u64, &signed)
         {
             return Err(Fallback::Mismatch);
         }
@@ -188,9 +191,9 @@ pub struct PeerFirst {
 impl PeerFirst {
     /// Fills `buf` from `offset` when it is exactly whole chunks (the tiers read another node's
     /// images in chunks); false when the peer could not, or the read is not chunk-shaped.
-    fn from_peer(&self, buf: &mut [u8], offset: u64) -> bool {
+    fn read_from_peer(&self, buf: &mut [u8], offset: u64) -> bool {
         let chunk = self.link.chunk_size;
-        if offset % chunk != 0 || buf.is_empty() {
+        if !offset.is_multiple_of(chunk) || buf.is_empty() {
             return false;
         }
         let mut at = 0usize;
@@ -216,7 +219,7 @@ impl PeerFirst {
 
 impl ReadAt for PeerFirst {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        if self.from_peer(buf, offset) {
+        if self.read_from_peer(buf, offset) {
             return Ok(buf.len());
         }
         self.inner.read_at(buf, offset)

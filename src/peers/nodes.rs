@@ -79,12 +79,16 @@ impl Nodes {
 
 /// `name` as `host:port` (`port` when it names none); `[v6]:port` is kept as given.
 fn with_port(name: &str, port: u16) -> Result<String, String> {
-    if name.chars().any(|c| c.is_whitespace() || c == '/' || c == '@') {
+    if name
+        .chars()
+        .any(|c| c.is_whitespace() || c == '/' || c == '@')
+    {
         return Err(format!("{name:?} is not a host or host:port"));
     }
     let has_port = match name.rsplit_once(':') {
         Some((host, p)) if !host.is_empty() && !host.ends_with(':') => {
-            p.parse::<u16>().map_err(|_| format!("{name:?}: {p:?} is not a port"))?;
+            p.parse::<u16>()
+                .map_err(|_| format!("{name:?}: {p:?} is not a port"))?;
             true
         }
         _ => false,
@@ -128,7 +132,13 @@ mod tests {
         assert_eq!(nodes.of(1), Some("n2:9000"));
         assert_eq!(nodes.of(3), None);
         nodes.check(3).unwrap();
-        assert!(nodes.check(4).unwrap_err().to_string().contains("one node per share"));
+        assert!(
+            nodes
+                .check(4)
+                .unwrap_err()
+                .to_string()
+                .contains("one node per share")
+        );
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("nodes");
         std::fs::write(&file, "# the job\nn1\n\nn2 # second\n").unwrap();

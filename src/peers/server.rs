@@ -141,7 +141,10 @@ fn parse_path(path: &str) -> Option<(&str, u32, usize)> {
     Some((dataset, image.parse().ok()?, chunk.parse().ok()?))
 }
 
-async fn answer(req: Request<Incoming>, ctx: Arc<Ctx>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    ctx: Arc<Ctx>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != hyper::Method::GET {
         return Ok(refusal(StatusCode::METHOD_NOT_ALLOWED, "get-only"));
     }
