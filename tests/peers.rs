@@ -150,6 +150,12 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
         c["peers"]
     );
     assert_eq!(c["peers"]["fallbacks"]["mismatch"], 0, "{c}");
+    assert_eq!(c["peers"]["source_bytes"], 0, "{c}");
+    let text = run(packfs().arg("status").arg(&a.mount.dir));
+    assert!(
+        text.contains("fell back: never") && text.contains("    node 1: 32 requests"),
+        "{text}"
+    );
     assert!(fresh(&b)["peers"]["served_chunks"].as_u64().unwrap() > 0);
 
     // A node of another job (another secret) is refused, and reads the source: right bytes.
@@ -202,6 +208,10 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     let c = fresh(&a);
     assert!(
         c["peers"]["fallbacks"]["unreachable"].as_u64().unwrap() > 0,
+        "{c}"
+    );
+    assert!(
+        c["peers"]["source_bytes"].as_u64().unwrap() > total / 3,
         "{c}"
     );
     assert_eq!(c["errors"], 0, "{c}");

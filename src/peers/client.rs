@@ -222,7 +222,10 @@ impl ReadAt for PeerFirst {
         if self.read_from_peer(buf, offset) {
             return Ok(buf.len());
         }
-        self.inner.read_at(buf, offset)
+        let n = self.inner.read_at(buf, offset)?;
+        let counters = &self.link.counters;
+        counters.source_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 
     fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {

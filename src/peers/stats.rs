@@ -64,6 +64,9 @@ pub struct PeerTierCounters {
     /// Requests for chunks this node has not staged (answered "not staged").
     pub not_staged: AtomicU64,
     pub fallbacks: [AtomicU64; Fallback::ALL.len()],
+    /// Bytes of other shares' images read from the source (fallbacks, and reads not in whole
+    /// chunks).
+    pub source_bytes: AtomicU64,
     /// Per node of the list, in share order.
     pub peers: Vec<PeerCounters>,
 }
@@ -91,6 +94,7 @@ impl PeerTierCounters {
             fetched_chunks: self.peers.iter().map(|p| load(&p.requests)).sum::<u64>()
                 - self.peers.iter().map(|p| load(&p.failures)).sum::<u64>(),
             fetched_bytes: self.peers.iter().map(|p| load(&p.bytes)).sum(),
+            source_bytes: load(&self.source_bytes),
             fallbacks: Fallback::ALL
                 .iter()
                 .zip(&self.fallbacks)
@@ -129,6 +133,7 @@ pub struct PeerStats {
     pub not_staged: u64,
     pub fetched_chunks: u64,
     pub fetched_bytes: u64,
+    pub source_bytes: u64,
     pub fallbacks: indexmap::IndexMap<String, u64>,
     pub peers: Vec<OnePeer>,
 }
