@@ -216,3 +216,141 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     );
     assert_eq!(c["errors"], 0, "{c}");
 }
+
+/// Four "nodes" in network namespaces of their own (each daemon started with `nsenter --net`,
+/// its mount in the host's table), joined by a bridge in a fifth: a global-shuffle epoch on
+/// node 0 once every node has staged its share reads under 1% of the dataset from the source.
+struct Net {
+    id: u32,
+}
+
+impl Net {
+    fn up(id: u32) -> Net {
+        let net = Net { id };
+        net.down();
+        let sw = net.switch();
+        let mut script = format!(
+            "set -e; ip netns add {sw}; ip -n {sw} link add br0 type bridge; ip -n {sw} link set br0 up\n"
+        );
+        for k in 0..4 {
+            let (node, a, b) = (net.node(k), format!("pp{id}n{k}"), format!("pp{id}s{k}"));
+            script += &format!(
+                "ip netns add {node}; ip link add {a} type veth peer name {b}\n\
+                 ip link set {a} netns {node}; ip link set {b} netns {sw}\n\
+                 ip -n {sw} link set {b} master br0; ip -n {sw} link set {b} up\n\
+                 ip -n {node} addr add {} /24 dev {a}; ip -n {node} link set {a} up\n\
+                 ip -n {node} link set lo up\n",
+                net.addr(k)
+            )
+            .replace(" /24", "/24");
+        }
+        run(std::process::Command::new("bash").arg("-c").arg(script));
+        net
+    }
+
+    fn switch(&self) -> String {
+        format!("pfsp{}sw", self.id)
+    }
+
+    fn node(&self, k: u32) -> String {
+        format!("pfsp{}n{k}", self.id)
+    }
+
+    fn addr(&self, k: u32) -> String {
+        format!("10.77.{}.{}", self.id, k + 1)
+    }
+
+    fn down(&self) {
+        for ns in (0..4).map(|k| self.node(k)).chain([self.switch()]) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &ns])
+                .status();
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+#[test]
+fn four_nodes_in_network_namespaces_read_a_global_epoch_from_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    // Eight shards, two per node.
+    let mut images = Vec::new();
+    let mut files = Vec::new();
+    for s in 0..8 {
+        let mut members = Vec::new();
+        for n in 0..8 {
+            let name = format!("s{s}/f{n:02}.bin");
+            let data = bytes((s * 100 + n) as u64, 60_000 + (n * 7_919) % 90_000);
+            members.push((name.clone(), data.clone()));
+            files.push((name, data));
+        }
+        images.push(
+            tar_of(
+                &dir.path().join(format!("src{s}")),
+                &format!("shard-{s}"),
+                &members,
+            )
+            .1,
+        );
+    }
+    let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+    let job = secret(dir.path(), "job", "the-four-node-job-secret\n");
+    let net = Net::up(std::process::id() % 200 + 20);
+    let peers: Vec<String> = (0..4).map(|k| format!("{}:7797", net.addr(k))).collect();
+    let peers = peers.join(",");
+    let mut nodes = Vec::new();
+    for k in 0..4u32 {
+        let mnt = dir.path().join(format!("node{k}"));
+        fs::create_dir(&mnt).unwrap();
+        let stats = dir.path().join(format!("node{k}.json"));
+        let stage = dir.path().join(format!("stage{k}"));
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", net.node(k)))
+            .arg(env!("CARGO_BIN_EXE_packfs"))
+            .arg("mount")
+            .args(["--stage", stage.to_str().unwrap(), "--chunk-size", "64K"])
+            .args(["--stage-share", &format!("{k}/4"), "--peers", &peers])
+            .args(["--peer-secret", job.to_str().unwrap()])
+            .args(["--stats-file", stats.to_str().unwrap()])
+            .args(&images)
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        nodes.push((UnmountOnDrop(mnt), stats));
+    }
+    let counters = |k: usize| -> serde_json::Value {
+        serde_json::from_str(&fs::read_to_string(&nodes[k].1).unwrap()).unwrap()
+    };
+    let start = Instant::now();
+    while (0..4).any(|k| counters(k)["stage"]["state"] != "complete") {
+        assert!(start.elapsed() < Duration::from_secs(60), "{}", counters(0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (name, data) in &files {
+        assert!(
+            fs::read(nodes[0].0.0.join(name)).unwrap() == *data,
+            "{name}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let c = counters(0);
+    let fetched = c["peers"]["fetched_bytes"].as_u64().unwrap();
+    let source = c["source"]["bytes"].as_u64().unwrap() - fetched;
+    eprintln!(
+        "4 nodes: node 0 read {fetched} bytes from its peers, {source} from the source, of {total}"
+    );
+    assert!(source <= total / 100, "{c}");
+    assert!(fetched >= total / 2, "{c}");
+    for k in 1..4 {
+        assert!(counters(k)["peers"]["served_chunks"].as_u64().unwrap() > 0);
+    }
+    for (mnt, _) in &nodes {
+        assert_ok(&packfs().arg("umount").arg(&mnt.0).output().unwrap());
+    }
+}
