@@ -34,7 +34,16 @@ impl Nodes {
             given: given.to_string(),
             why,
         };
+        let mut port = port;
         let names: Vec<String> = if given == "slurm" {
+            // A port of the job's own, the same on every node: two jobs sharing a node do not
+            // take each other's.
+            if let Some(id) = std::env::var("SLURM_JOB_ID")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                port = slurm_port(id);
+            }
             slurm_nodes().map_err(bad)?
         } else if let Some(file) = given.strip_prefix('@') {
             std::fs::read_to_string(Path::new(file))
@@ -75,6 +84,11 @@ impl Nodes {
     pub fn of(&self, share: u32) -> Option<&str> {
         self.0.get(share as usize).map(String::as_str)
     }
+}
+
+/// The port of Slurm job `id`'s peers: 20000-39999, by the job's number.
+pub fn slurm_port(id: u64) -> u16 {
+    20_000 + (id % 20_000) as u16
 }
 
 /// `name` as `host:port` (`port` when it names none); `[v6]:port` is kept as given.
@@ -147,5 +161,8 @@ mod tests {
         assert!(Nodes::parse("", 1).is_err());
         assert!(Nodes::parse("n1:http", 1).is_err());
         assert!(Nodes::parse("user@n1", 1).is_err());
+        // Two jobs on one node: ports of their own, the same on each node of a job.
+        assert_eq!(slurm_port(123_456), 23_456);
+        assert_ne!(slurm_port(123_456), slurm_port(123_457));
     }
 }
