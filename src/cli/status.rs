@@ -258,12 +258,13 @@ fn render(m: &MountStatus) -> String {
         for one in p.peers.iter().filter(|o| o.requests > 0) {
             let _ = writeln!(
                 out,
-                "    node {}: {} requests, {}, {} failed, {} mean, {} max",
+                "    node {}: {} requests, {}, {} failed, p50 {}, p99 {}, max {}",
                 one.share,
                 one.requests,
                 human(one.bytes),
                 one.failures,
-                micros(one.mean_us),
+                micros(one.p50_us),
+                micros(one.p99_us),
                 micros(one.max_us)
             );
         }

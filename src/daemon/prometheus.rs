@@ -299,6 +299,12 @@ impl Counters {
                 "Mean time a chunk took from each node.",
                 &by_share(|o| o.mean_us / 1e6),
             );
+            family(
+                "peer_p99_latency_seconds",
+                "gauge",
+                "99th percentile of the time a chunk took from each node.",
+                &by_share(|o| o.p99_us / 1e6),
+            );
             let reasons: Vec<_> = p
                 .fallbacks
                 .iter()

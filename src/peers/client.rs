@@ -105,7 +105,7 @@ impl PeerLink {
         let got = self.ask(node, image, chunk, buf);
         let ns = started.elapsed().as_nanos() as u64;
         peer.total_ns.fetch_add(ns, Ordering::Relaxed);
-        peer.max_ns.fetch_max(ns, Ordering::Relaxed);
+        peer.latency.record(ns);
         match &got {
             Ok(()) => {
                 peer.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);

@@ -51,7 +51,7 @@ pub struct PeerCounters {
     pub bytes: AtomicU64,
     pub failures: AtomicU64,
     pub total_ns: AtomicU64,
-    pub max_ns: AtomicU64,
+    pub latency: crate::util::latency::Latency,
 }
 
 /// The counters of the peer tier of one mount.
@@ -106,6 +106,7 @@ impl PeerTierCounters {
                 .enumerate()
                 .map(|(share, p)| {
                     let requests = load(&p.requests);
+                    let [p50_us, p99_us] = p.latency.quantiles_us([0.50, 0.99]);
                     OnePeer {
                         share: share as u32,
                         requests,
@@ -115,7 +116,9 @@ impl PeerTierCounters {
                             0 => 0.0,
                             n => (load(&p.total_ns) / n) as f64 / 1000.0,
                         },
-                        max_us: load(&p.max_ns) as f64 / 1000.0,
+                        p50_us,
+                        p99_us,
+                        max_us: p.latency.max_us(),
                     }
                 })
                 .collect(),
@@ -146,5 +149,7 @@ pub struct OnePeer {
     pub bytes: u64,
     pub failures: u64,
     pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
     pub max_us: f64,
 }
