@@ -102,7 +102,8 @@ pub fn remove_if_orphaned(mountpoint: &Path) -> Option<Counters> {
         let _ = std::fs::remove_file(&path);
         // Metrics of a dead daemon would show it up to a dashboard forever.
         let _ = std::fs::remove_file(path.with_extension("prom"));
-        return serde_json::from_str(&text).ok();
+        // Parsed once: the counters from the value already read.
+        return value.and_then(|v| serde_json::from_value(v).ok());
     }
     None
 }

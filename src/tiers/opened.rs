@@ -438,8 +438,7 @@ impl OpenedImages {
     pub fn stats(&self) -> SourceStats {
         SourceStats {
             // An archive inside an image is a window of it, not an open of its own.
-            opens: self.within.iter().filter(|w| w.is_none()).count() as u64
-                + self.images.len().saturating_sub(self.within.len()) as u64,
+            opens: self.within.iter().filter(|w| w.is_none()).count() as u64,
             reads: self.reads.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             stage_reads: self.stage_reads.load(Ordering::Relaxed),
