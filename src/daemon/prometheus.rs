@@ -335,6 +335,13 @@ impl Counters {
                  another dataset.",
                 &one(p.refused),
             );
+            family(
+                "peer_damaged_total",
+                "counter",
+                "Requests for staged chunks whose bytes failed their check here (dropped, \
+                 staged again; the asking node read the source).",
+                &one(p.damaged),
+            );
         }
         out
     }

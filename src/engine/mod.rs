@@ -138,7 +138,7 @@ impl Engine {
             None => None,
         };
         if let Some(link) = &link {
-            source = source.served_by_chunk(|i, data| {
+            source = source.served_by(|i, data| {
                 let share = tiers::stage::share_of(i as usize, link.world());
                 link.serves(share).then(|| -> Arc<dyn ReadAt> {
                     Arc::new(PeerFirst {

@@ -1,12 +1,15 @@
-//! The read-only server a node's mount runs for the other nodes of its job: whole staged
-//! chunks, by image and chunk number, over plain HTTP (hyper, on one thread of its own with a
-//! small runtime; reads of the stage go to its blocking pool). Every request must be signed
-//! with the job's secret; a chunk not staged and verified here is answered 404 "not staged",
-//! and the asking node reads it from the source.
+//! The read-only server a node's mount runs for the other nodes of its job: staged chunks, or
+//! byte ranges of them, by image and chunk number, over plain HTTP (hyper, on one thread of its
+//! own with a small runtime; reads of the stage go to its blocking pool). Every request must be
+//! signed with the job's secret; a chunk not staged here is answered 404 "not staged", and the
+//! asking node reads it from the source. What is sent is what the stage's own reads trust
+//! (`Stage::chunk_for_peer`).
 //!
-//! `GET /v1/{dataset}/{image}/{chunk}` with `x-packfs-time` and `x-packfs-signature`; the
-//! answer carries the chunk's recorded xxh3 (`x-packfs-xxh3`) and its signature
-//! (`x-packfs-signature`); a refusal says why in `x-packfs-why`.
+//! `GET /v1/{dataset}/{image}/{chunk}`, with `Range: bytes=A-B` for a part of it, and
+//! `x-packfs-time` and `x-packfs-signature`; the answer (200 for a whole chunk, 206 for a
+//! range) carries an xxh3 (`x-packfs-xxh3`: a whole chunk's as the source's record has it, a
+//! range's of the bytes sent) and its signature (`x-packfs-signature`); a refusal says why in
+//! `x-packfs-why`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,11 +21,13 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tracing::{info, warn};
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::auth::{Refused, Secret};
 use super::stats::PeerTierCounters;
 use crate::tiers::budget::MemoryBudget;
 use crate::tiers::stage::Stage;
+use crate::tiers::stage::for_peers::ForPeer;
 
 /// What every request is answered from.
 struct Ctx {
@@ -131,6 +136,18 @@ fn refusal(status: StatusCode, why: &'static str) -> Response<Full<Bytes>> {
         .expect("a valid response")
 }
 
+/// `bytes=A-B` (inclusive, as HTTP says) as the range A..B+1.
+fn parse_range(range: &str) -> Option<std::ops::Range<u64>> {
+    let (a, b) = range.strip_prefix("bytes=")?.split_once('-')?;
+    let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
+    (a <= b).then(|| a..b + 1)
+}
+
+/// What a request signs: the path and the range asked for.
+pub fn signed_part(path: &str, range: Option<&str>) -> String {
+    format!("{path} {}", range.unwrap_or(""))
+}
+
 /// `/v1/{dataset}/{image}/{chunk}` as its parts.
 fn parse_path(path: &str) -> Option<(&str, u32, usize)> {
     let mut parts = path.strip_prefix("/v1/")?.split('/');
@@ -156,12 +173,14 @@ async fn answer(
             .map(str::to_string)
     };
     let (time, signature) = (header("x-packfs-time"), header("x-packfs-signature"));
+    let range_header = header("range");
     let (Some(time), Some(signature)) = (time.and_then(|t| t.parse::<u64>().ok()), signature)
     else {
         ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
         return Ok(refusal(StatusCode::UNAUTHORIZED, "unsigned"));
     };
-    if let Err(refused) = ctx.secret.verify_request(&path, time, &signature) {
+    let what = signed_part(&path, range_header.as_deref());
+    if let Err(refused) = ctx.secret.verify_request(&what, time, &signature) {
         ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
         let why = match refused {
             Refused::Stale { skew } => {
@@ -179,7 +198,15 @@ async fn answer(
         ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
         return Ok(refusal(StatusCode::CONFLICT, "other-dataset"));
     }
-    let len = ctx.stage.chunk_size();
+    let range = match range_header.as_deref().map(parse_range) {
+        Some(None) => return Ok(refusal(StatusCode::RANGE_NOT_SATISFIABLE, "range")),
+        Some(Some(range)) => Some(range),
+        None => None,
+    };
+    let len = match &range {
+        Some(r) => r.end - r.start,
+        None => ctx.stage.chunk_size(),
+    };
     // The chunk's bytes are held from the mount's one budget; none to spare: the asker goes to
     // the source (counted there as "busy").
     let permit = match &ctx.memory {
@@ -190,20 +217,28 @@ async fn answer(
         None => None,
     };
     let stage = ctx.stage.clone();
+    let whole = range.is_none();
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
         stage
-            .chunk_for_peer(image, chunk, &mut buf)
-            .map(|sum| sum.map(|s| (s, buf)))
+            .chunk_for_peer(image, chunk, range, &mut buf)
+            .map(|got| (got, buf))
     })
     .await;
     drop(permit);
     match read {
-        Ok(Ok(Some((sum, bytes)))) => {
+        Ok(Ok((ForPeer::Checked { record }, bytes))) => {
+            // A whole chunk goes with the source's record of it: the asker checks the bytes
+            // against the source end to end. A range, with the xxh3 of the bytes sent.
+            let (status, sum) = match whole {
+                true => (StatusCode::OK, record),
+                false => (StatusCode::PARTIAL_CONTENT, xxh3_64(&bytes)),
+            };
             let len = bytes.len() as u64;
             ctx.counters.served_chunks.fetch_add(1, Ordering::Relaxed);
             ctx.counters.served_bytes.fetch_add(len, Ordering::Relaxed);
             Ok(Response::builder()
+                .status(status)
                 .header("x-packfs-xxh3", format!("{sum:016x}"))
                 .header(
                     "x-packfs-signature",
@@ -212,9 +247,13 @@ async fn answer(
                 .body(Full::new(Bytes::from(bytes)))
                 .expect("a valid response"))
         }
-        Ok(Ok(None)) => {
+        Ok(Ok((ForPeer::NotStaged, _))) => {
             ctx.counters.not_staged.fetch_add(1, Ordering::Relaxed);
             Ok(refusal(StatusCode::NOT_FOUND, "not-staged"))
+        }
+        Ok(Ok((ForPeer::Damaged, _))) => {
+            ctx.counters.damaged.fetch_add(1, Ordering::Relaxed);
+            Ok(refusal(StatusCode::INTERNAL_SERVER_ERROR, "damaged"))
         }
         Ok(Err(e)) => {
             warn!("a peer asked for chunk {chunk} of image {image}: {e}");
@@ -226,7 +265,17 @@ async fn answer(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_path;
+    use super::{parse_path, parse_range};
+
+    #[test]
+    fn ranges_are_inclusive_and_whole() {
+        assert_eq!(parse_range("bytes=0-0"), Some(0..1));
+        assert_eq!(parse_range("bytes=10-19"), Some(10..20));
+        assert_eq!(parse_range("bytes=10-"), None);
+        assert_eq!(parse_range("bytes=-5"), None);
+        assert_eq!(parse_range("bytes=9-3"), None);
+        assert_eq!(parse_range("bytes=0-1,4-5"), None);
+    }
 
     #[test]
     fn paths_name_a_dataset_an_image_and_a_chunk() {

@@ -13,8 +13,9 @@ pub enum Fallback {
     /// The node refused the request (another job's secret, a clock too far off, another
     /// dataset).
     Refused,
-    /// The bytes did not match the checksum, or the answer was not signed with the job's
-    /// secret: never served.
+    /// The bytes did not match their checksum (on the node's disk, which then said so and
+    /// drops the chunk, or on arrival), or the answer was not signed with the job's secret:
+    /// never served.
     Mismatch,
     /// The node had no memory to spare for the chunk right now.
     Busy,
@@ -63,9 +64,10 @@ pub struct PeerTierCounters {
     pub refused: AtomicU64,
     /// Requests for chunks this node has not staged (answered "not staged").
     pub not_staged: AtomicU64,
+    /// Requests for chunks whose staged bytes failed their check (dropped, staged again).
+    pub damaged: AtomicU64,
     pub fallbacks: [AtomicU64; Fallback::ALL.len()],
-    /// Bytes of other shares' images read from the source (fallbacks, and reads not in whole
-    /// chunks).
+    /// Bytes of other shares' images read from the source (fallbacks).
     pub source_bytes: AtomicU64,
     /// Per node of the list, in share order.
     pub peers: Vec<PeerCounters>,
@@ -91,6 +93,7 @@ impl PeerTierCounters {
             served_bytes: load(&self.served_bytes),
             refused: load(&self.refused),
             not_staged: load(&self.not_staged),
+            damaged: load(&self.damaged),
             fetched_chunks: self.peers.iter().map(|p| load(&p.requests)).sum::<u64>()
                 - self.peers.iter().map(|p| load(&p.failures)).sum::<u64>(),
             fetched_bytes: self.peers.iter().map(|p| load(&p.bytes)).sum(),
@@ -134,6 +137,7 @@ pub struct PeerStats {
     pub served_bytes: u64,
     pub refused: u64,
     pub not_staged: u64,
+    pub damaged: u64,
     pub fetched_chunks: u64,
     pub fetched_bytes: u64,
     pub source_bytes: u64,

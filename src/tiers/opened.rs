@@ -32,9 +32,6 @@ pub struct OpenedImages {
     within: Vec<Option<(u32, u64)>>,
     /// Images that are plain files on a local disk, to splice reads from (`on_local_disk`).
     spliceable: Vec<bool>,
-    /// Images read in whole chunks whatever the policy says: another node of the job serves
-    /// them by chunk (`peers`).
-    by_chunk: Vec<bool>,
     /// Each image's stamp when opened, and whether it has been seen changed since.
     stamps: Vec<Option<Stamp>>,
     changed: Vec<AtomicBool>,
@@ -203,7 +200,6 @@ impl OpenedImages {
         let read_since_check = images.iter().map(|_| AtomicBool::new(false)).collect();
         OpenedImages {
             within: vec![None; images.len()],
-            by_chunk: vec![false; images.len()],
             spliceable,
             images,
             stamps,
@@ -231,36 +227,20 @@ impl OpenedImages {
             .collect();
         let mut wrapped = OpenedImages::with_stamps(images, self.stamps);
         wrapped.within = self.within;
-        wrapped.by_chunk = self.by_chunk;
         wrapped
     }
 
-    /// The same images, those `serve` gives a reader for (another node's) read through it by
-    /// whole chunks, never spliced from their files.
-    pub fn served_by_chunk(
+    /// The same images, the outer ones `serve` gives a reader for (another node's) read through
+    /// it: never spliced from their files, since the reader has no file behind it.
+    pub fn served_by(
         self,
         serve: impl Fn(u32, &Arc<dyn ReadAt>) -> Option<Arc<dyn ReadAt>>,
     ) -> OpenedImages {
-        let by_chunk = std::sync::Mutex::new(vec![false; self.images.len()]);
         let within = self.within.clone();
-        let mut wrapped = self.wrapped(|i, data| {
+        self.wrapped(|i, data| {
             let outer = within[i as usize].is_none();
-            match outer.then(|| serve(i, &data)).flatten() {
-                Some(served) => {
-                    by_chunk.lock().expect("not poisoned")[i as usize] = true;
-                    served
-                }
-                None => data,
-            }
-        });
-        wrapped.by_chunk = by_chunk.into_inner().expect("not poisoned");
-        wrapped
-    }
-
-    /// Whether reads of `image` (or of the image around it) go by whole chunks.
-    pub fn by_chunk(&self, image: u32) -> bool {
-        let (image, _) = self.resolve(image, 0);
-        self.by_chunk.get(image as usize).copied().unwrap_or(false)
+            outer.then(|| serve(i, &data)).flatten().unwrap_or(data)
+        })
     }
 
     pub fn image_count(&self) -> usize {

@@ -114,7 +114,6 @@ impl Chunks {
             len,
             fetch,
             chunk_or_more,
-            by_chunk: self.fetcher.source.by_chunk(image),
         };
         self.policy.plan(stage, req, ask)
     }

@@ -110,8 +110,6 @@ pub struct Ask {
     pub len: u64,
     pub fetch: Fetch,
     pub chunk_or_more: bool,
-    /// Another node serves the image by whole chunks (`peers`).
-    pub by_chunk: bool,
 }
 
 /// The per-read decision.
@@ -146,7 +144,6 @@ impl Policy {
             len,
             fetch,
             chunk_or_more,
-            by_chunk,
         } = ask;
         // Chunks are fetched whole so the stager can keep them. Where it will not (an image of
         // another node's share; staging stopped: budget reached, directory full), a whole chunk
@@ -177,8 +174,7 @@ impl Policy {
         Plan {
             kept,
             staging,
-            chunked: wants_chunks
-                && (self.every_image || staging || streaming || (by_chunk && self.holds_chunks)),
+            chunked: wants_chunks && (self.every_image || staging || streaming),
         }
     }
 
