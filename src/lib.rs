@@ -6,7 +6,8 @@
 //! pieces make up a byte range, and has `tiers` fetch them (staged copy, RAM cache, and the images
 //! opened from `source`: files, or objects by URL). `archive` also scans images into members;
 //! `daemon` owns the mount lifecycle; `dataset` turns image arguments into a catalog; `pack` writes
-//! shards; `demo` is `packfs demo` from end to end; `util` the small shared helpers.
+//! shards; `peers` lets the nodes of a job read each other's staged shares; `demo` is `packfs
+//! demo` from end to end; `util` the small shared helpers.
 //! See docs/design.md.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -20,6 +21,7 @@ pub mod demo;
 pub mod engine;
 pub mod fs;
 pub mod pack;
+pub mod peers;
 pub mod python;
 pub mod source;
 pub mod tiers;

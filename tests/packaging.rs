@@ -198,6 +198,132 @@ fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
     }
 }
 
+/// STAGE `peers`: two "nodes" of one job (here one machine, each with its own config, roots and
+/// listening address; Slurm's node list expanded by a stand-in for scontrol) stage their shares
+/// and read the other share from each other, with one secret the prolog derived on each from the
+/// site's key; the epilog removes what the prolog made.
+#[test]
+fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
+    let dir = open_tempdir();
+    let mut files = Vec::new();
+    let mut images = Vec::new();
+    for s in 0..4u64 {
+        let members: Vec<(String, Vec<u8>)> = (0..6u64)
+            .map(|n| {
+                (
+                    format!("s{s}/f{n}.bin"),
+                    bytes(s * 10 + n, 30_000 + n as usize * 999),
+                )
+            })
+            .collect();
+        files.extend(members.clone());
+        images.push(
+            tar_of(
+                &dir.path().join(format!("t{s}")),
+                &format!("s{s}"),
+                &members,
+            )
+            .1,
+        );
+    }
+    let index = dir.path().join("data.packfs-index");
+    run(packfs()
+        .arg("index")
+        .arg("-q")
+        .arg("-o")
+        .arg(&index)
+        .args(&images));
+    let scontrol = dir.path().join("scontrol");
+    std::fs::write(&scontrol, "#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.2\\n'\n").unwrap();
+    std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let key = dir.path().join("peer.key");
+    std::fs::write(&key, bytes(7, 32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let job = 30_000 + std::process::id() % 9_000;
+    let port = 20_000 + job % 20_000;
+    let job = job.to_string();
+    let node = |k: usize| -> (PathBuf, Vec<(String, String)>) {
+        let conf = dir.path().join(format!("slurm{k}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "PACKFS={BIN}\nMOUNT_ROOT={}/mnt{k}\nSTAGE_ROOT={}/stage{k}\nPEER_KEY={}\n\
+                 SCONTROL={}\ndataset data always {} peers --peer-listen 127.0.0.{}:{port}\n",
+                dir.path().display(),
+                dir.path().display(),
+                key.display(),
+                scontrol.display(),
+                index.display(),
+                k + 1
+            ),
+        )
+        .unwrap();
+        let vars = vec![
+            ("SLURM_JOB_ID".into(), job.clone()),
+            ("SLURM_JOB_UID".into(), "65534".into()),
+            ("SLURM_JOB_GID".into(), "65534".into()),
+            ("SLURM_JOB_NODELIST".into(), "n[1-2]".into()),
+            ("SLURMD_NODENAME".into(), format!("127.0.0.{}", k + 1)),
+        ];
+        (conf, vars)
+    };
+    let nodes = [node(0), node(1)];
+    let vars_of = |k: usize| -> Vec<(&str, &str)> {
+        nodes[k]
+            .1
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect()
+    };
+    let mnt = |k: usize| dir.path().join(format!("mnt{k}/{job}/data"));
+    for (k, (conf, _)) in nodes.iter().enumerate() {
+        let out = slurm_script("prolog.sh", conf, &vars_of(k));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && is_mounted(&mnt(k)),
+            "node {k}: {said}"
+        );
+        assert!(!said.contains("without"), "node {k}: {said}");
+    }
+    let secrets: Vec<Vec<u8>> = (0..2)
+        .map(|k| {
+            let path = dir.path().join(format!("stage{k}/{job}/peer-secret"));
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+            std::fs::read(path).unwrap()
+        })
+        .collect();
+    assert_eq!(secrets[0], secrets[1], "one secret per job");
+    let counters = |k: usize| -> serde_json::Value {
+        let out = packfs()
+            .args(["status", "--json"])
+            .arg(mnt(k))
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()[0]["counters"].clone()
+    };
+    let start = std::time::Instant::now();
+    while (0..2).any(|k| counters(k)["stage"]["state"] != "complete") {
+        assert!(start.elapsed().as_secs() < 60, "{}", counters(0));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (name, data) in &files {
+        assert!(std::fs::read(mnt(0).join(name)).unwrap() == *data, "{name}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let c = counters(0);
+    assert_eq!(c["stage"]["images"], 2, "its share, 2 images of 4: {c}");
+    assert!(c["peers"]["fetched_bytes"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["peers"]["source_bytes"], 0, "{c}");
+    for (k, (conf, _)) in nodes.iter().enumerate() {
+        assert_ok(&slurm_script("epilog.sh", conf, &vars_of(k)));
+        assert!(!is_mounted(&mnt(k)));
+        assert!(!dir.path().join(format!("stage{k}/{job}")).exists());
+    }
+}
+
 /// Another user made STAGE_ROOT before the first job (/dev/shm is world-writable): the prolog
 /// mounts without staging and says why; nothing of root's is staged in that user's directory.
 #[test]

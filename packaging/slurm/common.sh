@@ -9,6 +9,8 @@ MOUNT_ROOT=/tmp/packfs
 STAGE_ROOT=/dev/shm/packfs
 LOG_ROOT=
 ON_ERROR=continue
+PEER_KEY=
+SCONTROL=scontrol
 
 say() {
     # To syslog when there is one (slurmd's log otherwise gets stderr).
@@ -24,7 +26,7 @@ read_settings() {
     local line key value
     while IFS= read -r line || [ -n "$line" ]; do
         case "$line" in
-            PACKFS=*|MOUNT_ROOT=*|STAGE_ROOT=*|LOG_ROOT=*|ON_ERROR=*)
+            PACKFS=*|MOUNT_ROOT=*|STAGE_ROOT=*|LOG_ROOT=*|ON_ERROR=*|PEER_KEY=*|SCONTROL=*)
                 key=${line%%=*}
                 value=${line#*=}
                 printf -v "$key" '%s' "$value"
@@ -95,4 +97,60 @@ check_job_id() {
     case "${SLURM_JOB_ID:-}" in
         ''|*[!0-9_]*) say "SLURM_JOB_ID is missing or not a number: nothing to do"; exit 0 ;;
     esac
+}
+
+# This node's place in the job as "K N": its position in the job's node list as Slurm expands it
+# (SLURM_NODEID's order), and the number of nodes. Why not, on stderr.
+node_place() {
+    local nodes k=0 n=0 me=-1 node
+    if ! nodes=$("$SCONTROL" show hostnames "${SLURM_JOB_NODELIST:-}" 2>&1); then
+        echo "cannot expand the job's node list with $SCONTROL show hostnames: $nodes (set SCONTROL in $CONF)" >&2
+        return 1
+    fi
+    while read -r node; do
+        [ -n "$node" ] || continue
+        [ "$node" = "${SLURMD_NODENAME:-}" ] && me=$k
+        k=$((k + 1))
+    done <<< "$nodes"
+    n=$k
+    if [ "$me" -lt 0 ]; then
+        echo "this node (${SLURMD_NODENAME:-?}) is not in the job's node list" >&2
+        return 1
+    fi
+    printf '%s %s\n' "$me" "$n"
+}
+
+# The port the job's nodes serve each other on: the one `packfs mount --peers slurm` takes.
+peer_port() {
+    echo $((20000 + SLURM_JOB_ID % 20000))
+}
+
+# Writes the job's node list for peers (DIR/peers: host:port, in share order) and the job's
+# secret (DIR/peer-secret: derived from PEER_KEY and the job id, so every node of the job
+# derives the same one and no other job can) once per job and node. Why not, on stderr.
+peer_files() {
+    local dir=$1 owner nodes
+    if [ -z "$PEER_KEY" ]; then
+        echo "no PEER_KEY in $CONF (a key of root's, the same on every node, like munge's)" >&2
+        return 1
+    fi
+    if [ -L "$PEER_KEY" ] || [ ! -f "$PEER_KEY" ]; then
+        echo "PEER_KEY $PEER_KEY is not a regular file" >&2
+        return 1
+    fi
+    owner=$(stat -c '%u %a' "$PEER_KEY")
+    case "$owner" in
+        '0 600'|'0 400') ;;
+        *) echo "PEER_KEY $PEER_KEY has owner and mode $owner: make it root's, 0600" >&2; return 1 ;;
+    esac
+    nodes=$("$SCONTROL" show hostnames "${SLURM_JOB_NODELIST:-}" 2>&1) || {
+        echo "cannot expand the job's node list: $nodes" >&2
+        return 1
+    }
+    (
+        umask 077
+        printf '%s\n' "$nodes" | sed -e '/^$/d' -e "s/\$/:$(peer_port)/" > "$dir/peers" &&
+            { cat "$PEER_KEY"; printf '\npackfs peers of job %s\n' "$SLURM_JOB_ID"; } |
+            sha256sum | cut -d' ' -f1 > "$dir/peer-secret"
+    )
 }

@@ -17,6 +17,30 @@ root_dir "$MOUNT_ROOT" || exit 0
 # Made by root inside a root-owned MOUNT_ROOT, given to the user last: nobody can plant a link.
 mkdir -p -m 0700 "$jobdir" || { say "cannot create $jobdir"; exit 0; }
 
+# The stage options of dataset NAME for STAGE (eager, lazy; share: this node's share of the
+# images, eager; peers: the share, and the others read from the nodes that stage them), into args.
+stage_args() {
+    local name=$1 stage=$2 dir=$STAGE_ROOT/$SLURM_JOB_ID place why
+    case "$stage" in
+        eager|lazy)
+            args+=(--stage "$dir/$name" --stage-mode "$stage")
+            return
+            ;;
+    esac
+    if ! place=$(node_place 2>&1); then
+        say "mounting $name without staging: $place"
+        return
+    fi
+    args+=(--stage "$dir/$name" --stage-mode eager --stage-share "${place% *}/${place#* }")
+    if [ "$stage" = peers ]; then
+        if why=$(peer_files "$dir" 2>&1); then
+            args+=(--peers "@$dir/peers" --peer-secret "$dir/peer-secret")
+        else
+            say "$name: staging this node's share without peers: $why"
+        fi
+    fi
+}
+
 while read -r name when index stage options; do
     [ -n "$name" ] || continue
     wanted "$name" "$when" || continue
@@ -27,10 +51,10 @@ while read -r name when index stage options; do
         args+=(--log-file "$LOG_ROOT/$SLURM_JOB_ID.$name.log")
     fi
     case "$stage" in
-        eager|lazy)
+        eager|lazy|share|peers)
             # Root's stage, in root's own STAGE_ROOT: the job's user reads it through the mount.
             if root_dir "$STAGE_ROOT" && mkdir -p -m 0700 "$STAGE_ROOT/$SLURM_JOB_ID"; then
-                args+=(--stage "$STAGE_ROOT/$SLURM_JOB_ID/$name" --stage-mode "$stage")
+                stage_args "$name" "$stage"
             else
                 say "mounting $name without staging"
             fi

@@ -12,9 +12,10 @@ check_job_id 2>/dev/null
 read_settings
 jobdir=$(job_dir)
 failed=
-for mnt in "$jobdir"/* "$jobdir"/*.error; do
+for mnt in "$jobdir"/*; do
+    # NAME (a mountpoint) or NAME.error (a failed one, whose directory may be gone): one name.
     case "$mnt" in
-        *.error) mnt=${mnt%.error}; [ -e "$mnt.error" ] || continue ;;
+        *.error) mnt=${mnt%.error} ;;
         *) [ -d "$mnt" ] || continue ;;
     esac
     name=$(basename "$mnt")

@@ -463,6 +463,9 @@ class ShareSampler(_EpochSampler):
     them); its ranks split the node's samples. ``q=0`` reads only the node's share (local
     shuffling), ``q=1`` only the others'. Every sample is read once per epoch across all ranks
     and every rank gets the same count, with DistributedSampler's padding or ``drop_last``.
+    The other shares come from the parallel file system, or, with mounts made with ``--peers``
+    (``packfs.mount(..., peers=..., peer_secret=...)``), from the nodes that staged them: then
+    ``q=1``, a global shuffle, reads nothing from the file system once staging is done.
 
     ``catalog`` is a ``packfs.Mount`` (then ``root`` is its path), or a ``packfs.Catalog`` made
     with ``shares=N`` and ``root`` the mountpoint the dataset's paths start with. Ranks

@@ -81,7 +81,8 @@ Examples:
 enum Command {
     /// Mount images as one read-only directory tree.
     #[command(after_help = MOUNT_EXAMPLES)]
-    Mount(mount::Args),
+    // Boxed: its arguments are by far the largest (clippy::large_enum_variant).
+    Mount(Box<mount::Args>),
     /// Pack directory trees or images into balanced (optionally shuffled) tar shards, with their
     /// index and a manifest.
     #[command(after_help = PACK_EXAMPLES)]
@@ -195,7 +196,7 @@ pub fn run(cli: Cli, argv: &[std::ffi::OsString]) -> anyhow::Result<()> {
     };
     let stores = crate::source::Stores::network(store_options.clone());
     match cli.command {
-        Command::Mount(args) => mount::run(args, cli.quiet, argv, store_options),
+        Command::Mount(args) => mount::run(*args, cli.quiet, argv, store_options),
         Command::Pack(args) => pack::run(args, stores),
         Command::Index(args) => index::run(args, &stores),
         Command::Verify(args) => verify::run(args, stores),

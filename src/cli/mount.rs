@@ -90,6 +90,22 @@ pub struct Args {
     /// on the node then resumes from it).
     #[arg(long, requires = "stage_in")]
     keep_stage: bool,
+    /// The job's nodes, one per share in share order: read the images of another node's
+    /// --stage-share from that node (checked, the source on any failure), and serve this
+    /// node's staged chunks to the others. `host[:port],...` (port 7797 by default), `@FILE`
+    /// (one per line) or `slurm` (the job's nodes, in SLURM_NODEID order, at port 20000 +
+    /// SLURM_JOB_ID mod 20000). Needs --stage-share and --peer-secret.
+    #[arg(long, value_name = "NODES", requires = "peer_secret")]
+    peers: Option<String>,
+    /// The job's secret, shared by its nodes: a file of yours, mode 0600, 16 bytes or more
+    /// (e.g. `head -c 32 /dev/urandom | base64 > ~/.packfs-job-secret`). Every request between
+    /// peers is signed with it; it never travels.
+    #[arg(long, value_name = "FILE", requires = "peers")]
+    peer_secret: Option<PathBuf>,
+    /// Where this node serves its staged chunks (default: every interface, at the port of its
+    /// own entry in --peers; 7797 when that names none).
+    #[arg(long, value_name = "ADDR:PORT", requires = "peers")]
+    peer_listen: Option<std::net::SocketAddr>,
     /// `eager` copies everything; `lazy` copies the chunks that reads touch.
     #[arg(long, value_enum, default_value_t = Staging::Eager, requires = "staged")]
     stage_mode: Staging,
@@ -169,7 +185,20 @@ impl Args {
             // The daemon's, or the process's: set where it is opened.
             holder: String::new(),
             read_threads: self.io_threads,
+            peers: self.peer_options()?,
         })
+    }
+
+    /// The job's peers, as --peers, --peer-secret and --peer-listen give them.
+    fn peer_options(&self) -> anyhow::Result<Option<crate::peers::PeerOptions>> {
+        let (Some(nodes), Some(secret)) = (&self.peers, &self.peer_secret) else {
+            return Ok(None);
+        };
+        Ok(Some(crate::peers::PeerOptions {
+            nodes: crate::peers::nodes::Nodes::parse(nodes, crate::peers::nodes::DEFAULT_PORT)?,
+            secret: crate::peers::auth::Secret::load(secret)?,
+            listen: self.peer_listen,
+        }))
     }
 
     /// The stage directory: the one given, or the one --stage-in makes for this user and these

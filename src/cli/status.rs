@@ -233,6 +233,42 @@ fn render(m: &MountStatus) -> String {
             st.failed_checks
         );
     }
+    if let Some(p) = &c.peers {
+        let fell: Vec<String> = p
+            .fallbacks
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{n} {}", why.replace('_', " ")))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  peers     {} of other shares from their nodes ({} chunks), {} from the source; \
+             fell back: {}; served {} to them, refused {}",
+            human(p.fetched_bytes),
+            p.fetched_chunks,
+            human(p.source_bytes),
+            if fell.is_empty() {
+                "never".into()
+            } else {
+                fell.join(", ")
+            },
+            human(p.served_bytes),
+            p.refused
+        );
+        for one in p.peers.iter().filter(|o| o.requests > 0) {
+            let _ = writeln!(
+                out,
+                "    node {}: {} requests, {}, {} failed, p50 {}, p99 {}, max {}",
+                one.share,
+                one.requests,
+                human(one.bytes),
+                one.failures,
+                micros(one.p50_us),
+                micros(one.p99_us),
+                micros(one.max_us)
+            );
+        }
+    }
     for store in &c.remote {
         let _ = writeln!(
             out,

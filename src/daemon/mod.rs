@@ -35,6 +35,7 @@ impl From<crate::engine::EngineError> for MountError {
             EngineError::Dataset(e) => MountError::Dataset(e),
             EngineError::Index(e) => MountError::Index(e),
             EngineError::Tiers(e) => MountError::Tiers(e),
+            EngineError::Peers(e) => MountError::Peers(e),
         }
     }
 }
@@ -119,6 +120,8 @@ pub enum MountError {
     Index(#[from] IndexError),
     #[error(transparent)]
     Tiers(#[from] crate::tiers::OpenError),
+    #[error("{0}")]
+    Peers(String),
     #[error("cannot write the trace {}: {error}", path.display())]
     Trace { path: PathBuf, error: io::Error },
     #[error("cannot write pid file {}: {error}", path.display())]

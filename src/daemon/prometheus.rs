@@ -274,6 +274,75 @@ impl Counters {
                 &one(st.failed_checks),
             );
         }
+        if let Some(p) = &self.peers {
+            let by_share = |f: fn(&crate::peers::stats::OnePeer) -> f64| -> Vec<(String, f64)> {
+                p.peers
+                    .iter()
+                    .map(|one| (format!(",share=\"{}\"", one.share), f(one)))
+                    .collect()
+            };
+            family(
+                "peer_fetched_bytes_total",
+                "counter",
+                "Bytes of other shares' images read from the nodes that stage them, checked.",
+                &by_share(|o| o.bytes as f64),
+            );
+            family(
+                "peer_requests_total",
+                "counter",
+                "Chunks asked of each node of the job.",
+                &by_share(|o| o.requests as f64),
+            );
+            family(
+                "peer_mean_latency_seconds",
+                "gauge",
+                "Mean time a chunk took from each node.",
+                &by_share(|o| o.mean_us / 1e6),
+            );
+            family(
+                "peer_p99_latency_seconds",
+                "gauge",
+                "99th percentile of the time a chunk took from each node.",
+                &by_share(|o| o.p99_us / 1e6),
+            );
+            let reasons: Vec<_> = p
+                .fallbacks
+                .iter()
+                .map(|(why, n)| (format!(",reason=\"{why}\""), *n as f64))
+                .collect();
+            family(
+                "peer_fallbacks_total",
+                "counter",
+                "Chunks read from the source instead of the node that stages them, by reason.",
+                &reasons,
+            );
+            family(
+                "peer_source_bytes_total",
+                "counter",
+                "Bytes of other shares' images read from the source.",
+                &one(p.source_bytes),
+            );
+            family(
+                "peer_served_bytes_total",
+                "counter",
+                "Bytes of this node's staged chunks served to the job's other nodes.",
+                &one(p.served_bytes),
+            );
+            family(
+                "peer_refused_total",
+                "counter",
+                "Requests refused: not signed with the job's secret, too far off in time, or for \
+                 another dataset.",
+                &one(p.refused),
+            );
+            family(
+                "peer_damaged_total",
+                "counter",
+                "Requests for staged chunks whose bytes failed their check here (dropped, \
+                 staged again; the asking node read the source).",
+                &one(p.damaged),
+            );
+        }
         out
     }
 }
@@ -289,9 +358,36 @@ fn prometheus_label(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::prometheus_label;
+    use crate::daemon::stats::Counters;
+    use crate::peers::stats::{Fallback, PeerTierCounters};
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn labels_escape_what_the_text_format_wants_escaped() {
         assert_eq!(prometheus_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    /// The peer tier's families: per node of the job, and fallbacks by reason.
+    #[test]
+    fn peers_have_their_families() {
+        let tier = PeerTierCounters::new(2);
+        tier.peers[1].requests.fetch_add(3, Ordering::Relaxed);
+        tier.peers[1].bytes.fetch_add(4096, Ordering::Relaxed);
+        tier.fell_back(Fallback::Mismatch);
+        let counters = Counters {
+            mountpoint: "/m".into(),
+            peers: Some(tier.stats()),
+            ..Counters::default()
+        };
+        let prom = counters.to_prometheus();
+        for line in [
+            "packfs_peer_fetched_bytes_total{mountpoint=\"/m\",share=\"1\"} 4096\n",
+            "packfs_peer_requests_total{mountpoint=\"/m\",share=\"1\"} 3\n",
+            "packfs_peer_fallbacks_total{mountpoint=\"/m\",reason=\"mismatch\"} 1\n",
+            "packfs_peer_fallbacks_total{mountpoint=\"/m\",reason=\"unreachable\"} 0\n",
+        ] {
+            assert!(prom.contains(line), "{line} missing from:\n{prom}");
+        }
+        assert!(!Counters::default().to_prometheus().contains("packfs_peer_"));
     }
 }

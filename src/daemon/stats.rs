@@ -102,7 +102,8 @@ pub fn remove_if_orphaned(mountpoint: &Path) -> Option<Counters> {
         let _ = std::fs::remove_file(&path);
         // Metrics of a dead daemon would show it up to a dashboard forever.
         let _ = std::fs::remove_file(path.with_extension("prom"));
-        return serde_json::from_str(&text).ok();
+        // Parsed once: the counters from the value already read.
+        return value.and_then(|v| serde_json::from_value(v).ok());
     }
     None
 }
@@ -198,6 +199,9 @@ pub struct Counters {
     pub source: SourceStats,
     pub ram: RamStats,
     pub stage: Option<StageStats>,
+    /// Chunks served to the job's other nodes and read from them (absent without --peers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<crate::peers::stats::PeerStats>,
     /// Requests to object stores and HTTP servers, per store (empty for files).
     pub remote: Vec<crate::source::remote::StoreStats>,
     /// The S3 credentials: where from, until when, renewals (absent without S3).
@@ -257,6 +261,7 @@ impl Counters {
             source: images.source().stats(),
             ram: images.ram_stats(),
             stage: images.stage().map(|s| s.stats()),
+            peers: src.engine.peer_stats(),
             remote: src.engine.stores().stats(),
             credentials: src.engine.stores().credential_stats(),
             requests,

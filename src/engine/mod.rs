@@ -18,7 +18,11 @@ use tracing::{info, warn};
 use crate::catalog::Catalog;
 use crate::catalog::index::IndexError;
 use crate::dataset::{DatasetError, Merge, OnScan};
+use crate::peers::client::{PeerFirst, PeerLink};
+use crate::peers::server::PeerServer;
+use crate::peers::stats::PeerTierCounters;
 use crate::source::Stores;
+use crate::source::read_at::ReadAt;
 use crate::tiers::lookahead::{Lookahead, LookaheadOptions, PageCacheProbe};
 use crate::tiers::stage::{Stage, StageOptions};
 use crate::tiers::{self, FileReader, OpenError, TierOptions};
@@ -47,6 +51,9 @@ pub struct EngineOptions {
     pub save_index: Option<PathBuf>,
     /// Threads that read at once (for the advice on the RAM cache's size).
     pub read_threads: usize,
+    /// The job's other nodes, to read their staged shares from and serve this one's to
+    /// (`peers`; needs a stage with a share).
+    pub peers: Option<crate::peers::PeerOptions>,
 }
 
 impl EngineOptions {
@@ -65,6 +72,7 @@ impl EngineOptions {
             lookahead_depth: None,
             save_index: None,
             read_threads: 1,
+            peers: None,
         }
     }
 }
@@ -78,6 +86,8 @@ pub enum EngineError {
     Index(#[from] IndexError),
     #[error(transparent)]
     Tiers(#[from] OpenError),
+    #[error("{0}")]
+    Peers(String),
 }
 
 /// One dataset, open and ready to read.
@@ -89,6 +99,8 @@ pub struct Engine {
     /// The files with checksums, once counted (`background::verify`).
     checksummed: Arc<OnceLock<u64>>,
     background: Mutex<Option<background::Work>>,
+    /// The peer tier: its counters, and the server of this node's staged chunks.
+    peers: Option<(Arc<PeerTierCounters>, PeerServer)>,
 }
 
 impl Engine {
@@ -120,11 +132,31 @@ impl Engine {
         stores: Stores,
         page_cache: Option<PageCacheProbe>,
     ) -> Result<Engine, EngineError> {
-        let files = Arc::new(tiers::open(
-            &catalog,
-            &tier_options(opts, &catalog),
-            &stores,
-        )?);
+        let mut source = tiers::open_source(&catalog, &stores)?;
+        let link = match &opts.peers {
+            Some(peers) => Some(peer_link(peers, opts, &catalog)?),
+            None => None,
+        };
+        if let Some(link) = &link {
+            source = source.served_by(|i, data| {
+                let share = tiers::stage::share_of(i as usize, link.world());
+                link.serves(share).then(|| -> Arc<dyn ReadAt> {
+                    Arc::new(PeerFirst {
+                        inner: data.clone(),
+                        link: link.clone(),
+                        image: i,
+                        share,
+                        size: catalog.images()[i as usize].fingerprint.size,
+                    })
+                })
+            });
+        }
+        let tiers = tier_options(opts, &catalog);
+        let files = Arc::new(tiers::assemble(Arc::new(source), &catalog, &tiers)?);
+        let peers = match (&opts.peers, link) {
+            (Some(peers), Some(link)) => Some(start_peer_server(peers, &files, link)?),
+            _ => None,
+        };
         let lookahead = start_lookahead(opts, &files, &catalog, page_cache);
         Ok(Engine {
             catalog,
@@ -133,6 +165,7 @@ impl Engine {
             lookahead,
             checksummed: Arc::new(OnceLock::new()),
             background: Mutex::new(None),
+            peers,
         })
     }
 
@@ -190,6 +223,11 @@ impl Engine {
         self.files.images().stage()
     }
 
+    /// The peer tier's counters, with peers.
+    pub fn peer_stats(&self) -> Option<crate::peers::stats::PeerStats> {
+        self.peers.as_ref().map(|(counters, _)| counters.stats())
+    }
+
     /// The files with checksums, once counted after `start`.
     pub fn checksummed(&self) -> &Arc<OnceLock<u64>> {
         &self.checksummed
@@ -200,6 +238,57 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// How this node reads the others' shares: its share and the job's nodes, checked against
+/// each other.
+fn peer_link(
+    peers: &crate::peers::PeerOptions,
+    opts: &EngineOptions,
+    catalog: &Catalog,
+) -> Result<Arc<PeerLink>, EngineError> {
+    let share = opts
+        .stage
+        .as_ref()
+        .and_then(|s| s.share)
+        .ok_or_else(|| EngineError::Peers("--peers needs --stage (or --stage-in) and --stage-share K/N: the nodes serve each other the shares they stage".into()))?;
+    peers
+        .nodes
+        .check(share.world)
+        .map_err(|e| EngineError::Peers(e.to_string()))?;
+    let counters = Arc::new(PeerTierCounters::new(peers.nodes.0.len()));
+    Ok(Arc::new(PeerLink::new(
+        peers.nodes.clone(),
+        share.rank,
+        peers.secret.clone(),
+        crate::peers::dataset_id(catalog, opts.chunk_size),
+        opts.chunk_size,
+        counters,
+    )))
+}
+
+/// The server of this node's staged chunks, listening where the job's node list says.
+fn start_peer_server(
+    peers: &crate::peers::PeerOptions,
+    files: &FileReader,
+    link: Arc<PeerLink>,
+) -> Result<(Arc<PeerTierCounters>, PeerServer), EngineError> {
+    let stage = files
+        .images()
+        .stage()
+        .cloned()
+        .ok_or_else(|| EngineError::Peers("--peers needs a stage".into()))?;
+    let listen = crate::peers::listen_address(peers, link.me()).map_err(EngineError::Peers)?;
+    let counters = link.counters().clone();
+    let server = PeerServer::start(
+        listen,
+        stage,
+        peers.secret.clone(),
+        link.dataset().to_string(),
+        counters.clone(),
+    )
+    .map_err(|e| EngineError::Peers(format!("cannot serve peers on {listen}: {e}")))?;
+    Ok((counters, server))
 }
 
 /// The tier stack `opts` asks for.

@@ -2,6 +2,7 @@
 //! recorded by the dispatcher for every request (a few relaxed atomic adds: no lock, no allocation),
 //! read by the stats writer (`packfs status`) and by `--idle-timeout`.
 
+use crate::util::latency::Latency;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -105,35 +106,11 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Histogram buckets: four per power of two of nanoseconds (an upper edge is at most 19% above
-/// any value in its bucket), up to 2^42 ns (73 min; longer requests land in the last bucket).
-const BUCKETS: usize = 4 * 42;
-
-/// The bucket of a latency in nanoseconds.
-fn bucket(ns: u64) -> usize {
-    if ns < 4 {
-        return ns as usize;
-    }
-    let exp = 63 - ns.leading_zeros() as usize;
-    let sub = ((ns >> (exp - 2)) & 3) as usize;
-    (exp * 4 + sub).min(BUCKETS - 1)
-}
-
-/// The largest latency in nanoseconds that falls in bucket `b`.
-fn bucket_top(b: usize) -> u64 {
-    if b < 4 {
-        return b as u64;
-    }
-    let (exp, sub) = (b / 4, (b % 4) as u64);
-    ((4 + sub + 1) << (exp - 2)) - 1
-}
-
 struct OpCounters {
     count: AtomicU64,
     errors: AtomicU64,
     bytes: AtomicU64,
-    max_ns: AtomicU64,
-    histogram: [AtomicU64; BUCKETS],
+    latency: Latency,
 }
 
 impl OpCounters {
@@ -142,8 +119,7 @@ impl OpCounters {
             count: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
-            max_ns: AtomicU64::new(0),
-            histogram: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency: Latency::default(),
         }
     }
 }
@@ -206,8 +182,7 @@ impl Requests {
         if bytes > 0 {
             c.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        c.histogram[bucket(ns)].fetch_add(1, Ordering::Relaxed);
-        c.max_ns.fetch_max(ns, Ordering::Relaxed);
+        c.latency.record(ns);
         let ms = now.duration_since(self.epoch).as_millis() as u64;
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
@@ -231,58 +206,22 @@ impl Requests {
 
     fn figures_of(&self, op: Op) -> OpFigures {
         let c = &self.ops[op as usize];
-        let histogram: Vec<u64> = c
-            .histogram
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        let total: u64 = histogram.iter().sum();
-        let max_ns = c.max_ns.load(Ordering::Relaxed);
-        let at = |q: f64| {
-            let rank = ((total as f64 * q).ceil() as u64).max(1);
-            let mut seen = 0;
-            for (b, n) in histogram.iter().enumerate() {
-                seen += n;
-                if seen >= rank {
-                    return us(bucket_top(b).min(max_ns));
-                }
-            }
-            us(max_ns)
-        };
+        let [p50_us, p90_us, p99_us] = c.latency.quantiles_us([0.50, 0.90, 0.99]);
         OpFigures {
             count: c.count.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
-            p50_us: at(0.50),
-            p90_us: at(0.90),
-            p99_us: at(0.99),
-            max_us: us(max_ns),
+            p50_us,
+            p90_us,
+            p99_us,
+            max_us: c.latency.max_us(),
         }
     }
-}
-
-/// Nanoseconds as microseconds with one decimal.
-fn us(ns: u64) -> f64 {
-    (ns as f64 / 100.0).round() / 10.0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn a_value_is_at_most_its_bucket_top_and_above_the_previous(ns in 0u64..(1 << 41)) {
-            let b = bucket(ns);
-            prop_assert!(ns <= bucket_top(b));
-            if b > 0 {
-                prop_assert!(ns > bucket_top(b - 1));
-            }
-            // Within 25% (a quarter of a power of two) of the value.
-            prop_assert!(bucket_top(b) as f64 <= (ns as f64 * 1.25).max(3.0));
-        }
-    }
 
     #[test]
     fn percentiles_follow_the_recorded_latencies() {

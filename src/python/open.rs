@@ -165,6 +165,8 @@ impl Current {
         let opts = EngineOptions {
             stage: None,
             save_index: None,
+            // The parent serves the peers and reads from them; a child reads the images.
+            peers: None,
             ..self.opts.clone()
         };
         let catalog = Arc::clone(parent.engine.catalog());

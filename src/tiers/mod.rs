@@ -109,7 +109,15 @@ pub fn open(
     opts: &TierOptions,
     stores: &crate::source::Stores,
 ) -> Result<FileReader, OpenError> {
-    let source = OpenedImages::open(catalog.images(), stores).map_err(|error| {
+    assemble(Arc::new(open_source(catalog, stores)?), catalog, opts)
+}
+
+/// The catalog's images, opened and checked against their fingerprints.
+pub fn open_source(
+    catalog: &Catalog,
+    stores: &crate::source::Stores,
+) -> Result<OpenedImages, OpenError> {
+    OpenedImages::open(catalog.images(), stores).map_err(|error| {
         let stale = match (&error, catalog.index_path()) {
             (SourceError::Changed { .. }, Some(index)) => Some(StaleIndex {
                 index: index.to_path_buf(),
@@ -124,8 +132,7 @@ pub fn open(
             _ => None,
         };
         OpenError::Source { error, stale }
-    })?;
-    assemble(Arc::new(source), catalog, opts)
+    })
 }
 
 /// Stacks the tiers over an opened source (any `ReadAt` images, e.g. a fault injector in tests).

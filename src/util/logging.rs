@@ -141,7 +141,21 @@ pub fn init(setup: &Setup) -> Result<(), LogError> {
         .with(file)
         .with(syslog)
         .try_init()
-        .map_err(|e| LogError::Install(e.to_string()))
+        .map_err(|e| LogError::Install(e.to_string()))?;
+    // Crates logging through `log` (ureq: several trace lines per request and per body read)
+    // had every record walk the whole filter stack above, to be dropped there: 40% of a
+    // reading daemon's CPU over peers. Below WARN only RUST_LOG or -vv lets any through.
+    log::set_max_level(log_cap(rust_log.is_some(), setup.verbosity));
+    Ok(())
+}
+
+/// The most detailed `log` record worth making: what RUST_LOG or -vv can ask for, else
+/// warnings (other crates are held there anyway, fuser at errors).
+fn log_cap(rust_log: bool, verbosity: u8) -> log::LevelFilter {
+    match rust_log || verbosity >= 2 {
+        true => log::LevelFilter::Trace,
+        false => log::LevelFilter::Warn,
+    }
 }
 
 /// Whether an event comes from packfs itself or from fuser (whose debug lines are requests, with
@@ -310,5 +324,13 @@ mod tests {
         }
         assert!(is_ours("packfs::source::remote") && is_ours("fuser") && !is_ours("ureq::run"));
         assert!(!is_ours("packfsx"));
+    }
+
+    #[test]
+    fn other_crates_log_records_below_warn_are_not_made_unless_asked_for() {
+        assert_eq!(log_cap(false, 0), log::LevelFilter::Warn);
+        assert_eq!(log_cap(false, 1), log::LevelFilter::Warn);
+        assert_eq!(log_cap(false, 2), log::LevelFilter::Trace);
+        assert_eq!(log_cap(true, 0), log::LevelFilter::Trace);
     }
 }

@@ -86,17 +86,18 @@ enum Failure {
 
 impl Client {
     pub(super) fn new(mut s3: S3Config, limits: Limits) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(limits.timeout))
-            .timeout_connect(Some(limits.connect_timeout))
-            .max_idle_connections(limits.in_flight * 2)
-            .max_idle_connections_per_host(limits.in_flight * 2)
-            // A redirect would lose the Range header's meaning on some servers; stores do not
-            // redirect reads of objects they hold.
-            .max_redirects(0)
-            .build()
-            .into();
+        let agent = super::resolver::agent(
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(limits.timeout))
+                .timeout_connect(Some(limits.connect_timeout))
+                .max_idle_connections(limits.in_flight * 2)
+                .max_idle_connections_per_host(limits.in_flight * 2)
+                // A redirect would lose the Range header's meaning on some servers; stores do
+                // not redirect reads of objects they hold.
+                .max_redirects(0)
+                .build(),
+        );
         Client {
             agent,
             // The provider holds the source from now on.

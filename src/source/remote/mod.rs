@@ -11,6 +11,7 @@ mod credentials;
 pub mod faulty;
 mod location;
 mod refusal;
+pub mod resolver;
 pub mod store;
 
 use std::io;

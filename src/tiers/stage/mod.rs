@@ -6,7 +6,9 @@
 //! the RAM tier), and in lazy mode that read asks the stager to keep the chunk. The stager is the
 //! only writer of local bytes; readers may only drop a chunk that fails its check.
 
+mod checked;
 mod copier;
+pub mod for_peers;
 mod image;
 mod lock;
 pub mod per_node;
@@ -14,7 +16,6 @@ mod state;
 mod state_file;
 mod store;
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -22,9 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender};
-use tracing::{error, info, warn};
-use xxhash_rust::xxh3::Xxh3;
+use tracing::{info, warn};
 
+use checked::Checked;
 pub use copier::run as run_copier;
 pub use image::chunk_len;
 use image::{BUSY, PRESENT, StagedImage, VERIFIED, dropped, is_local, state, with_state};
@@ -197,14 +198,6 @@ pub struct Stage {
     memory: Option<Arc<MemoryBudget>>,
 }
 
-/// Bytes of a staged chunk read back at a time for its check.
-const CHECK_PIECE: u64 = 128 << 10;
-
-thread_local! {
-    /// A piece of a chunk read back from local storage for its check.
-    static CHECK_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
 impl Stage {
     /// Opens the stage directory (created if missing) for `images`, locks it for `holder`, and
     /// loads what earlier runs staged there.
@@ -344,43 +337,11 @@ impl Stage {
                 }
             }
             PRESENT => {
-                let ok = CHECK_BUF.with_borrow_mut(|piece| -> std::io::Result<bool> {
-                    // Read back in pieces, hashed as they pass, and `dst` filled from the same
-                    // pieces, so what is served is what was checked. A whole chunk per reading
-                    // thread (32 MiB under 32 readers) was memory outside the budget.
-                    let (len, from, to) = (img.chunk_len(i), within, within + dst.len() as u64);
-                    let mut hasher = Xxh3::new();
-                    let mut at = 0;
-                    while at < len {
-                        piece.resize((len - at).min(CHECK_PIECE) as usize, 0);
-                        if let Err(e) = img.read_local(i, at, piece, wait) {
-                            return self.local_read_failed(img, i, before, e);
-                        }
-                        hasher.update(piece);
-                        let end = at + piece.len() as u64;
-                        let (lo, hi) = (at.max(from), end.min(to));
-                        if lo < hi {
-                            dst[(lo - from) as usize..(hi - from) as usize]
-                                .copy_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
-                        }
-                        at = end;
-                    }
-                    let got = hasher.digest();
-                    let want = img.chunks[i].sum.load(Ordering::SeqCst);
-                    if !still_local(before, img.word(i)) {
-                        return Ok(false);
-                    }
-                    if got != want {
-                        self.failed_check(img, i, before, got, want);
-                        return Ok(false);
-                    }
-                    if img.swap(i, before, with_state(before, VERIFIED)) {
-                        self.verified_chunks.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(true)
-                })?;
-                if !ok {
+                if self.read_checked(img, i, before, within, dst, wait)? != Checked::Matched {
                     return Ok(false);
+                }
+                if img.swap(i, before, with_state(before, VERIFIED)) {
+                    self.verified_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             }
             _ => return Ok(false),
@@ -438,46 +399,6 @@ impl Stage {
         self.handed_bytes().remove(&(image, i));
         self.pending.fetch_sub(1, Ordering::Relaxed);
     }
-
-    /// A staged chunk that could not be read back is dropped (and served from the source), but
-    /// one that is only out of memory for a read that may not wait is kept: that read goes to
-    /// the read pool. Dropped, every such chunk was logged as an error and fetched again.
-    fn local_read_failed(
-        &self,
-        img: &StagedImage,
-        i: usize,
-        word: u64,
-        e: std::io::Error,
-    ) -> std::io::Result<bool> {
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            return Err(e);
-        }
-        error!(
-            "cannot read staged chunk {i} of {} from {} at offset {}: {e}; reading it from the source",
-            img.source_path.display(),
-            img.data_path.display(),
-            img.chunk_start(i)
-        );
-        self.drop_chunk(img, i, word);
-        Ok(false)
-    }
-
-    fn failed_check(&self, img: &StagedImage, i: usize, word: u64, got: u64, want: u64) {
-        // Several readers may check the same chunk at once: the one that drops it reports.
-        if !self.drop_chunk(img, i, word) {
-            return;
-        }
-        self.failed_checks.fetch_add(1, Ordering::Relaxed);
-        error!(
-            "staged chunk {i} of {} (bytes {}..{} of {}) fails its checksum: xxh3 {got:016x}, \
-             expected {want:016x}; dropped, served from the source and staged again",
-            img.source_path.display(),
-            img.chunk_start(i),
-            img.chunk_start(i) + img.chunk_len(i),
-            img.data_path.display()
-        );
-    }
-
     /// Drops the local bytes of a complete chunk (unless another thread changed it first).
     fn drop_chunk(&self, img: &StagedImage, i: usize, word: u64) -> bool {
         let busy = with_state(dropped(word), BUSY);

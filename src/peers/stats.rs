@@ -1,0 +1,159 @@
+//! What the peer tier did: chunks served to other nodes and refused, chunks fetched from them,
+//! and every fall back to the source, by reason.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a chunk was read from the source instead of from the node that stages it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// No answer: connection refused or reset, timeout (the node is down or overloaded).
+    Unreachable,
+    /// The node has not staged (and verified) the chunk yet, or dropped it.
+    NotStaged,
+    /// The node refused the request (another job's secret, a clock too far off, another
+    /// dataset).
+    Refused,
+    /// The bytes did not match their checksum (on the node's disk, which then said so and
+    /// drops the chunk, or on arrival), or the answer was not signed with the job's secret:
+    /// never served.
+    Mismatch,
+    /// The node had no memory to spare for the chunk right now.
+    Busy,
+    /// Any other answer (a server error, a malformed reply).
+    Other,
+}
+
+impl Fallback {
+    pub const ALL: [Fallback; 6] = [
+        Fallback::Unreachable,
+        Fallback::NotStaged,
+        Fallback::Refused,
+        Fallback::Mismatch,
+        Fallback::Busy,
+        Fallback::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::Unreachable => "unreachable",
+            Fallback::NotStaged => "not_staged",
+            Fallback::Refused => "refused",
+            Fallback::Mismatch => "mismatch",
+            Fallback::Busy => "busy",
+            Fallback::Other => "other",
+        }
+    }
+}
+
+/// One node's requests to another, for the status's per-peer line.
+#[derive(Debug, Default)]
+pub struct PeerCounters {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+    pub failures: AtomicU64,
+    pub total_ns: AtomicU64,
+    pub latency: crate::util::latency::Latency,
+}
+
+/// The counters of the peer tier of one mount.
+#[derive(Debug, Default)]
+pub struct PeerTierCounters {
+    pub served_chunks: AtomicU64,
+    pub served_bytes: AtomicU64,
+    /// Requests this node refused (not signed with the job's secret, stale, another dataset).
+    pub refused: AtomicU64,
+    /// Requests for chunks this node has not staged (answered "not staged").
+    pub not_staged: AtomicU64,
+    /// Requests for chunks whose staged bytes failed their check (dropped, staged again).
+    pub damaged: AtomicU64,
+    pub fallbacks: [AtomicU64; Fallback::ALL.len()],
+    /// Bytes of other shares' images read from the source (fallbacks).
+    pub source_bytes: AtomicU64,
+    /// Per node of the list, in share order.
+    pub peers: Vec<PeerCounters>,
+}
+
+impl PeerTierCounters {
+    pub fn new(nodes: usize) -> PeerTierCounters {
+        PeerTierCounters {
+            peers: (0..nodes).map(|_| PeerCounters::default()).collect(),
+            ..PeerTierCounters::default()
+        }
+    }
+
+    pub fn fell_back(&self, why: Fallback) {
+        let at = Fallback::ALL.iter().position(|f| *f == why).unwrap_or(0);
+        self.fallbacks[at].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> PeerStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PeerStats {
+            served_chunks: load(&self.served_chunks),
+            served_bytes: load(&self.served_bytes),
+            refused: load(&self.refused),
+            not_staged: load(&self.not_staged),
+            damaged: load(&self.damaged),
+            fetched_chunks: self.peers.iter().map(|p| load(&p.requests)).sum::<u64>()
+                - self.peers.iter().map(|p| load(&p.failures)).sum::<u64>(),
+            fetched_bytes: self.peers.iter().map(|p| load(&p.bytes)).sum(),
+            source_bytes: load(&self.source_bytes),
+            fallbacks: Fallback::ALL
+                .iter()
+                .zip(&self.fallbacks)
+                .map(|(f, n)| (f.name().to_string(), load(n)))
+                .collect(),
+            peers: self
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(share, p)| {
+                    let requests = load(&p.requests);
+                    let [p50_us, p99_us] = p.latency.quantiles_us([0.50, 0.99]);
+                    OnePeer {
+                        share: share as u32,
+                        requests,
+                        bytes: load(&p.bytes),
+                        failures: load(&p.failures),
+                        mean_us: match requests {
+                            0 => 0.0,
+                            n => (load(&p.total_ns) / n) as f64 / 1000.0,
+                        },
+                        p50_us,
+                        p99_us,
+                        max_us: p.latency.max_us(),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The peer tier's counters, for the stats file (docs/metrics.md).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PeerStats {
+    pub served_chunks: u64,
+    pub served_bytes: u64,
+    pub refused: u64,
+    pub not_staged: u64,
+    pub damaged: u64,
+    pub fetched_chunks: u64,
+    pub fetched_bytes: u64,
+    pub source_bytes: u64,
+    pub fallbacks: indexmap::IndexMap<String, u64>,
+    pub peers: Vec<OnePeer>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct OnePeer {
+    pub share: u32,
+    pub requests: u64,
+    pub bytes: u64,
+    pub failures: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
