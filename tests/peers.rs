@@ -200,6 +200,20 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
         "{answer}"
     );
 
+    // A client that never finishes its request is dropped after 5 s, not held.
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", pb)).unwrap();
+    std::io::Write::write_all(&mut slow, b"GET /v1/any/0/0 HTTP/1.1\r\nHost: b\r\n").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let closed = std::io::Read::read_to_end(&mut slow, &mut rest);
+    assert!(
+        closed.is_ok() && started.elapsed() < Duration::from_secs(15),
+        "{closed:?} after {:?}",
+        started.elapsed()
+    );
+
     // A node of another job (another secret) is refused, and reads the source: right bytes.
     let other = secret(dir.path(), "other", "another-job-entirely-here\n");
     let pc = free_port();

@@ -23,8 +23,9 @@ use crate::source::read_at::{ReadAt, Stamp};
 /// How long a chunk may take from another node before the source is read instead.
 const TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Connections kept open to each node between requests.
+/// Connections kept open to each node between requests, and for how long at most.
 const IDLE_CONNECTIONS: usize = 32;
+const IDLE_AGE: Duration = Duration::from_secs(2);
 /// How long a node that did not answer is not asked again.
 const REST: Duration = Duration::from_secs(10);
 
@@ -70,6 +71,9 @@ impl PeerLink {
                 // connections, not a connect per request.
                 .max_idle_connections(IDLE_CONNECTIONS * nodes.0.len().max(1))
                 .max_idle_connections_per_host(IDLE_CONNECTIONS)
+                // Well before the node closes one idle for its header timeout (5 s): a kept
+                // connection never meets the close half way.
+                .max_idle_age(IDLE_AGE)
                 .max_redirects(0)
                 .build(),
         );

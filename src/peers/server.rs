@@ -29,6 +29,15 @@ use crate::tiers::budget::MemoryBudget;
 use crate::tiers::stage::Stage;
 use crate::tiers::stage::for_peers::ForPeer;
 
+/// Connections served at once; more are closed as they come (the node's other users can reach
+/// the port: each connection costs a task and its buffers). The job's nodes keep a few each.
+const MAX_CONNECTIONS: usize = 512;
+/// How long a request's headers may take to arrive (a client that sends them slowly, or not at
+/// all, is dropped).
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// A connection's read buffer at most: requests are a line and a few headers.
+const MAX_BUFFER: usize = 16 << 10;
+
 /// What every request is answered from.
 struct Ctx {
     stage: Arc<Stage>,
@@ -68,6 +77,7 @@ impl PeerServer {
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
+            .enable_time()
             .max_blocking_threads(8)
             .thread_name("packfs-peer-io")
             .build()?;
@@ -111,19 +121,38 @@ async fn serve(
             return;
         }
     };
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut said_full = false;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = &mut stopped => return,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let Ok((stream, from)) = accepted else {
+            continue;
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            if !said_full {
+                warn!(
+                    "the peer server holds {MAX_CONNECTIONS} connections: closing new ones \
+                     (from {from}) until some end; their nodes read the source meanwhile"
+                );
+                said_full = true;
+            }
+            continue;
+        };
+        said_full = false;
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(req, ctx.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_BUFFER)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
+            drop(permit);
         });
     }
 }
@@ -140,7 +169,7 @@ fn refusal(status: StatusCode, why: &'static str) -> Response<Full<Bytes>> {
 fn parse_range(range: &str) -> Option<std::ops::Range<u64>> {
     let (a, b) = range.strip_prefix("bytes=")?.split_once('-')?;
     let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
-    (a <= b).then(|| a..b + 1)
+    (a <= b).then_some(a..b.checked_add(1)?)
 }
 
 /// What a request signs: the path and the range asked for.
@@ -275,6 +304,7 @@ mod tests {
         assert_eq!(parse_range("bytes=-5"), None);
         assert_eq!(parse_range("bytes=9-3"), None);
         assert_eq!(parse_range("bytes=0-1,4-5"), None);
+        assert_eq!(parse_range("bytes=0-18446744073709551615"), None);
     }
 
     #[test]
