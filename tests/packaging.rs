@@ -201,7 +201,8 @@ fn slurm_prolog_mounts_for_the_job_user_and_the_epilog_cleans_up_twice() {
 /// STAGE `peers`: two "nodes" of one job (here one machine, each with its own config, roots and
 /// listening address; Slurm's node list expanded by a stand-in for scontrol) stage their shares
 /// and read the other share from each other, with one secret the prolog derived on each from the
-/// site's key; the epilog removes what the prolog made.
+/// site's key; the epilog removes what the prolog made. Two datasets of the job serve on ports
+/// of their own, and each node's prolog asks Slurm for the node list once.
 #[test]
 fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
     let dir = open_tempdir();
@@ -233,8 +234,25 @@ fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
         .arg("-o")
         .arg(&index)
         .args(&images));
+    // The second dataset: the same shards in another order, so another dataset to the peers
+    // (its node asking the first dataset's server would be refused and read the source).
+    let other = dir.path().join("more.packfs-index");
+    run(packfs()
+        .arg("index")
+        .arg("-q")
+        .arg("-o")
+        .arg(&other)
+        .args(images.iter().rev()));
     let scontrol = dir.path().join("scontrol");
-    std::fs::write(&scontrol, "#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.2\\n'\n").unwrap();
+    let calls = dir.path().join("scontrol.calls");
+    std::fs::write(
+        &scontrol,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nprintf '127.0.0.1\\n127.0.0.2\\n'\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
     let key = dir.path().join("peer.key");
     std::fs::write(&key, bytes(7, 32)).unwrap();
@@ -248,13 +266,16 @@ fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
             &conf,
             format!(
                 "PACKFS={BIN}\nMOUNT_ROOT={}/mnt{k}\nSTAGE_ROOT={}/stage{k}\nPEER_KEY={}\n\
-                 SCONTROL={}\ndataset data always {} peers --peer-listen 127.0.0.{}:{port}\n",
+                 SCONTROL={}\ndataset data always {index} peers --peer-listen 127.0.0.{n}:{port}\n\
+                 dataset more always {} peers --peer-listen 127.0.0.{n}:{}\n",
                 dir.path().display(),
                 dir.path().display(),
                 key.display(),
                 scontrol.display(),
-                index.display(),
-                k + 1
+                other.display(),
+                port + 1,
+                index = index.display(),
+                n = k + 1
             ),
         )
         .unwrap();
@@ -275,16 +296,21 @@ fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
             .map(|(a, b)| (a.as_str(), b.as_str()))
             .collect()
     };
-    let mnt = |k: usize| dir.path().join(format!("mnt{k}/{job}/data"));
+    let datasets = ["data", "more"];
+    let mnt = |k: usize, name: &str| dir.path().join(format!("mnt{k}/{job}/{name}"));
     for (k, (conf, _)) in nodes.iter().enumerate() {
         let out = slurm_script("prolog.sh", conf, &vars_of(k));
         let said = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && is_mounted(&mnt(k)),
-            "node {k}: {said}"
-        );
+        for name in datasets {
+            assert!(
+                out.status.success() && is_mounted(&mnt(k, name)),
+                "node {k}, {name}: {said}"
+            );
+        }
         assert!(!said.contains("without"), "node {k}: {said}");
     }
+    let asked = std::fs::read_to_string(&calls).unwrap();
+    assert_eq!(asked.lines().count(), 2, "once per node: {asked}");
     let secrets: Vec<Vec<u8>> = (0..2)
         .map(|k| {
             let path = dir.path().join(format!("stage{k}/{job}/peer-secret"));
@@ -296,30 +322,37 @@ fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
         })
         .collect();
     assert_eq!(secrets[0], secrets[1], "one secret per job");
-    let counters = |k: usize| -> serde_json::Value {
+    let counters = |k: usize, name: &str| -> serde_json::Value {
         let out = packfs()
             .args(["status", "--json"])
-            .arg(mnt(k))
+            .arg(mnt(k, name))
             .output()
             .unwrap();
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()[0]["counters"].clone()
     };
     let start = std::time::Instant::now();
-    while (0..2).any(|k| counters(k)["stage"]["state"] != "complete") {
-        assert!(start.elapsed().as_secs() < 60, "{}", counters(0));
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    for (name, data) in &files {
-        assert!(std::fs::read(mnt(0).join(name)).unwrap() == *data, "{name}");
+    for name in datasets {
+        while (0..2).any(|k| counters(k, name)["stage"]["state"] != "complete") {
+            assert!(start.elapsed().as_secs() < 60, "{}", counters(0, name));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        for (file, data) in &files {
+            assert!(
+                std::fs::read(mnt(0, name).join(file)).unwrap() == *data,
+                "{name}/{file}"
+            );
+        }
     }
     std::thread::sleep(std::time::Duration::from_millis(1200));
-    let c = counters(0);
-    assert_eq!(c["stage"]["images"], 2, "its share, 2 images of 4: {c}");
-    assert!(c["peers"]["fetched_bytes"].as_u64().unwrap() > 0, "{c}");
-    assert_eq!(c["peers"]["source_bytes"], 0, "{c}");
+    for name in datasets {
+        let c = counters(0, name);
+        assert_eq!(c["stage"]["images"], 2, "its share, 2 images of 4: {c}");
+        assert!(c["peers"]["fetched_bytes"].as_u64().unwrap() > 0, "{c}");
+        assert_eq!(c["peers"]["source_bytes"], 0, "{name}: {c}");
+    }
     for (k, (conf, _)) in nodes.iter().enumerate() {
         assert_ok(&slurm_script("epilog.sh", conf, &vars_of(k)));
-        assert!(!is_mounted(&mnt(k)));
+        assert!(datasets.iter().all(|name| !is_mounted(&mnt(k, name))));
         assert!(!dir.path().join(format!("stage{k}/{job}")).exists());
     }
 }

@@ -16,15 +16,20 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Two shards per share of two: 4 tars of about 1 MiB of incompressible files each.
-fn images(dir: &Path) -> (Vec<PathBuf>, Vec<(String, Vec<u8>)>) {
+/// `shards` tars of `per_shard` incompressible files from `smallest` bytes up.
+fn shards(
+    dir: &Path,
+    shards: usize,
+    per_shard: usize,
+    smallest: usize,
+) -> (Vec<PathBuf>, Vec<(String, Vec<u8>)>) {
     let mut images = Vec::new();
     let mut files = Vec::new();
-    for s in 0..4 {
+    for s in 0..shards {
         let mut members = Vec::new();
-        for n in 0..12 {
+        for n in 0..per_shard {
             let name = format!("s{s}/f{n:02}.bin");
-            let data = bytes((s * 100 + n) as u64, 40_000 + (n * 7_919) % 90_000);
+            let data = bytes((s * 100 + n) as u64, smallest + (n * 7_919) % 90_000);
             members.push((name.clone(), data.clone()));
             files.push((name, data));
         }
@@ -38,6 +43,11 @@ fn images(dir: &Path) -> (Vec<PathBuf>, Vec<(String, Vec<u8>)>) {
         );
     }
     (images, files)
+}
+
+/// Two shards per share of two: 4 tars of about 1 MiB of incompressible files each.
+fn images(dir: &Path) -> (Vec<PathBuf>, Vec<(String, Vec<u8>)>) {
+    shards(dir, 4, 12, 40_000)
 }
 
 fn free_port() -> u16 {
@@ -457,25 +467,7 @@ impl Drop for Net {
 fn four_nodes_in_network_namespaces_read_a_global_epoch_from_each_other() {
     let dir = tempfile::tempdir().unwrap();
     // Eight shards, two per node.
-    let mut images = Vec::new();
-    let mut files = Vec::new();
-    for s in 0..8 {
-        let mut members = Vec::new();
-        for n in 0..8 {
-            let name = format!("s{s}/f{n:02}.bin");
-            let data = bytes((s * 100 + n) as u64, 60_000 + (n * 7_919) % 90_000);
-            members.push((name.clone(), data.clone()));
-            files.push((name, data));
-        }
-        images.push(
-            tar_of(
-                &dir.path().join(format!("src{s}")),
-                &format!("shard-{s}"),
-                &members,
-            )
-            .1,
-        );
-    }
+    let (images, files) = shards(dir.path(), 8, 8, 60_000);
     let total: u64 = images.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
     let job = secret(dir.path(), "job", "the-four-node-job-secret\n");
     let net = Net::up(std::process::id() % 200 + 20);

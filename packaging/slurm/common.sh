@@ -11,6 +11,8 @@ LOG_ROOT=
 ON_ERROR=continue
 PEER_KEY=
 SCONTROL=scontrol
+JOB_NODES=
+JOB_NODES_ERROR=
 
 say() {
     # To syslog when there is one (slurmd's log otherwise gets stderr).
@@ -99,37 +101,52 @@ check_job_id() {
     esac
 }
 
-# This node's place in the job as "K N": its position in the job's node list as Slurm expands it
-# (SLURM_NODEID's order), and the number of nodes. Why not, on stderr.
+# The job's nodes, one per line in SLURM_NODEID's order, as Slurm expands its node list: into
+# JOB_NODES, once per run however many datasets ask; why not into JOB_NODES_ERROR. Called outside
+# a command substitution, so what it sets stays set.
+expand_job_nodes() {
+    [ -n "$JOB_NODES$JOB_NODES_ERROR" ] && return 0
+    local out
+    if out=$("$SCONTROL" show hostnames "${SLURM_JOB_NODELIST:-}" 2>&1) && [ -n "$out" ]; then
+        JOB_NODES=$out
+    else
+        JOB_NODES_ERROR="cannot expand the job's node list with $SCONTROL show hostnames: $out (set SCONTROL in $CONF)"
+    fi
+}
+
+# This node's place in the job as "K N": its position in JOB_NODES and the number of nodes.
+# Why not, on stderr.
 node_place() {
-    local nodes k=0 n=0 me=-1 node
-    if ! nodes=$("$SCONTROL" show hostnames "${SLURM_JOB_NODELIST:-}" 2>&1); then
-        echo "cannot expand the job's node list with $SCONTROL show hostnames: $nodes (set SCONTROL in $CONF)" >&2
+    local k=0 me=-1 node
+    if [ -z "$JOB_NODES" ]; then
+        echo "$JOB_NODES_ERROR" >&2
         return 1
     fi
     while read -r node; do
         [ -n "$node" ] || continue
         [ "$node" = "${SLURMD_NODENAME:-}" ] && me=$k
         k=$((k + 1))
-    done <<< "$nodes"
-    n=$k
+    done <<< "$JOB_NODES"
     if [ "$me" -lt 0 ]; then
         echo "this node (${SLURMD_NODENAME:-?}) is not in the job's node list" >&2
         return 1
     fi
-    printf '%s %s\n' "$me" "$n"
+    printf '%s %s\n' "$me" "$k"
 }
 
-# The port the job's nodes serve each other on: the one `packfs mount --peers slurm` takes.
+# The port the job's nodes serve dataset number I (0, 1, ... among the job's `peers` datasets,
+# in the config's order, the same on every node) on: the one `packfs mount --peers slurm` takes,
+# plus I, so that two datasets of a job do not collide.
 peer_port() {
-    echo $((20000 + SLURM_JOB_ID % 20000))
+    echo $((20000 + SLURM_JOB_ID % 20000 + $1))
 }
 
-# Writes the job's node list for peers (DIR/peers: host:port, in share order) and the job's
-# secret (DIR/peer-secret: derived from PEER_KEY and the job id, so every node of the job
-# derives the same one and no other job can) once per job and node. Why not, on stderr.
+# Writes dataset NAME's node list for peers (DIR/NAME.peers: host:port, in share order, the port
+# of the job's I-th `peers` dataset) and the job's secret (DIR/peer-secret: derived from
+# PEER_KEY and the job id, so every node of the job derives the same one and no other job can).
+# Why not, on stderr.
 peer_files() {
-    local dir=$1 owner nodes
+    local dir=$1 name=$2 i=$3 owner
     if [ -z "$PEER_KEY" ]; then
         echo "no PEER_KEY in $CONF (a key of root's, the same on every node, like munge's)" >&2
         return 1
@@ -143,13 +160,13 @@ peer_files() {
         '0 600'|'0 400') ;;
         *) echo "PEER_KEY $PEER_KEY has owner and mode $owner: make it root's, 0600" >&2; return 1 ;;
     esac
-    nodes=$("$SCONTROL" show hostnames "${SLURM_JOB_NODELIST:-}" 2>&1) || {
-        echo "cannot expand the job's node list: $nodes" >&2
+    if [ -z "$JOB_NODES" ]; then
+        echo "$JOB_NODES_ERROR" >&2
         return 1
-    }
+    fi
     (
         umask 077
-        printf '%s\n' "$nodes" | sed -e '/^$/d' -e "s/\$/:$(peer_port)/" > "$dir/peers" &&
+        printf '%s\n' "$JOB_NODES" | sed -e '/^$/d' -e "s/\$/:$(peer_port "$i")/" > "$dir/$name.peers" &&
             { cat "$PEER_KEY"; printf '\npackfs peers of job %s\n' "$SLURM_JOB_ID"; } |
             sha256sum | cut -d' ' -f1 > "$dir/peer-secret"
     )

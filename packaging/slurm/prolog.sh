@@ -27,20 +27,23 @@ stage_args() {
             return
             ;;
     esac
+    expand_job_nodes
     if ! place=$(node_place 2>&1); then
         say "mounting $name without staging: $place"
         return
     fi
     args+=(--stage "$dir/$name" --stage-mode eager --stage-share "${place% *}/${place#* }")
     if [ "$stage" = peers ]; then
-        if why=$(peer_files "$dir" 2>&1); then
-            args+=(--peers "@$dir/peers" --peer-secret "$dir/peer-secret")
+        peer_datasets=$((peer_datasets + 1))
+        if why=$(peer_files "$dir" "$name" $((peer_datasets - 1)) 2>&1); then
+            args+=(--peers "@$dir/$name.peers" --peer-secret "$dir/peer-secret")
         else
             say "$name: staging this node's share without peers: $why"
         fi
     fi
 }
 
+peer_datasets=0
 while read -r name when index stage options; do
     [ -n "$name" ] || continue
     wanted "$name" "$when" || continue

@@ -242,7 +242,7 @@ fn render(m: &MountStatus) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "  peers     {} of other shares from their nodes ({} chunks), {} from the source; \
+            "  peers     {} of other shares from their nodes ({} requests), {} from the source; \
              fell back: {}; served {} to them, refused {}",
             human(p.fetched_bytes),
             p.fetched_chunks,

@@ -290,19 +290,19 @@ impl Counters {
             family(
                 "peer_requests_total",
                 "counter",
-                "Chunks asked of each node of the job.",
+                "Requests to each node of the job (a range of one chunk each).",
                 &by_share(|o| o.requests as f64),
             );
             family(
                 "peer_mean_latency_seconds",
                 "gauge",
-                "Mean time a chunk took from each node.",
+                "Mean time a request took from each node.",
                 &by_share(|o| o.mean_us / 1e6),
             );
             family(
                 "peer_p99_latency_seconds",
                 "gauge",
-                "99th percentile of the time a chunk took from each node.",
+                "99th percentile of the time a request took from each node.",
                 &by_share(|o| o.p99_us / 1e6),
             );
             let reasons: Vec<_> = p
@@ -313,7 +313,7 @@ impl Counters {
             family(
                 "peer_fallbacks_total",
                 "counter",
-                "Chunks read from the source instead of the node that stages them, by reason.",
+                "Requests answered from the source instead of the node that stages them, by reason.",
                 &reasons,
             );
             family(
@@ -325,7 +325,7 @@ impl Counters {
             family(
                 "peer_served_bytes_total",
                 "counter",
-                "Bytes of this node's staged chunks served to the job's other nodes.",
+                "Bytes of this node's stage served to the job's other nodes.",
                 &one(p.served_bytes),
             );
             family(

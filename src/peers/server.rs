@@ -49,7 +49,6 @@ struct Ctx {
 
 /// A running server; stopped when dropped.
 pub struct PeerServer {
-    addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -87,14 +86,9 @@ impl PeerServer {
             .spawn(move || runtime.block_on(serve(listener, ctx, stopped)))?;
         info!("serving staged chunks to the job's other nodes on {addr}");
         Ok(PeerServer {
-            addr,
             stop: Some(stop),
             thread: Some(thread),
         })
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 }
 

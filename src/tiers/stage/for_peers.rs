@@ -24,14 +24,6 @@ pub enum ForPeer {
 }
 
 impl Stage {
-    /// Chunks of `image` in its staged copy; None when this stage does not keep the image.
-    pub fn chunk_count(&self, image: u32) -> Option<usize> {
-        match self.images.get(image as usize) {
-            Some(Some(img)) => Some(img.chunks.len()),
-            _ => None,
-        }
-    }
-
     /// `range` of chunk `i` of `image` (the whole chunk when None) into `buf` (resized to it);
     /// `NotStaged` for a range beyond the chunk.
     pub fn chunk_for_peer(
