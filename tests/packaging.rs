@@ -258,7 +258,7 @@ fn slurm_prolog_with_peers_stages_shares_that_the_nodes_read_from_each_other() {
     std::fs::write(&key, bytes(7, 32)).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let job = 30_000 + std::process::id() % 9_000;
-    let port = 20_000 + job % 20_000;
+    let port = 11_000 + job % 5_440 * 4;
     let job = job.to_string();
     let node = |k: usize| -> (PathBuf, Vec<(String, String)>) {
         let conf = dir.path().join(format!("slurm{k}.conf"));

@@ -90,6 +90,22 @@ fn node_with(
     secret: &Path,
     extra: &[&str],
 ) -> Node {
+    let (mut args, stats) = node_args(dir, name, share, peers, secret);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refs: Vec<&Path> = images.iter().map(|p| p.as_path()).collect();
+    let mount = Mount::new(&refs, &dir.join(name), &args);
+    Node { mount, stats }
+}
+
+/// A node's mount options: its stage, share, the job's nodes and secret, its stats file.
+fn node_args(
+    dir: &Path,
+    name: &str,
+    share: &str,
+    peers: &str,
+    secret: &Path,
+) -> (Vec<String>, PathBuf) {
     let stats = dir.join(format!("{name}.json"));
     let stage = dir.join(format!("stage-{name}"));
     let args = [
@@ -106,9 +122,39 @@ fn node_with(
         "--stats-file",
         stats.to_str().unwrap(),
     ];
-    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
-    let refs: Vec<&Path> = images.iter().map(|p| p.as_path()).collect();
-    let mount = Mount::new(&refs, &dir.join(name), &args);
+    (args.iter().map(|a| a.to_string()).collect(), stats)
+}
+
+/// A node whose daemon has `env` in its environment.
+fn node_env(
+    dir: &Path,
+    name: &str,
+    images: &[PathBuf],
+    share: &str,
+    peers: &str,
+    secret: &Path,
+    env: &[(&str, &str)],
+) -> Node {
+    let (args, stats) = node_args(dir, name, share, peers, secret);
+    let mnt = dir.join(name);
+    fs::create_dir_all(&mnt).unwrap();
+    let pid_file = mnt.with_extension("pid");
+    let out = packfs()
+        .envs(env.iter().copied())
+        .arg("mount")
+        .args(&args)
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .args(images)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let mount = Mount {
+        dir: mnt,
+        pid: read_pid(&pid_file),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
     Node { mount, stats }
 }
 
@@ -550,4 +596,355 @@ fn four_nodes_in_network_namespaces_read_a_global_epoch_from_each_other() {
     for (mnt, _) in &nodes {
         assert_ok(&packfs().arg("umount").arg(&mnt.0).output().unwrap());
     }
+}
+
+/// A relay in front of a node's port that keeps every byte crossing it: each connection's
+/// requests apart, all answers together.
+struct Tap {
+    port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    answers: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+fn tap(to: u16) -> Tap {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let answers: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let (reqs, ans) = (requests.clone(), answers.clone());
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            let at = {
+                let mut r = reqs.lock().unwrap();
+                r.push(Vec::new());
+                r.len() - 1
+            };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let reqs = reqs.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                while let Ok(n) = client.read(&mut buf) {
+                    if n == 0 || server.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    reqs.lock().unwrap()[at].extend_from_slice(&buf[..n]);
+                }
+                let _ = server.shutdown(std::net::Shutdown::Write);
+            });
+            let ans = ans.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64 << 10];
+                while let Ok(n) = s2.read(&mut buf) {
+                    if n == 0 || c2.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    ans.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+                let _ = c2.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    Tap {
+        port,
+        requests,
+        answers,
+    }
+}
+
+/// One request on a fresh connection to `port`; the answer's head (status line and headers).
+fn ask_once(port: u16, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Whether any 32 bytes from the middle of any of `files` occur in `seen`.
+fn shows_any(seen: &[u8], files: &[&(String, Vec<u8>)]) -> Option<String> {
+    let needles: std::collections::HashMap<[u8; 32], &str> = files
+        .iter()
+        .map(|(name, data)| {
+            let mid = data.len() / 2;
+            (data[mid..mid + 32].try_into().unwrap(), name.as_str())
+        })
+        .collect();
+    seen.windows(32)
+        .find_map(|w| needles.get(w).map(|name| name.to_string()))
+}
+
+/// Listens where a proxy would, and counts who comes.
+fn proxy_trap() -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let came = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = came.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (port, came)
+}
+
+/// Everything an attacker on the node or the network can do without the job's secret gets
+/// nothing readable and denies nothing: node a's daemon has proxies in its environment (never
+/// used); a tap between a and b keeps every byte of an epoch, in which no file's bytes show;
+/// every captured request sent again, to b or to a, is refused; and meanwhile a stranger on
+/// a's own address opens 600 connections and sends a stream of unsigned and stale requests to
+/// b, which leaves a's reads of b's share all from b and b's log without a line per request.
+#[test]
+fn a_stranger_on_the_node_or_the_wire_reads_nothing_and_denies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (images, files) = images(dir.path());
+    let job = secret(dir.path(), "job", "a-secret-of-this-job-only\n");
+    let (pa, pb) = (free_port(), free_port());
+    let wire = tap(pb);
+    // Both nodes name b at the tap: what a sends b goes through it.
+    let peers = format!("127.0.0.1:{pa},127.0.0.1:{}", wire.port);
+    let b_log = dir.path().join("b.log");
+    let b_listen = format!("127.0.0.1:{pb}");
+    let b = node_with(
+        dir.path(),
+        "b",
+        &images,
+        "1/2",
+        &peers,
+        &job,
+        &[
+            "--peer-listen",
+            &b_listen,
+            "--log-file",
+            b_log.to_str().unwrap(),
+        ],
+    );
+    let (proxy_port, proxied) = proxy_trap();
+    let proxy = format!("http://127.0.0.1:{proxy_port}");
+    let a = node_env(
+        dir.path(),
+        "a",
+        &images,
+        "0/2",
+        &peers,
+        &job,
+        &[
+            ("http_proxy", &proxy),
+            ("HTTP_PROXY", &proxy),
+            ("https_proxy", &proxy),
+            ("ALL_PROXY", &proxy),
+            ("all_proxy", &proxy),
+        ],
+    );
+    staged(&a);
+    staged(&b);
+
+    // The stranger, from a's own address: 600 connections that never finish a request, and
+    // requests that are not signed, or stale and signed with something else.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for _ in 0..600 {
+                if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", pb)) {
+                    let _ = std::io::Write::write_all(&mut s, b"GET /v2/x/0/0 HTTP/1.1\r\n");
+                    open.push(s);
+                }
+            }
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            open.len()
+        })
+    };
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Each answered with its refusal, or closed unanswered to make room for newer
+            // connections (the stranger's own 600 among them).
+            let (mut unsigned, mut stale) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let head = ask_once(pb, b"GET /v2/x/0/0 HTTP/1.1\r\nHost: b\r\n\r\n");
+                assert!(
+                    head.is_empty() || head.contains("x-packfs-why: unsigned"),
+                    "{head}"
+                );
+                unsigned += !head.is_empty() as u64;
+                let old = now_secs() - 3600;
+                let forged = format!(
+                    "GET /v2/x/0/0 HTTP/1.1\r\nHost: 127.0.0.1:{pb}\r\nx-packfs-time: {old}\r\n\
+                     x-packfs-nonce: {}\r\nx-packfs-signature: {}\r\n\r\n",
+                    "ab".repeat(16),
+                    "cd".repeat(32)
+                );
+                let head = ask_once(pb, forged.as_bytes());
+                assert!(
+                    head.is_empty() || head.contains("x-packfs-why: signature"),
+                    "{head}"
+                );
+                stale += !head.is_empty() as u64;
+            }
+            (unsigned, stale)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A global epoch on node a, shuffled, while the stranger floods b.
+    let mut shuffled = files.clone();
+    shuffled.sort_by_key(|(name, _)| xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    read_all(&a, &shuffled);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (unsigned, stale) = flood.join().unwrap();
+    let opened = held.join().unwrap();
+    let c = fresh(&a);
+    eprintln!(
+        "under a flood of {opened} connections, {unsigned} unsigned and {stale} stale requests: \
+         node a {}",
+        c["peers"]
+    );
+    assert!(opened >= 550 && unsigned > 20, "{opened} {unsigned}");
+    assert_eq!(c["peers"]["source_bytes"], 0, "{c}");
+    assert_eq!(c["errors"], 0, "{c}");
+    assert_eq!(proxied.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // What crossed the wire: b's share's bytes, all sealed.
+    let theirs: Vec<&(String, Vec<u8>)> = files
+        .iter()
+        .filter(|(name, _)| name.starts_with("s1/") || name.starts_with("s3/"))
+        .collect();
+    let share: usize = theirs.iter().map(|(_, d)| d.len()).sum();
+    let seen = wire.answers.lock().unwrap().clone();
+    assert!(seen.len() >= share, "{} bytes seen of {share}", seen.len());
+    assert_eq!(
+        shows_any(&seen, &theirs),
+        None,
+        "a file's bytes crossed in clear"
+    );
+
+    // Every captured request sent again: to b, refused as a replay; to a, as another node's.
+    let captured: Vec<Vec<u8>> = wire
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|conn| {
+            String::from_utf8_lossy(conn)
+                .split_inclusive("\r\n\r\n")
+                .filter(|r| r.ends_with("\r\n\r\n"))
+                .map(|r| r.as_bytes().to_vec())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        captured.len() >= theirs.len(),
+        "{} requests",
+        captured.len()
+    );
+    for request in &captured {
+        let head = ask_once(pb, request);
+        assert!(
+            head.starts_with("HTTP/1.1 403") && head.contains("x-packfs-why: replay"),
+            "{head}"
+        );
+    }
+    let head = ask_once(pa, &captured[0]);
+    assert!(head.contains("x-packfs-why: other-node"), "{head}");
+    let from_b = fresh(&b);
+    let refusals = &from_b["peers"]["refusals"];
+    assert_eq!(refusals["replay"], captured.len() as u64, "{from_b}");
+    assert!(
+        refusals["unsigned"].as_u64().unwrap() >= unsigned,
+        "{from_b}"
+    );
+    assert!(refusals["signature"].as_u64().unwrap() >= stale, "{from_b}");
+    assert!(
+        from_b["peers"]["evicted_connections"].as_u64().unwrap() >= 500,
+        "{from_b}"
+    );
+    // b's log: no line per request; the flood of connections said once.
+    let log = fs::read_to_string(&b_log).unwrap();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warnings.len() <= 1, "{log}");
+    assert!(!log.contains("refused"), "{log}");
+    let text = run(packfs().arg("status").arg(&b.mount.dir));
+    assert!(
+        text.contains("replay") && text.contains("closed before a signed request"),
+        "{text}"
+    );
+}
+
+/// A port another process holds does not fail the mount: the node serves its share to none
+/// and says why, and the node that asks it reads that share from the source after one
+/// answer that does not open (whatever holds the port cannot seal one), every byte right.
+#[test]
+fn a_taken_port_does_not_fail_the_mount() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (images, files) = images(dir.path());
+    let job = secret(dir.path(), "job", "a-secret-of-this-job-only\n");
+    // Another user's listener on b's port: answers anything, as a server would.
+    let squatter = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let pb = squatter.local_addr().unwrap().port();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = asked.clone();
+    std::thread::spawn(move || {
+        for conn in squatter.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nx-packfs-xxh3: 0\r\nx-packfs-salt: 00\r\n\
+                  content-length: 5\r\nconnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    let pa = free_port();
+    let peers = format!("127.0.0.1:{pa},127.0.0.1:{pb}");
+    let b = node(dir.path(), "b", &images, "1/2", &peers, &job);
+    let a = node_with(
+        dir.path(),
+        "a",
+        &images,
+        "0/2",
+        &peers,
+        &job,
+        &["--ram-chunks", "true"],
+    );
+    staged(&a);
+    staged(&b);
+    let from_b = fresh(&b);
+    let why = from_b["peers"]["not_serving"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!("{pb}")) && why.contains("ss -ltnp"),
+        "{from_b}"
+    );
+    let text = run(packfs().arg("status").arg(&b.mount.dir));
+    assert!(text.contains("not serving this node's share"), "{text}");
+    read_all(&a, &files);
+    let c = fresh(&a);
+    assert_eq!(c["errors"], 0, "{c}");
+    assert!(c["peers"]["source_bytes"].as_u64().unwrap() > 0, "{c}");
+    let fell = &c["peers"]["fallbacks"];
+    let forged = fell["forged"].as_u64().unwrap() + fell["other"].as_u64().unwrap();
+    assert!(forged >= 1, "{c}");
+    // The node that answered as no node of the job would is left alone, not asked per read.
+    assert!(asked.load(std::sync::atomic::Ordering::SeqCst) <= 3, "{c}");
 }

@@ -134,11 +134,12 @@ node_place() {
     printf '%s %s\n' "$me" "$k"
 }
 
-# The port the job's nodes serve dataset number I (0, 1, ... among the job's `peers` datasets,
-# in the config's order, the same on every node) on: the one `packfs mount --peers slurm` takes,
-# plus I, so that two datasets of a job do not collide.
+# The port the job's nodes serve dataset number I (0-3 among the job's `peers` datasets, in the
+# config's order, the same on every node) on: 11000 + (JOBID mod 5440) x 4 + I, as `packfs mount
+# --peers slurm` computes it for I = 0. Unique per job and dataset among jobs fewer than 5440
+# apart, and below Linux's ephemeral ports (32768 and up), which outgoing connections take.
 peer_port() {
-    echo $((20000 + SLURM_JOB_ID % 20000 + $1))
+    echo $((11000 + SLURM_JOB_ID % 5440 * 4 + $1))
 }
 
 # Writes dataset NAME's node list for peers (DIR/NAME.peers: host:port, in share order, the port
@@ -147,6 +148,10 @@ peer_port() {
 # Why not, on stderr.
 peer_files() {
     local dir=$1 name=$2 i=$3 owner
+    if [ "$i" -ge 4 ]; then
+        echo "a job may have 4 peers datasets (each has a port of its own): this is its $((i + 1))th" >&2
+        return 1
+    fi
     if [ -z "$PEER_KEY" ]; then
         echo "no PEER_KEY in $CONF (a key of root's, the same on every node, like munge's)" >&2
         return 1

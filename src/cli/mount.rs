@@ -93,8 +93,8 @@ pub struct Args {
     /// The job's nodes, one per share in share order: read the images of another node's
     /// --stage-share from that node (checked, the source on any failure), and serve this
     /// node's staged chunks to the others. `host[:port],...` (port 7797 by default), `@FILE`
-    /// (one per line) or `slurm` (the job's nodes, in SLURM_NODEID order, at port 20000 +
-    /// SLURM_JOB_ID mod 20000). Needs --stage-share and --peer-secret.
+    /// (one per line) or `slurm` (the job's nodes, in SLURM_NODEID order, at port 11000 +
+    /// (SLURM_JOB_ID mod 5440) x 4). Needs --stage-share and --peer-secret.
     #[arg(long, value_name = "NODES", requires = "peer_secret")]
     peers: Option<String>,
     /// The job's secret, shared by its nodes: a file of yours, mode 0600, 16 bytes or more

@@ -255,6 +255,27 @@ fn render(m: &MountStatus) -> String {
             human(p.served_bytes),
             p.refused
         );
+        if let Some(why) = &p.not_serving {
+            let _ = writeln!(out, "    not serving this node's share: {why}");
+        }
+        let refused: Vec<String> = p
+            .refusals
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
+        if !refused.is_empty() || p.evicted_connections > 0 {
+            let _ = writeln!(
+                out,
+                "    refused: {}; {} connections closed before a signed request",
+                if refused.is_empty() {
+                    "none".into()
+                } else {
+                    refused.join(", ")
+                },
+                p.evicted_connections
+            );
+        }
         for one in p.peers.iter().filter(|o| o.requests > 0) {
             let _ = writeln!(
                 out,

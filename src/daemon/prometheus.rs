@@ -328,12 +328,23 @@ impl Counters {
                 "Bytes of this node's stage served to the job's other nodes.",
                 &one(p.served_bytes),
             );
+            let refusals: Vec<_> = p
+                .refusals
+                .iter()
+                .map(|(why, n)| (format!(",reason=\"{why}\""), *n as f64))
+                .collect();
             family(
                 "peer_refused_total",
                 "counter",
-                "Requests refused: not signed with the job's secret, too far off in time, or for \
-                 another dataset.",
-                &one(p.refused),
+                "Requests refused, by reason: unsigned, signature (not the job's secret), stale, \
+                 other-node and replay (captures sent again), other-dataset, busy.",
+                &refusals,
+            );
+            family(
+                "peer_evicted_connections_total",
+                "counter",
+                "Connections closed before they sent a signed request, to make room for others.",
+                &one(p.evicted_connections),
             );
             family(
                 "peer_damaged_total",

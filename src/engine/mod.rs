@@ -19,7 +19,7 @@ use crate::catalog::Catalog;
 use crate::catalog::index::IndexError;
 use crate::dataset::{DatasetError, Merge, OnScan};
 use crate::peers::client::{PeerFirst, PeerLink};
-use crate::peers::server::PeerServer;
+use crate::peers::server::{PeerServer, ServeOptions};
 use crate::peers::stats::PeerTierCounters;
 use crate::source::Stores;
 use crate::source::read_at::ReadAt;
@@ -100,7 +100,7 @@ pub struct Engine {
     checksummed: Arc<OnceLock<u64>>,
     background: Mutex<Option<background::Work>>,
     /// The peer tier: its counters, and the server of this node's staged chunks.
-    peers: Option<(Arc<PeerTierCounters>, PeerServer)>,
+    peers: Option<(Arc<PeerTierCounters>, Option<PeerServer>)>,
 }
 
 impl Engine {
@@ -267,28 +267,42 @@ fn peer_link(
     )))
 }
 
-/// The server of this node's staged chunks, listening where the job's node list says.
+/// The server of this node's staged chunks, listening where the job's node list says; none,
+/// said once and in the counters, when the port is taken (by another user's listener, or an
+/// outgoing connection's ephemeral port): the mount goes on, and the other nodes read this
+/// share from the source, since an answer from whatever holds the port never opens for them.
 fn start_peer_server(
     peers: &crate::peers::PeerOptions,
     files: &FileReader,
     link: Arc<PeerLink>,
-) -> Result<(Arc<PeerTierCounters>, PeerServer), EngineError> {
+) -> Result<(Arc<PeerTierCounters>, Option<PeerServer>), EngineError> {
     let stage = files
         .images()
         .stage()
         .cloned()
         .ok_or_else(|| EngineError::Peers("--peers needs a stage".into()))?;
     let listen = crate::peers::listen_address(peers, link.me()).map_err(EngineError::Peers)?;
+    let host = peers.nodes.of(link.me()).unwrap_or_default().to_string();
     let counters = link.counters().clone();
-    let server = PeerServer::start(
-        listen,
+    let listener = match std::net::TcpListener::bind(listen) {
+        Ok(listener) => listener,
+        Err(e) => {
+            let why = crate::peers::cannot_listen(listen, &e);
+            warn!("peers: {why}");
+            let _ = counters.not_serving.set(why);
+            return Ok((counters, None));
+        }
+    };
+    let opts = ServeOptions {
         stage,
-        peers.secret.clone(),
-        link.dataset().to_string(),
-        counters.clone(),
-    )
-    .map_err(|e| EngineError::Peers(format!("cannot serve peers on {listen}: {e}")))?;
-    Ok((counters, server))
+        secret: peers.secret.clone(),
+        dataset: link.dataset().to_string(),
+        host,
+        counters: counters.clone(),
+    };
+    let server = PeerServer::start(listener, opts)
+        .map_err(|e| EngineError::Peers(format!("cannot serve peers on {listen}: {e}")))?;
+    Ok((counters, Some(server)))
 }
 
 /// The tier stack `opts` asks for.

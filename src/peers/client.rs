@@ -1,11 +1,13 @@
 //! Reading another node's staged chunks: an image of another node's share is read through
 //! `PeerFirst`, which asks that node for exactly the bytes a read covers (a request per chunk
-//! it touches: the whole chunk, checked against the source's record, or a range of it), checks
-//! the answer (its xxh3 and signature), and on any failure (no answer within the timeout, not
-//! staged yet, refused, a mismatch) reads the source at once and counts why. Exact ranges, not
-//! whole chunks for every read: a 110 KB sample of a 1 MiB chunk cost 9x its bytes on the wire
-//! and ran 6x slower than the simulated parallel file system (docs/benchmarks/peer-nodes.md). A node that failed to answer is left alone for a while (`REST`), so a dead
-//! node costs one timeout, not one per read.
+//! it touches: the whole chunk, checked against the source's record, or a range of it), opens
+//! the sealed answer (`auth`: only an answer of the job's for this very request opens), and on
+//! any failure (no answer within the timeout, not staged yet, refused, a mismatch, a forgery)
+//! reads the source at once and counts why. Exact ranges, not whole chunks for every read: a
+//! 110 KB sample of a 1 MiB chunk cost 9x its bytes on the wire and ran 6x slower than the
+//! simulated parallel file system (docs/benchmarks/peer-nodes.md). A node that did not answer,
+//! or answered as no node of the job would, is left alone for a while (`REST`), so a dead node
+//! or a stranger on its port costs one request, not one per read. Never through a proxy.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::auth::{Secret, unix_now};
+use super::auth::{Secret, SignedRequest, TAG, new_nonce, unix_now};
 use super::nodes::Nodes;
 use super::server::signed_part;
 use super::stats::{Fallback, PeerTierCounters};
@@ -75,6 +77,9 @@ impl PeerLink {
                 // connection never meets the close half way.
                 .max_idle_age(IDLE_AGE)
                 .max_redirects(0)
+                // Never through a proxy from the environment (http_proxy, ALL_PROXY): another
+                // user's proxy would see every request, and peers are the job's own nodes.
+                .proxy(None)
                 .build(),
         );
         let resting_until = (0..nodes.0.len()).map(|_| AtomicU64::new(0)).collect();
@@ -136,7 +141,7 @@ impl PeerLink {
             }
             Err(why) => {
                 peer.failures.fetch_add(1, Ordering::Relaxed);
-                if *why == Fallback::Unreachable {
+                if why.rests_the_node() {
                     rest.store(now_ms + REST.as_millis() as u64, Ordering::Relaxed);
                 }
             }
@@ -151,20 +156,27 @@ impl PeerLink {
             within,
             chunk_len,
         } = piece;
-        let path = format!("/v1/{}/{image}/{chunk}", self.dataset);
+        let path = format!("/v2/{}/{image}/{chunk}", self.dataset);
         // A whole chunk is asked for as such: its answer is checked against the source's record.
         let whole = within == 0 && buf.len() as u64 == chunk_len;
         let range = (!whole).then(|| format!("bytes={within}-{}", within + buf.len() as u64 - 1));
+        let what = signed_part(&path, range.as_deref());
+        let nonce = new_nonce();
         let time = unix_now();
-        let signature = self
-            .secret
-            .sign_request(&signed_part(&path, range.as_deref()), time);
+        // The node as the list names it: what the HTTP client sends as `Host`, and signs.
+        let signature = self.secret.sign_request(&SignedRequest {
+            host: node,
+            what: &what,
+            time,
+            nonce: &nonce,
+        });
         let mut request = self.agent.get(&format!("http://{node}{path}"));
         if let Some(range) = &range {
             request = request.header("range", range);
         }
         let resp = request
             .header("x-packfs-time", &time.to_string())
+            .header("x-packfs-nonce", &nonce)
             .header("x-packfs-signature", &signature)
             .call();
         let mut resp = match resp {
@@ -184,41 +196,53 @@ impl PeerLink {
             500 if header("x-packfs-why").as_deref() == Some("damaged") => {
                 return Err(Fallback::Mismatch);
             }
-            401 | 403 | 409 => return Err(Fallback::Refused),
+            401 | 403 | 409 | 421 => return Err(Fallback::Refused),
             503 => return Err(Fallback::Busy),
             _ => return Err(Fallback::Other),
         }
         let sum = header("x-packfs-xxh3").and_then(|s| u64::from_str_radix(&s, 16).ok());
-        let signed = header("x-packfs-signature");
-        let (Some(sum), Some(signed)) = (sum, signed) else {
-            return Err(Fallback::Mismatch);
+        let salt = header("x-packfs-salt");
+        let (Some(sum), Some(salt)) = (sum, salt) else {
+            return Err(Fallback::Forged);
         };
+        // The sealed bytes, then their tag, and nothing after.
         let mut body = resp.body_mut().as_reader();
-        let mut got = 0;
-        while got < buf.len() {
-            match body.read(&mut buf[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Err(Fallback::Unreachable),
-            }
+        let mut tag = [0u8; TAG];
+        if !read_full(&mut body, buf)? || !read_full(&mut body, &mut tag)? {
+            return Err(Fallback::Forged);
         }
         let mut more = [0u8; 1];
-        if got < buf.len() || matches!(body.read(&mut more), Ok(n) if n > 0) {
-            return Err(Fallback::Mismatch);
+        if matches!(body.read(&mut more), Ok(n) if n > 0) {
+            return Err(Fallback::Forged);
         }
-        // The node checked the chunk against its record of the source's bytes; the xxh3 of what
-        // it sent and the job's signature over it: bytes changed on the way, or not sent by a
-        // node of this job, are never served.
-        if xxh3_64(buf) != sum
-            || !self
-                .secret
-                .verify_answer(&signature, sum, buf.len() as u64, &signed)
+        // Sealed for this request with the job's secret: bytes changed on the way, or not sent
+        // by a node of this job, are never served, and nobody else could read them.
+        if !self
+            .secret
+            .open_answer(&signature, &nonce, &salt, sum, buf, &tag)
         {
+            return Err(Fallback::Forged);
+        }
+        // A whole chunk, against the source's record: the node's disk changed after its check.
+        if whole && xxh3_64(buf) != sum {
             return Err(Fallback::Mismatch);
         }
         Ok(())
     }
+}
+
+/// Fills `buf` from `body`; false if it ends first.
+fn read_full(body: &mut impl Read, buf: &mut [u8]) -> Result<bool, Fallback> {
+    let mut got = 0;
+    while got < buf.len() {
+        match body.read(&mut buf[got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(Fallback::Unreachable),
+        }
+    }
+    Ok(true)
 }
 
 /// An image of another node's share: its bytes from that node, the source otherwise.

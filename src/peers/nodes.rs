@@ -42,7 +42,7 @@ impl Nodes {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
             {
-                port = slurm_port(id);
+                port = slurm_port(id, 0);
             }
             slurm_nodes().map_err(bad)?
         } else if let Some(file) = given.strip_prefix('@') {
@@ -86,9 +86,19 @@ impl Nodes {
     }
 }
 
-/// The port of Slurm job `id`'s peers: 20000-39999, by the job's number.
-pub fn slurm_port(id: u64) -> u16 {
-    20_000 + (id % 20_000) as u16
+/// The first port of the Slurm jobs' peers: above the well-known and common service ports.
+pub const SLURM_PORT_BASE: u16 = 11_000;
+/// Peers datasets one job may have, each with a port of its own.
+pub const SLURM_DATASETS: u16 = 4;
+/// Jobs with ports of their own: ports up to 32759, below Linux's ephemeral range (32768-60999
+/// by default), where any outgoing connection may take a port first.
+pub const SLURM_JOB_SLOTS: u16 = 5_440;
+
+/// The port of Slurm job `id`'s `dataset`-th peers dataset (0 for `--peers slurm`): unique per
+/// job and dataset among jobs fewer than `SLURM_JOB_SLOTS` apart, the same on every node of a
+/// job (packaging/slurm/common.sh computes the same).
+pub fn slurm_port(id: u64, dataset: u16) -> u16 {
+    SLURM_PORT_BASE + (id % SLURM_JOB_SLOTS as u64) as u16 * SLURM_DATASETS + dataset
 }
 
 /// `name` as `host:port` (`port` when it names none); `[v6]:port` is kept as given.
@@ -161,8 +171,24 @@ mod tests {
         assert!(Nodes::parse("", 1).is_err());
         assert!(Nodes::parse("n1:http", 1).is_err());
         assert!(Nodes::parse("user@n1", 1).is_err());
-        // Two jobs on one node: ports of their own, the same on each node of a job.
-        assert_eq!(slurm_port(123_456), 23_456);
-        assert_ne!(slurm_port(123_456), slurm_port(123_457));
+        // Two jobs on one node: ports of their own, the same on each node of a job, one per
+        // dataset, and none in the kernel's ephemeral range.
+        assert_eq!(
+            slurm_port(123_456, 0),
+            11_000 + (123_456 % 5_440) as u16 * 4
+        );
+        let mut seen = std::collections::HashSet::new();
+        for job in 1_000..1_000 + SLURM_JOB_SLOTS as u64 {
+            for dataset in 0..SLURM_DATASETS {
+                let port = slurm_port(job, dataset);
+                assert!((11_000..32_768).contains(&port), "{job} {dataset}: {port}");
+                assert!(
+                    seen.insert(port),
+                    "job {job} dataset {dataset}: {port} twice"
+                );
+            }
+        }
+        // Job 1000's second dataset and job 1001's first, which once shared a port.
+        assert_ne!(slurm_port(1_000, 1), slurm_port(1_001, 0));
     }
 }

@@ -1,37 +1,37 @@
 //! The read-only server a node's mount runs for the other nodes of its job: staged chunks, or
-//! byte ranges of them, by image and chunk number, over plain HTTP (hyper, on one thread of its
-//! own with a small runtime; reads of the stage go to its blocking pool). Every request must be
-//! signed with the job's secret; a chunk not staged here is answered 404 "not staged", and the
-//! asking node reads it from the source. What is sent is what the stage's own reads trust
-//! (`Stage::chunk_for_peer`).
+//! byte ranges of them, by image and chunk number, over HTTP/1 (hyper, on one thread of its own
+//! with a small runtime; reads of the stage go to its blocking pool). Every request must be
+//! signed with the job's secret, for this node, recently, and once (`auth`, `replays`); its
+//! answer is sealed so only the job can read it. A chunk not staged here is answered 404 "not
+//! staged", and the asking node reads it from the source. What is sent is what the stage's own
+//! reads trust (`Stage::chunk_for_peer`). Connections are held as `gate` says; a request that
+//! is not signed closes its connection, and costs no log line.
 //!
-//! `GET /v1/{dataset}/{image}/{chunk}`, with `Range: bytes=A-B` for a part of it, and
-//! `x-packfs-time` and `x-packfs-signature`; the answer (200 for a whole chunk, 206 for a
-//! range) carries an xxh3 (`x-packfs-xxh3`: a whole chunk's as the source's record has it, a
-//! range's of the bytes sent) and its signature (`x-packfs-signature`); a refusal says why in
-//! `x-packfs-why`.
+//! `GET /v2/{dataset}/{image}/{chunk}`, with `Range: bytes=A-B` for a part of it, and
+//! `x-packfs-time`, `x-packfs-nonce` and `x-packfs-signature` (over `Host` too); the answer
+//! (200 for a whole chunk, 206 for a range) is the bytes sealed with AES-256-GCM, their tag
+//! last, with `x-packfs-salt` and `x-packfs-xxh3` (a whole chunk's as the source's record has
+//! it, checked by the asker end to end; 0 for a range, which the seal alone covers); a refusal
+//! says why in `x-packfs-why`.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use tracing::{info, warn};
-use xxhash_rust::xxh3::xxh3_64;
 
-use super::auth::{Refused, Secret};
-use super::stats::PeerTierCounters;
+use super::auth::{NONCE, Refused, Secret, SignedRequest, unhex, unix_now};
+use super::gate::{Gate, Ticket};
+use super::replays::{Replays, Seen};
+use super::stats::{PeerTierCounters, Refusal};
 use crate::tiers::budget::MemoryBudget;
 use crate::tiers::stage::Stage;
 use crate::tiers::stage::for_peers::ForPeer;
 
-/// Connections served at once; more are closed as they come (the node's other users can reach
-/// the port: each connection costs a task and its buffers). The job's nodes keep a few each.
-const MAX_CONNECTIONS: usize = 512;
 /// How long a request's headers may take to arrive (a client that sends them slowly, or not at
 /// all, is dropped).
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -43,8 +43,25 @@ struct Ctx {
     stage: Arc<Stage>,
     secret: Secret,
     dataset: String,
+    /// This node as the job's node list names it: what a request for it signs as `Host`.
+    host: String,
     counters: Arc<PeerTierCounters>,
     memory: Option<Arc<MemoryBudget>>,
+    replays: Replays,
+    gate: Gate,
+    /// Said once: a signed request off this node's clock; connections closed to make room.
+    said_stale: AtomicBool,
+    said_evicting: AtomicBool,
+}
+
+/// What the server is asked to serve, and as whom.
+pub struct ServeOptions {
+    pub stage: Arc<Stage>,
+    pub secret: Secret,
+    pub dataset: String,
+    /// This node's entry in the job's node list (`host:port`).
+    pub host: String,
+    pub counters: Arc<PeerTierCounters>,
 }
 
 /// A running server; stopped when dropped.
@@ -54,25 +71,26 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
-    /// Listens on `listen` (bound here, so a port in use fails the mount at once) and serves
-    /// `stage`'s chunks to requests signed with `secret` for `dataset`.
+    /// Serves on `listener` (bound by the caller: a port taken is the caller's to report) the
+    /// stage's chunks to requests signed with the job's secret for this node and dataset.
     pub fn start(
-        listen: SocketAddr,
-        stage: Arc<Stage>,
-        secret: Secret,
-        dataset: String,
-        counters: Arc<PeerTierCounters>,
+        listener: std::net::TcpListener,
+        opts: ServeOptions,
     ) -> std::io::Result<PeerServer> {
-        let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let memory = stage.memory().cloned();
+        let memory = opts.stage.memory().cloned();
         let ctx = Arc::new(Ctx {
-            stage,
-            secret,
-            dataset,
-            counters,
+            stage: opts.stage,
+            secret: opts.secret,
+            dataset: opts.dataset,
+            host: opts.host,
+            counters: opts.counters,
             memory,
+            replays: Replays::default(),
+            gate: Gate::default(),
+            said_stale: AtomicBool::new(false),
+            said_evicting: AtomicBool::new(false),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
@@ -115,8 +133,6 @@ async fn serve(
             return;
         }
     };
-    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut said_full = false;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -125,36 +141,55 @@ async fn serve(
         let Ok((stream, from)) = accepted else {
             continue;
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
-            if !said_full {
-                warn!(
-                    "the peer server holds {MAX_CONNECTIONS} connections: closing new ones \
-                     (from {from}) until some end; their nodes read the source meanwhile"
-                );
-                said_full = true;
-            }
-            continue;
-        };
-        said_full = false;
+        let evicted_before = ctx.gate.evicted();
+        let (ticket, closed) = ctx.gate.admit(from.ip());
+        let evicted = ctx.gate.evicted() - evicted_before;
+        ctx.counters.evicted.fetch_add(evicted, Ordering::Relaxed);
+        if evicted > 0 && !ctx.said_evicting.swap(true, Ordering::Relaxed) {
+            warn!(
+                "the peer server is closing connections that sent no signed request, to make                  room (the newest from {}): someone who is not of this job is opening many;                  the job's nodes keep theirs (counted in packfs status)",
+                from.ip()
+            );
+        }
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| answer(req, ctx.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
+            let service = {
+                let (ctx, ticket) = (ctx.clone(), ticket.clone());
+                hyper::service::service_fn(move |req| answer(req, ctx.clone(), ticket.clone()))
+            };
+            let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_BUFFER)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-            drop(permit);
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            // Closed to make room: only when told so (a proven connection's sender is dropped).
+            let evicted = async move {
+                if closed.await.is_err() {
+                    std::future::pending::<()>().await
+                }
+            };
+            tokio::select! {
+                _ = connection => {}
+                _ = evicted => {}
+            }
+            ctx.gate.leave(&ticket);
         });
+        // The new connection's task reads its request before the next accept: a node's
+        // request, sent at once, proves it before a flood of others could push it out.
+        tokio::task::yield_now().await;
     }
 }
 
-fn refusal(status: StatusCode, why: &'static str) -> Response<Full<Bytes>> {
-    Response::builder()
+/// A refusal that says why; `close` ends the connection after it.
+fn refusal(status: StatusCode, why: &'static str, close: bool) -> Response<Full<Bytes>> {
+    let mut answer = Response::builder()
         .status(status)
-        .header("x-packfs-why", why)
+        .header("x-packfs-why", why);
+    if close {
+        answer = answer.header("connection", "close");
+    }
+    answer
         .body(Full::new(Bytes::new()))
         .expect("a valid response")
 }
@@ -166,14 +201,14 @@ fn parse_range(range: &str) -> Option<std::ops::Range<u64>> {
     (a <= b).then_some(a..b.checked_add(1)?)
 }
 
-/// What a request signs: the path and the range asked for.
+/// What a request signs of what it asks: the path and the range.
 pub fn signed_part(path: &str, range: Option<&str>) -> String {
     format!("{path} {}", range.unwrap_or(""))
 }
 
-/// `/v1/{dataset}/{image}/{chunk}` as its parts.
+/// `/v2/{dataset}/{image}/{chunk}` as its parts.
 fn parse_path(path: &str) -> Option<(&str, u32, usize)> {
-    let mut parts = path.strip_prefix("/v1/")?.split('/');
+    let mut parts = path.strip_prefix("/v2/")?.split('/');
     let (dataset, image, chunk) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {
         return None;
@@ -181,48 +216,101 @@ fn parse_path(path: &str) -> Option<(&str, u32, usize)> {
     Some((dataset, image.parse().ok()?, chunk.parse().ok()?))
 }
 
-async fn answer(
-    req: Request<Incoming>,
-    ctx: Arc<Ctx>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() != hyper::Method::GET {
-        return Ok(refusal(StatusCode::METHOD_NOT_ALLOWED, "get-only"));
-    }
-    let path = req.uri().path().to_string();
+/// The request's signed headers, if it has them all, well formed.
+struct Signed {
+    host: String,
+    time: u64,
+    nonce: String,
+    signature: String,
+}
+
+fn signed_headers(req: &Request<Incoming>) -> Option<Signed> {
     let header = |name: &str| {
         req.headers()
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let (time, signature) = (header("x-packfs-time"), header("x-packfs-signature"));
-    let range_header = header("range");
-    let (Some(time), Some(signature)) = (time.and_then(|t| t.parse::<u64>().ok()), signature)
-    else {
-        ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
-        return Ok(refusal(StatusCode::UNAUTHORIZED, "unsigned"));
+    let nonce = header("x-packfs-nonce").filter(|n| unhex(n).is_some_and(|b| b.len() == NONCE))?;
+    Some(Signed {
+        host: header("host")?,
+        time: header("x-packfs-time")?.parse().ok()?,
+        nonce,
+        signature: header("x-packfs-signature")?,
+    })
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    ctx: Arc<Ctx>,
+    ticket: Arc<Ticket>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let refuse = |why: Refusal, status: StatusCode, close: bool| {
+        ctx.counters.refused_for(why);
+        Ok(refusal(status, why.name(), close))
     };
+    if req.method() != hyper::Method::GET {
+        return refuse(Refusal::Unsigned, StatusCode::METHOD_NOT_ALLOWED, true);
+    }
+    // Anything not signed by the job closes its connection and is only counted: a stranger's
+    // requests cost neither a held connection nor a log line.
+    let Some(signed) = signed_headers(&req) else {
+        return refuse(Refusal::Unsigned, StatusCode::UNAUTHORIZED, true);
+    };
+    let path = req.uri().path().to_string();
+    let range_header = req
+        .headers()
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let what = signed_part(&path, range_header.as_deref());
-    if let Err(refused) = ctx.secret.verify_request(&what, time, &signature) {
-        ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
-        let why = match refused {
-            Refused::Stale { skew } => {
-                warn!("refused a peer request {skew} s off this node's clock");
-                "stale"
+    let request = SignedRequest {
+        host: &signed.host,
+        what: &what,
+        time: signed.time,
+        nonce: &signed.nonce,
+    };
+    match ctx.secret.verify_request(&request, &signed.signature) {
+        Ok(()) => {}
+        Err(Refused::Signature) => {
+            return refuse(Refusal::Signature, StatusCode::FORBIDDEN, true);
+        }
+        Err(Refused::Stale { skew }) => {
+            // Signed by the job: a node's clock is off (or a capture was sent again). Said
+            // once; counted always.
+            if !ctx.said_stale.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "refused a peer request signed {skew} s off this node's clock (more than                      60 s): check the job's nodes' clocks (NTP); further ones are counted in                      packfs status (peers.refusals.stale)"
+                );
             }
-            Refused::Signature => "signature",
-        };
-        return Ok(refusal(StatusCode::FORBIDDEN, why));
+            return refuse(Refusal::Stale, StatusCode::FORBIDDEN, true);
+        }
+    }
+    // A request signed for another node, or answered already, is a capture sent again: it
+    // closes its connection as an unsigned one does.
+    if signed.host != ctx.host {
+        return refuse(Refusal::OtherNode, StatusCode::MISDIRECTED_REQUEST, true);
+    }
+    match ctx
+        .replays
+        .first_use(&signed.nonce, signed.time, unix_now())
+    {
+        Ok(()) => {}
+        Err(Seen::Replayed) => return refuse(Refusal::Replay, StatusCode::FORBIDDEN, true),
+        Err(Seen::Full) => return refuse(Refusal::Busy, StatusCode::SERVICE_UNAVAILABLE, false),
+    }
+    // Only now is the connection the job's: it keeps its place.
+    if !ctx.gate.prove(&ticket) {
+        return refuse(Refusal::Busy, StatusCode::SERVICE_UNAVAILABLE, true);
     }
     let Some((dataset, image, chunk)) = parse_path(&path) else {
-        return Ok(refusal(StatusCode::BAD_REQUEST, "path"));
+        return Ok(refusal(StatusCode::BAD_REQUEST, "path", false));
     };
     if dataset != ctx.dataset {
-        ctx.counters.refused.fetch_add(1, Ordering::Relaxed);
-        return Ok(refusal(StatusCode::CONFLICT, "other-dataset"));
+        return refuse(Refusal::OtherDataset, StatusCode::CONFLICT, false);
     }
     let range = match range_header.as_deref().map(parse_range) {
-        Some(None) => return Ok(refusal(StatusCode::RANGE_NOT_SATISFIABLE, "range")),
+        Some(None) => return Ok(refusal(StatusCode::RANGE_NOT_SATISFIABLE, "range", false)),
         Some(Some(range)) => Some(range),
         None => None,
     };
@@ -235,7 +323,7 @@ async fn answer(
     let permit = match &ctx.memory {
         Some(memory) => match memory.try_acquire_reclaiming(len) {
             Some(permit) => Some(permit),
-            None => return Ok(refusal(StatusCode::SERVICE_UNAVAILABLE, "busy")),
+            None => return Ok(refusal(StatusCode::SERVICE_UNAVAILABLE, "busy", false)),
         },
         None => None,
     };
@@ -248,42 +336,43 @@ async fn answer(
             .map(|got| (got, buf))
     })
     .await;
-    drop(permit);
-    match read {
-        Ok(Ok((ForPeer::Checked { record }, bytes))) => {
+    let answer = match read {
+        Ok(Ok((ForPeer::Checked { record }, mut bytes))) => {
             // A whole chunk goes with the source's record of it: the asker checks the bytes
-            // against the source end to end. A range, with the xxh3 of the bytes sent.
+            // against the source end to end. A range is covered by the seal alone.
             let (status, sum) = match whole {
                 true => (StatusCode::OK, record),
-                false => (StatusCode::PARTIAL_CONTENT, xxh3_64(&bytes)),
+                false => (StatusCode::PARTIAL_CONTENT, 0),
             };
             let len = bytes.len() as u64;
+            let salt = ctx
+                .secret
+                .seal_answer(&signed.signature, &signed.nonce, sum, &mut bytes);
             ctx.counters.served_chunks.fetch_add(1, Ordering::Relaxed);
             ctx.counters.served_bytes.fetch_add(len, Ordering::Relaxed);
-            Ok(Response::builder()
+            Response::builder()
                 .status(status)
                 .header("x-packfs-xxh3", format!("{sum:016x}"))
-                .header(
-                    "x-packfs-signature",
-                    ctx.secret.sign_answer(&signature, sum, len),
-                )
+                .header("x-packfs-salt", salt)
                 .body(Full::new(Bytes::from(bytes)))
-                .expect("a valid response"))
+                .expect("a valid response")
         }
         Ok(Ok((ForPeer::NotStaged, _))) => {
             ctx.counters.not_staged.fetch_add(1, Ordering::Relaxed);
-            Ok(refusal(StatusCode::NOT_FOUND, "not-staged"))
+            refusal(StatusCode::NOT_FOUND, "not-staged", false)
         }
         Ok(Ok((ForPeer::Damaged, _))) => {
             ctx.counters.damaged.fetch_add(1, Ordering::Relaxed);
-            Ok(refusal(StatusCode::INTERNAL_SERVER_ERROR, "damaged"))
+            refusal(StatusCode::INTERNAL_SERVER_ERROR, "damaged", false)
         }
         Ok(Err(e)) => {
             warn!("a peer asked for chunk {chunk} of image {image}: {e}");
-            Ok(refusal(StatusCode::INTERNAL_SERVER_ERROR, "local-read"))
+            refusal(StatusCode::INTERNAL_SERVER_ERROR, "local-read", false)
         }
-        Err(_) => Ok(refusal(StatusCode::INTERNAL_SERVER_ERROR, "local-read")),
-    }
+        Err(_) => refusal(StatusCode::INTERNAL_SERVER_ERROR, "local-read", false),
+    };
+    drop(permit);
+    Ok(answer)
 }
 
 #[cfg(test)]
@@ -303,9 +392,9 @@ mod tests {
 
     #[test]
     fn paths_name_a_dataset_an_image_and_a_chunk() {
-        assert_eq!(parse_path("/v1/abc/3/17"), Some(("abc", 3, 17)));
-        assert_eq!(parse_path("/v1/abc/3/17/x"), None);
-        assert_eq!(parse_path("/v1/abc/-1/17"), None);
-        assert_eq!(parse_path("/v2/abc/3/17"), None);
+        assert_eq!(parse_path("/v2/abc/3/17"), Some(("abc", 3, 17)));
+        assert_eq!(parse_path("/v2/abc/3/17/x"), None);
+        assert_eq!(parse_path("/v2/abc/-1/17"), None);
+        assert_eq!(parse_path("/v1/abc/3/17"), None);
     }
 }
