@@ -83,7 +83,7 @@ class Engine:
     ``packfs.mount``'s (those that concern the data, not a mount: ``cache_size``, ``stage``,
     ``layout``, ``endpoint_url``, ...). Use it as a context manager, or call ``close()``."""
 
-    def __init__(self, source: Sources, **options) -> None:
+    def __init__(self, source: Sources, *, _reopened: bool = False, **options) -> None:
         unknown = sorted(set(options) - set(_ENGINE_OPTIONS))
         if unknown:
             raise TypeError(
@@ -96,7 +96,9 @@ class Engine:
         # Relative paths as this process sees them, whatever directory the engine reads from.
         images = [s if "://" in s else os.path.abspath(s) for s in self.sources]
         args += [b"--"] + [os.fsencode(s) for s in images]
-        self._engine = native().Engine(args, f"pid {os.getpid()} (packfs.Engine)")
+        # A spawned worker's copy of an engine (`_reopen`): an image changed since the first
+        # process opened it fails its own files only, as it does there.
+        self._engine = native().Engine(args, f"pid {os.getpid()} (packfs.Engine)", _reopened)
 
     def __reduce__(self):
         # Pickled as its arguments (a spawned DataLoader worker opens the dataset again).
@@ -266,7 +268,7 @@ class _EngineHints:
 
 
 def _reopen(sources, options):
-    return Engine(sources, **options)
+    return Engine(sources, _reopened=True, **options)
 
 
 def _writable_bytes(buffer) -> memoryview:

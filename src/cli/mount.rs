@@ -186,6 +186,7 @@ impl Args {
             holder: String::new(),
             read_threads: self.io_threads,
             peers: self.peer_options()?,
+            reopened: false,
         })
     }
 

@@ -54,6 +54,10 @@ pub struct EngineOptions {
     /// The job's other nodes, to read their staged shares from and serve this one's to
     /// (`peers`; needs a stage with a share).
     pub peers: Option<crate::peers::PeerOptions>,
+    /// Opened again for a process of a job whose first process serves the dataset already (a
+    /// forked or spawned DataLoader worker): an image that changed since, or cannot be opened,
+    /// fails its own files' reads, as in the first process, instead of the whole open.
+    pub reopened: bool,
 }
 
 impl EngineOptions {
@@ -73,6 +77,7 @@ impl EngineOptions {
             save_index: None,
             read_threads: 1,
             peers: None,
+            reopened: false,
         }
     }
 }
@@ -132,7 +137,10 @@ impl Engine {
         stores: Stores,
         page_cache: Option<PageCacheProbe>,
     ) -> Result<Engine, EngineError> {
-        let mut source = tiers::open_source(&catalog, &stores)?;
+        let mut source = match opts.reopened {
+            true => tiers::OpenedImages::open_each(catalog.images(), &stores),
+            false => tiers::open_source(&catalog, &stores)?,
+        };
         let link = match &opts.peers {
             Some(peers) => Some(peer_link(peers, opts, &catalog)?),
             None => None,

@@ -69,8 +69,16 @@ fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyBytes>> {
 impl Engine {
     /// Opens the dataset that `args` (a mount's images and options, as `packfs mount` takes them,
     /// without the mountpoint) name; `holder` names this process for a stage's lock.
+    /// `reopened`: opened again in a spawned worker from a pickled engine, where an image
+    /// changed since fails its own files only (`EngineOptions::reopened`).
     #[new]
-    fn new(py: Python<'_>, args: Vec<Vec<u8>>, holder: String) -> PyResult<Engine> {
+    #[pyo3(signature = (args, holder, reopened = false))]
+    fn new(
+        py: Python<'_>,
+        args: Vec<Vec<u8>>,
+        holder: String,
+        reopened: bool,
+    ) -> PyResult<Engine> {
         let args: Vec<OsString> = args.into_iter().map(OsString::from_vec).collect();
         let (mut opts, stores) = crate::cli::in_process(&args)
             // clap quotes a value it refuses: a URL's key stays out of the message.
@@ -81,6 +89,7 @@ impl Engine {
                 )
             })?;
         opts.holder = holder;
+        opts.reopened = reopened;
         let current = py.detach(|| Current::open(opts, stores)).map_err(to_py)?;
         Ok(Engine { current })
     }
@@ -260,6 +269,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // redacted, as the command's does (RUST_LOG sets the level). A process that installed a
     // logger of its own (another Rust module) keeps it.
     let _ = crate::util::logging::init(&crate::util::logging::Setup::default());
+    // This process is the user's: its signal handlers are not ours to rely on.
+    crate::source::mapped::guest_process();
     m.add_class::<Engine>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -167,6 +167,8 @@ impl Current {
             save_index: None,
             // The parent serves the peers and reads from them; a child reads the images.
             peers: None,
+            // An image changed since the parent opened it fails its own files here too.
+            reopened: true,
             ..self.opts.clone()
         };
         let catalog = Arc::clone(parent.engine.catalog());

@@ -8,11 +8,33 @@
 //! past the end), and while the checksum runs the range is registered with a SIGBUS handler:
 //! a page truncated away in between is replaced by a page of zeros and the check reports the
 //! image shrank. Faults anywhere else go to the handler that was there before.
+//!
+//! That handler is the process's, and only a process of packfs's own (the daemon, the command)
+//! can count on it staying installed: in a training process, a library installed later
+//! (`faulthandler`, a DataLoader worker's) takes SIGBUS over, and a page truncated away would
+//! kill the process. The Python module therefore turns mapped checks off for its process
+//! (`guest_process`): there `crc32` declines, and the caller reads the range with `pread`,
+//! where a file that shrank is an error.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Whether this process checks through mappings: false once `guest_process` was called.
+static MAPPED_CHECKS: AtomicBool = AtomicBool::new(true);
+
+/// Says this process is not packfs's own (packfs is a module in it): no check goes through a
+/// mapping from now on, so no correctness depends on a signal handler another library may
+/// replace.
+pub fn guest_process() {
+    MAPPED_CHECKS.store(false, Ordering::Relaxed);
+}
+
+/// Whether ranges are checked through a mapping in this process (`guest_process`).
+pub fn mapped_checks() -> bool {
+    MAPPED_CHECKS.load(Ordering::Relaxed)
+}
 
 /// Checks running at once at most (more fall back to reading: `None`).
 const SLOTS: usize = 64;
@@ -69,6 +91,9 @@ pub fn crc32(
 ) -> Option<io::Result<u32>> {
     if len == 0 {
         return Some(Ok(crc32fast::hash(&[])));
+    }
+    if !mapped_checks() {
+        return None;
     }
     let page = page();
     let start = offset - offset % page as u64;

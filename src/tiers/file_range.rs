@@ -90,8 +90,11 @@ impl<'a> FileRange<'a> {
     ) -> Option<io::Result<u32>> {
         let start = self.offset.checked_sub(back)?;
         let _waiting = self.images.begin(self.reader);
-        let crc = match len <= COPY_TO_CHECK {
-            true => Some(self.crc32_read(start, len as usize)),
+        // Read, not mapped: small members (one copy is cheaper than a mapping), and every
+        // member in a process packfs is a guest in (a training process: no signal handler of
+        // ours can be relied on there).
+        let crc = match len <= COPY_TO_CHECK || !crate::source::mapped::mapped_checks() {
+            true => Some(self.crc32_read(start, len)),
             false => crate::source::mapped::crc32(self.file, start, len, arrival),
         }?;
         if crc.is_ok() {
@@ -100,12 +103,21 @@ impl<'a> FileRange<'a> {
         Some(crc)
     }
 
-    /// The CRC-32 of `len` bytes at `start` of the file, read into a buffer of this thread.
-    fn crc32_read(&self, start: u64, len: usize) -> io::Result<u32> {
+    /// The CRC-32 of `len` bytes at `start` of the file, read with `pread` into a buffer of
+    /// this thread, `COPY_TO_CHECK` bytes at a time: a file that shrank is an error, never a
+    /// signal.
+    fn crc32_read(&self, start: u64, len: u64) -> io::Result<u32> {
         CHECK_BUF.with_borrow_mut(|buf| {
-            buf.resize(len, 0);
-            pread_exact(self.file, buf, start)?;
-            Ok(crc32fast::hash(buf))
+            let mut hasher = crc32fast::Hasher::new();
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(COPY_TO_CHECK) as usize;
+                buf.resize(n, 0);
+                pread_exact(self.file, buf, start + done)?;
+                hasher.update(buf);
+                done += n as u64;
+            }
+            Ok(hasher.finalize())
         })
     }
 

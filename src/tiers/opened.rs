@@ -104,10 +104,36 @@ impl OpenedImages {
     /// Opens every image once, read-only, and checks that each still has the fingerprint the
     /// catalog recorded: the catalog's offsets are only valid for those bytes.
     pub fn open(images: &[ImageInfo], stores: &Stores) -> Result<OpenedImages, SourceError> {
+        OpenedImages::open_as(images, stores, false)
+    }
+
+    /// Opens every image as `open` does, but an image that cannot be opened, or changed since
+    /// it was indexed, does not fail the whole: its reads fail, saying why, and the others
+    /// serve. For a process that opens a dataset another one already serves (a forked or
+    /// spawned DataLoader worker), so that an image changed under the job costs that image's
+    /// files in the worker, as it does in the first process (which finds it rewritten).
+    pub fn open_each(images: &[ImageInfo], stores: &Stores) -> OpenedImages {
+        OpenedImages::open_as(images, stores, true).expect("each image's failure is its own")
+    }
+
+    fn open_as(
+        images: &[ImageInfo],
+        stores: &Stores,
+        each_alone: bool,
+    ) -> Result<OpenedImages, SourceError> {
         let outer = |i: &ImageInfo| inner_window(i).is_none();
+        // Each image opened (none for an inner archive), and whether it is unusable.
         let opened = open_parallel(images, |i| {
-            outer(i).then(|| open_checked(i, stores)).transpose()
+            match outer(i).then(|| open_checked(i, stores)).transpose() {
+                Err(why) if each_alone => {
+                    let data = Arc::new(Unusable(why.to_string()));
+                    let size = i.fingerprint.size;
+                    Ok((Some(image(i.path().to_path_buf(), data, size)), true))
+                }
+                opened => opened.map(|o| (o, false)),
+            }
         })?;
+        let (opened, unusable): (Vec<_>, Vec<bool>) = opened.into_iter().unzip();
         // An inner archive is a window of its outer image, opened above (it comes first).
         let mut all: Vec<OpenedImage> = Vec::with_capacity(images.len());
         let mut within = Vec::with_capacity(images.len());
@@ -137,10 +163,12 @@ impl OpenedImages {
             }
         }
         // Each fingerprint was just checked against a fresh stat: no second stat per image. An
-        // inner archive is never checked itself: its outer image is.
+        // inner archive is never checked itself: its outer image is; nor is an unusable one,
+        // whose reads fail already.
         let stamps = images
             .iter()
-            .map(|i| outer(i).then(|| i.fingerprint.stamp()))
+            .zip(&unusable)
+            .map(|(i, unusable)| (outer(i) && !unusable).then(|| i.fingerprint.stamp()))
             .collect();
         let mut opened = OpenedImages::with_stamps(all, stamps);
         opened.within = within;
@@ -426,6 +454,19 @@ impl OpenedImages {
             checks: self.checks.load(Ordering::Relaxed),
             checked_bytes: self.checked_bytes.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// An image that could not be opened as indexed (`open_each`): every read fails with why.
+struct Unusable(String);
+
+impl ReadAt for Unusable {
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+        Err(io::Error::other(self.0.clone()))
+    }
+
+    fn read_at_now(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.read_at(buf, offset)
     }
 }
 
