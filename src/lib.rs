@@ -26,3 +26,8 @@ pub mod python;
 pub mod source;
 pub mod tiers;
 pub mod util;
+
+/// packfs's own buffers of 1 MiB or more are mapped for themselves and given back when freed
+/// (`util::alloc`), in the binary and in a process the Python module is loaded into.
+#[global_allocator]
+static ALLOCATOR: util::alloc::LargeMapped = util::alloc::LargeMapped;

@@ -139,18 +139,40 @@ impl Unit<'_> {
                 what,
             } => {
                 let mut out = Vec::new();
-                ENCODED.with_borrow_mut(|packed| {
-                    packed.resize(len as usize, 0);
-                    let decoded = image
+                let decode = |packed: &mut [u8], out: &mut Vec<u8>| {
+                    image
                         .read_exact_at(packed, self.at)
-                        .and_then(|()| codec.decompress(packed, limit, &mut out).map_err(invalid));
-                    // A large piece's encoded bytes are not kept per thread: the memory budget
-                    // counts them only while it is decoded.
-                    if packed.capacity() > KEEP_ENCODED {
-                        *packed = Vec::new();
+                        .and_then(|()| codec.decompress(packed, limit, out).map_err(invalid))
+                };
+                if len as usize > KEEP_ENCODED && codec.streams() {
+                    // A large xz piece is decoded as its bytes are read, a piece at a time:
+                    // never held whole beside what it decodes to (16 threads over 64 MiB blocks
+                    // of 25 MB held 89 MB a decode, more than an 80 MiB budget).
+                    let mut failure = None;
+                    let encoded = Pieces {
+                        image,
+                        at: self.at,
+                        end: self.at + len as u64,
+                        failure: &mut failure,
+                    };
+                    let decoded = codec.decompress_streamed(encoded, len as u64, limit, &mut out);
+                    // A read that failed is the image's error, not corrupt data.
+                    if let Some(error) = failure {
+                        return Err(error);
                     }
-                    decoded
-                })?;
+                    decoded.map_err(invalid)?;
+                } else if len as usize > KEEP_ENCODED {
+                    // A large piece's encoded bytes in a mapping of their own, given back to the
+                    // kernel when decoded (malloc kept them in the reading thread's arena: 16
+                    // threads over 64 MiB xz blocks held 620 MB against an 80 MiB budget).
+                    let mut packed = memmap2::MmapMut::map_anon(len as usize)?;
+                    decode(&mut packed, &mut out)?;
+                } else {
+                    ENCODED.with_borrow_mut(|packed| {
+                        packed.resize(len as usize, 0);
+                        decode(packed, &mut out)
+                    })?;
+                }
                 if out.len() < need {
                     let expected = if need == limit {
                         format!("expected {need}")
@@ -189,6 +211,28 @@ pub fn check_crc(bytes: &[u8], crc: Option<u32>) -> Result<(), String> {
 
 /// Encoded bytes kept per thread between blocks, at most: every squashfs block fits.
 const KEEP_ENCODED: usize = 1 << 20;
+
+/// The encoded bytes `at..end` of an image, read a piece at a time as a decoder asks for them;
+/// a read that fails is kept in `failure` (the decoder only says it could not go on).
+struct Pieces<'i> {
+    image: &'i dyn ReadAt,
+    at: u64,
+    end: u64,
+    failure: &'i mut Option<io::Error>,
+}
+
+impl io::Read for Pieces<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (buf.len() as u64).min(self.end - self.at) as usize;
+        if let Err(e) = self.image.read_exact_at(&mut buf[..n], self.at) {
+            let said = io::Error::new(e.kind(), e.to_string());
+            *self.failure = Some(e);
+            return Err(said);
+        }
+        self.at += n as u64;
+        Ok(n)
+    }
+}
 
 thread_local! {
     /// Encoded bytes of the block being decoded on this thread.

@@ -3,6 +3,7 @@
 //! writes without following links (`safe_file`), secrets taken out of URLs in any text
 //! (`redact`), and the log's setup (`logging`).
 
+pub mod alloc;
 pub mod latency;
 pub mod le;
 pub mod logging;

@@ -15,6 +15,9 @@ use std::io;
 use crate::source::read_at::ReadAt;
 
 pub use deflate::READ_CHUNK;
+
+/// Encoded bytes read at a time by a decoder that streams (`decompress_streamed`).
+const STREAM_PIECE: usize = 1 << 20;
 pub use xz::check_size as xz_check_size;
 
 /// The compressions packfs decodes.
@@ -53,6 +56,39 @@ impl Codec {
             Codec::Lz4 => "lz4",
             Codec::Zstd => "zstd",
         }
+    }
+
+    /// Whether `decompress_streamed` decodes it from bytes read in turn.
+    pub fn streams(self) -> bool {
+        matches!(self, Codec::Xz | Codec::XzBlock { .. })
+    }
+
+    /// As `decompress`, for a piece of `len` encoded bytes that `input` gives in turn (read as
+    /// they are decoded, never held whole); only for codecs that `streams`.
+    pub fn decompress_streamed(
+        self,
+        input: impl io::Read,
+        len: u64,
+        limit: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        out.clear();
+        out.reserve_exact(limit.saturating_add(1));
+        let failed = |e: &dyn std::fmt::Display| format!("{} data is corrupt: {e}", self.name());
+        // Pieces of 1 MiB from the image (a read each), as the decoder needs them.
+        let input = io::BufReader::with_capacity(STREAM_PIECE, input.take(len));
+        match self {
+            Codec::Xz => xz::decompress_from(input, limit, out).map_err(|e| failed(&e))?,
+            Codec::XzBlock { check, pad } => {
+                xz::decompress_block_from(input, len, check, pad, limit, out)
+                    .map_err(|e| failed(&e))?
+            }
+            _ => return Err(format!("{} pieces are decoded whole", self.name())),
+        }
+        if out.len() > limit {
+            return Err(failed(&format!("it decodes to more than {limit} bytes")));
+        }
+        Ok(())
     }
 
     /// Decodes one whole compressed block into `out` (replacing its content). A block that

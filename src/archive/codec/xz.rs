@@ -12,6 +12,11 @@ pub fn decompress(input: &[u8], limit: usize, out: &mut Vec<u8>) -> io::Result<(
     decode_stream(input, limit, out)
 }
 
+/// `decompress`, its input read in turn.
+pub fn decompress_from(input: impl io::BufRead, limit: usize, out: &mut Vec<u8>) -> io::Result<()> {
+    decode_stream(input, limit, out)
+}
+
 fn decode_stream(input: impl io::BufRead, limit: usize, out: &mut Vec<u8>) -> io::Result<()> {
     let stream = liblzma::stream::Stream::new_stream_decoder(MEMLIMIT, 0)?;
     let mut reader = liblzma::bufread::XzDecoder::new_stream(input, stream);
@@ -32,9 +37,21 @@ pub fn decompress_block(
     size: usize,
     out: &mut Vec<u8>,
 ) -> io::Result<()> {
+    decompress_block_from(block, block.len() as u64, check, pad, size, out)
+}
+
+/// `decompress_block` of a block of `len` bytes that `block` gives in turn.
+pub fn decompress_block_from(
+    block: impl io::BufRead,
+    len: u64,
+    check: u8,
+    pad: u8,
+    size: usize,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
     let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
     let check_len = check_size(check).ok_or_else(|| bad("unknown check type"))?;
-    let unpadded = (block.len() as u64)
+    let unpadded = len
         .checked_sub(pad as u64)
         .filter(|&n| n > check_len && (n + pad as u64).is_multiple_of(4))
         .ok_or_else(|| bad("a block whose length does not fit its padding"))?;
