@@ -597,3 +597,23 @@ fn an_empty_image_is_refused_and_an_archive_of_nothing_is_said() {
         "{stderr}"
     );
 }
+
+/// A member whose name is 10 000 bytes (Python's tarfile writes it in a PAX header) is skipped
+/// with a warning that shows the start of its name and its length, not the whole of it.
+#[test]
+fn a_ten_thousand_byte_name_is_warned_of_in_a_line_of_its_own_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("long.tar");
+    sh(
+        "python3 -c \"import io, tarfile\nwith tarfile.open('long.tar', 'w', format=tarfile.PAX_FORMAT) as t:\n  \
+         for name, data in [('d/' + 'n' * 10000, b'x'), ('d/ok.txt', b'ok')]:\n    \
+         i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))\"",
+        dir.path(),
+    );
+    let out = packfs().arg("ls").arg(&tar).output().unwrap();
+    assert_ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("(10002 bytes)"), "{said}");
+    assert!(said.len() < 2_000, "{} bytes of warnings", said.len());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("d/ok.txt"));
+}

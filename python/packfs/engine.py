@@ -127,23 +127,25 @@ class Engine:
         """``os.stat`` of a path of the dataset (owned by this process's user, as on a mount)."""
         return _stat_result(self._engine.stat(_key(path), follow_symlinks))
 
+    # As os.path's: False for any path that cannot be stat'ed (missing, a symlink loop, a
+    # component that is a file, a name with a NUL).
     def exists(self, path: PathLike) -> bool:
         try:
             self._engine.stat(_key(path), True)
-        except FileNotFoundError:
+        except (OSError, ValueError):
             return False
         return True
 
     def isdir(self, path: PathLike) -> bool:
         try:
             return self._engine.stat(_key(path), True)[0] == "d"
-        except (FileNotFoundError, NotADirectoryError):
+        except (OSError, ValueError):
             return False
 
     def isfile(self, path: PathLike) -> bool:
         try:
             return self._engine.stat(_key(path), True)[0] == "f"
-        except (FileNotFoundError, NotADirectoryError):
+        except (OSError, ValueError):
             return False
 
     def listdir(self, path: PathLike = "") -> List[str]:

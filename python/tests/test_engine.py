@@ -435,3 +435,30 @@ def test_imagenet_as_downloaded_opens_with_the_mounts_options(tmp_path):
     with pytest.raises(ValueError) as e:
         packfs.Engine(outer, inner_archives="https://user:secret@example.org/x")
     assert "secret" not in str(e.value) and "example.org" in str(e.value)
+
+
+def test_exists_isdir_and_walk_answer_as_os_path_for_symlink_loops(tmp_path):
+    """A symlink loop, a link to itself and a path through a file: False from exists, isdir and
+    isfile, as os.path answers on GNU tar's extraction (they raised ELOOP), and walk lists the
+    loops as files, as os.walk does."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "file").write_bytes(b"x")
+    os.symlink("b", src / "d" / "a")
+    os.symlink("a", src / "d" / "b")
+    os.symlink("self", src / "d" / "self")
+    tar = tmp_path / "loops.tar"
+    subprocess.run(["tar", "-C", src, "--format=gnu", "-cf", tar, "d"], check=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["tar", "-C", out, "-xf", tar], check=True)
+    with packfs.Engine(tar) as engine:
+        for path in ["d/a", "d/b", "d/self", "d/a/x", "d/file/x", "d/missing"]:
+            native = str(out / path)
+            got = (engine.exists(path), engine.isdir(path), engine.isfile(path))
+            want = (os.path.exists(native), os.path.isdir(native), os.path.isfile(native))
+            assert got == want == (False, False, False), path
+        walked = [(top, sorted(dirs), sorted(files)) for top, dirs, files in engine.walk("d")]
+    native = [(os.path.relpath(top, out), sorted(dirs), sorted(files))
+              for top, dirs, files in os.walk(out / "d")]
+    assert walked == native == [("d", [], ["a", "b", "file", "self"])]

@@ -159,8 +159,8 @@ impl ScannedImage {
             warn!(
                 image = %self.path.display(),
                 offset,
-                "skipping member {:?}: {why}",
-                String::from_utf8_lossy(name)
+                "skipping member {}: {why}",
+                name::shown(name)
             );
         }
     }

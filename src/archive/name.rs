@@ -2,6 +2,25 @@
 
 use std::borrow::Cow;
 
+/// Bytes of a name a message shows at most.
+const SHOWN: usize = 160;
+
+/// A name as a message shows it: quoted, at most `SHOWN` bytes of it and then its length. A
+/// crafted name of any length would otherwise be copied whole into every warning (a 10 000-byte
+/// one was).
+pub fn shown(name: &[u8]) -> String {
+    match name.get(..SHOWN) {
+        Some(head) if name.len() > SHOWN => {
+            format!(
+                "{:?}... ({} bytes)",
+                String::from_utf8_lossy(head),
+                name.len()
+            )
+        }
+        _ => format!("{:?}", String::from_utf8_lossy(name)),
+    }
+}
+
 /// Why a member name was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BadName {
@@ -82,6 +101,17 @@ pub fn key_of(path: &[u8]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_name_is_shown_cut_with_its_length() {
+        assert_eq!(super::shown(b"a/b.jpg"), "\"a/b.jpg\"");
+        let long = vec![b'x'; 10_000];
+        let said = super::shown(&long);
+        assert!(
+            said.len() < 200 && said.ends_with("... (10000 bytes)"),
+            "{said}"
+        );
+    }
+
     use super::*;
 
     #[test]

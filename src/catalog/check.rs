@@ -45,7 +45,10 @@ impl Catalog {
             }
         } else {
             if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
-                return Err(format!("invalid name {:?}", String::from_utf8_lossy(name)));
+                return Err(format!(
+                    "invalid name {}",
+                    crate::archive::name::shown(name)
+                ));
             }
             let parent = self
                 .entry(e.parent)

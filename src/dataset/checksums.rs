@@ -35,6 +35,13 @@ struct Job {
     member: usize,
 }
 
+impl Job {
+    /// Whether `other` is the same bytes (a hard link to this member, or this to it).
+    fn same_bytes(&self, other: &Job) -> bool {
+        (self.at, self.size) == (other.at, other.size)
+    }
+}
+
 /// Records the CRC-32 of every stored file of `scanned` (the images of one scan, each inner
 /// archive after the image that holds it): each becomes `Encoding::StoredCrc`.
 pub fn record(
@@ -55,17 +62,25 @@ pub fn record(
         }
     }
     let mut groups: Vec<Vec<Job>> = (0..scanned.len()).map(|_| Vec::new()).collect();
-    let mut total = 0u64;
     for (i, image) in scanned.iter().enumerate() {
         for (j, m) in image.members.iter().enumerate() {
             if wants_crc(image, m.kind, m.encoding) {
-                total = total.saturating_add(m.size);
                 groups[root[i]].push(Job {
                     at: base[i].saturating_add(m.data_offset),
                     size: m.size,
                     image: i,
                     member: j,
                 });
+            }
+        }
+    }
+    // In offset order; the members of one place (hard links to one file) are read once.
+    let mut total = 0u64;
+    for jobs in &mut groups {
+        jobs.sort_unstable_by_key(|j| (j.at, j.size));
+        for (k, job) in jobs.iter().enumerate() {
+            if k == 0 || !jobs[k - 1].same_bytes(job) {
+                total = total.saturating_add(job.size);
             }
         }
     }
@@ -112,7 +127,9 @@ pub fn record(
     Ok(())
 }
 
-/// The CRC-32 of each of `jobs` (members of the image at `location`), read in offset order.
+/// The CRC-32 of each of `jobs` (members of the image at `location`, in offset order), each
+/// place read once: a hard link's member gets the CRC-32 of the one before it at that place
+/// (a tar of 20 000 links to one file was read 20 000 times: 585 s, against 0.08 s without).
 fn crcs_of(
     location: &ImageLocation,
     stores: &Stores,
@@ -123,12 +140,16 @@ fn crcs_of(
     let (data, _) = location
         .open_for_scan(stores)
         .map_err(|e| ArchiveError::io(location.name(), e))?;
-    let mut order: Vec<&Job> = jobs.iter().collect();
-    order.sort_unstable_by_key(|j| j.at);
     // The bytes in `buf`: `held` of them, from offset `from` of the image.
     let (mut from, mut held) = (0u64, 0usize);
-    let mut crcs = Vec::with_capacity(order.len());
-    for job in order {
+    let mut crcs: Vec<(usize, usize, u32)> = Vec::with_capacity(jobs.len());
+    for (k, job) in jobs.iter().enumerate() {
+        if let (Some(before), Some(last)) = (k.checked_sub(1).map(|b| &jobs[b]), crcs.last())
+            && before.same_bytes(job)
+        {
+            crcs.push((job.image, job.member, last.2));
+            continue;
+        }
         let mut hasher = crc32fast::Hasher::new();
         let end = job.at.saturating_add(job.size);
         let mut pos = job.at;
@@ -159,4 +180,67 @@ fn crcs_of(
         crcs.push((job.image, job.member, hasher.finalize()));
     }
     Ok(crcs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar of one 3 MiB file and 50 hard links to it: one read of its bytes, one CRC-32 for
+    /// all 51 members.
+    #[test]
+    fn hard_links_to_one_file_are_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        let data: Vec<u8> = (0..3u32 << 20).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(src.join("f"), &data).unwrap();
+        for k in 0..50 {
+            std::fs::hard_link(src.join("f"), src.join(format!("l{k:02}"))).unwrap();
+        }
+        let tar = dir.path().join("links.tar");
+        let made = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&src)
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let stores = Stores::default();
+        let location = ImageLocation::new(&tar);
+        let mut scanned = vec![crate::dataset::scan_image(&location, &stores).unwrap()];
+        let files = scanned[0]
+            .members
+            .iter()
+            .filter(|m| m.kind == MemberKind::File)
+            .count();
+        assert_eq!(files, 51);
+        let (read, said_total) = (AtomicU64::new(0), AtomicU64::new(0));
+        record(&mut scanned, &stores, &|done, total| {
+            read.store(done, Ordering::Relaxed);
+            said_total.store(total, Ordering::Relaxed);
+        })
+        .unwrap();
+        let bytes = read.load(Ordering::Relaxed);
+        assert!(
+            bytes <= data.len() as u64 + BLOCK as u64,
+            "{bytes} bytes read"
+        );
+        assert_eq!(said_total.load(Ordering::Relaxed), data.len() as u64);
+        let crc = crc_record(0, crc32fast::hash(&data));
+        let checked = scanned[0]
+            .members
+            .iter()
+            .filter(|m| m.encoding == Encoding::StoredCrc)
+            .count();
+        assert_eq!(checked, 51);
+        // Every member's record names the same CRC-32 (its place aside).
+        let image = &scanned[0];
+        for m in image.members.iter().filter(|m| m.kind == MemberKind::File) {
+            let record = &image.strings[m.link.start..m.link.start + m.link.len];
+            assert_eq!(record[8..], crc[8..]);
+        }
+    }
 }

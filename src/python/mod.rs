@@ -73,12 +73,7 @@ impl Engine {
     /// changed since fails its own files only (`EngineOptions::reopened`).
     #[new]
     #[pyo3(signature = (args, holder, reopened = false))]
-    fn new(
-        py: Python<'_>,
-        args: Vec<Vec<u8>>,
-        holder: String,
-        reopened: bool,
-    ) -> PyResult<Engine> {
+    fn new(py: Python<'_>, args: Vec<Vec<u8>>, holder: String, reopened: bool) -> PyResult<Engine> {
         let args: Vec<OsString> = args.into_iter().map(OsString::from_vec).collect();
         let (mut opts, stores) = crate::cli::in_process(&args)
             // clap quotes a value it refuses: a URL's key stays out of the message.
