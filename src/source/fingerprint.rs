@@ -86,7 +86,7 @@ pub fn stamp_differences(was: Stamp, now: Stamp) -> Vec<String> {
     if was.size != now.size {
         what.push(format!("size was {} bytes, is {}", was.size, now.size));
     }
-    if (was.mtime, was.mtime_nsec) != (now.mtime, now.mtime_nsec) {
+    if !was.same_time(&now) {
         what.push(format!(
             "mtime was {}, is {}",
             show_time(was.mtime, was.mtime_nsec),
@@ -106,6 +106,37 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::unix::fs::FileExt;
+
+    /// A copy that kept its time on a file system of whole seconds (MooseFS): the same second,
+    /// no nanoseconds, is the time indexed; another second, or other nanoseconds, is not.
+    #[test]
+    fn whole_seconds_match_the_time_indexed_with_nanoseconds() {
+        let indexed = Stamp {
+            size: 10,
+            mtime: 1_700_000_000,
+            mtime_nsec: 123_456_789,
+        };
+        let copied = Stamp {
+            mtime_nsec: 0,
+            ..indexed
+        };
+        assert!(indexed.matches(&copied));
+        assert!(stamp_differences(indexed, copied).is_empty());
+        for other in [
+            Stamp {
+                mtime: indexed.mtime + 1,
+                ..copied
+            },
+            Stamp {
+                mtime_nsec: 5,
+                ..indexed
+            },
+            Stamp { size: 11, ..copied },
+        ] {
+            assert!(!indexed.matches(&other), "{other:?}");
+            assert!(!stamp_differences(indexed, other).is_empty());
+        }
+    }
 
     #[test]
     fn detects_changes_at_either_end_and_in_size() {

@@ -199,6 +199,21 @@ pub struct Stamp {
     pub mtime_nsec: u32,
 }
 
+impl Stamp {
+    /// Whether the time of `now` is this one's: the same, or the same second without its
+    /// nanoseconds, as a file system that keeps whole seconds (MooseFS) gives a copy that kept
+    /// its time (`cp -p`, `rsync -t`) of an image indexed elsewhere; `touch -d` cannot give it
+    /// more there.
+    pub fn same_time(&self, now: &Stamp) -> bool {
+        self.mtime == now.mtime && (self.mtime_nsec == now.mtime_nsec || now.mtime_nsec == 0)
+    }
+
+    /// Whether `now` is this stamp again (`same_time`, and the same size).
+    pub fn matches(&self, now: &Stamp) -> bool {
+        self.size == now.size && self.same_time(now)
+    }
+}
+
 /// Opens an image (or index) for reading, refusing anything but a regular file. The open does not
 /// block: a plain `open` of a FIFO waits for a writer forever (a glob that matched one hung
 /// `packfs ls` and mounts), so the file is opened non-blocking and checked before any read.

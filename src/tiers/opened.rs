@@ -412,7 +412,7 @@ impl OpenedImages {
         let Some(Ok(now)) = self.images[i].data.current() else {
             return false;
         };
-        if now == *was {
+        if was.matches(&now) {
             return false;
         }
         if !flag.swap(true, Ordering::SeqCst) {

@@ -59,13 +59,12 @@ pub enum DirError {
         dir: std::path::PathBuf,
         error: io::Error,
     },
-    #[error(
-        "{} is not safe to write in: {why}; remove it (or give another path) and retry",
-        dir.display()
-    )]
+    #[error("{} is not safe to write in: {why}; {fix}", dir.display())]
     Unsafe {
         dir: std::path::PathBuf,
         why: String,
+        /// What the user can do: remove it, if it is theirs; otherwise another path.
+        fix: String,
     },
 }
 
@@ -83,18 +82,29 @@ pub fn private_dir(dir: &Path, mode: u32) -> Result<(), DirError> {
             });
         }
     }
-    let unsafe_because = |why: String| DirError::Unsafe {
-        dir: dir.to_path_buf(),
-        why,
-    };
     let meta = std::fs::symlink_metadata(dir).map_err(|error| DirError::Create {
         dir: dir.to_path_buf(),
         error,
     })?;
+    let me = nix::unistd::geteuid().as_raw();
+    // Another user's, in a shared directory such as /tmp or /dev/shm (sticky): this user cannot
+    // remove it, so the message must not tell them to.
+    let fix = match meta.uid() == me {
+        true => "remove it (or give another path) and retry".to_string(),
+        false => format!(
+            "it is not yours to remove: give another path (or ask {} or the node's admin to \
+             remove it)",
+            owner_name(meta.uid())
+        ),
+    };
+    let unsafe_because = |why: String| DirError::Unsafe {
+        dir: dir.to_path_buf(),
+        why,
+        fix: fix.clone(),
+    };
     if !meta.file_type().is_dir() {
         return Err(unsafe_because("it is not a directory (a symlink?)".into()));
     }
-    let me = nix::unistd::geteuid().as_raw();
     match foreign(&meta, &[me]) {
         Some(Foreign::Owner(uid)) => Err(unsafe_because(format!(
             "it belongs to {}, not to this user ({})",
@@ -142,6 +152,7 @@ pub fn private_dir_all(dir: &Path, mode: u32) -> Result<(), DirError> {
     let unsafe_because = |why: String| DirError::Unsafe {
         dir: dir.to_path_buf(),
         why,
+        fix: "give a path under directories only root and you can change".into(),
     };
     let parent = abs.parent().unwrap_or(Path::new("/"));
     let trusted = trusted_owners();
@@ -339,6 +350,16 @@ mod tests {
         std::os::unix::fs::symlink(dir.path(), &link).unwrap();
         let err = private_dir(&link, 0o700).unwrap_err().to_string();
         assert!(err.contains("not a directory"), "{err}");
+        // Another user's: not theirs to remove (it was said to remove it, which a user cannot
+        // in /tmp or /dev/shm).
+        let squatted = dir.path().join("packfs-1000");
+        std::fs::create_dir(&squatted).unwrap();
+        std::os::unix::fs::lchown(&squatted, Some(65_534), Some(65_534)).unwrap();
+        let err = private_dir(&squatted, 0o700).unwrap_err().to_string();
+        assert!(
+            err.contains("not yours to remove") && !err.contains("remove it (or"),
+            "{err}"
+        );
         let err = no_follow().read(true).open(&link).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
         let log = dir.path().join("log");
