@@ -56,7 +56,7 @@ fn a_failed_mount_says_why_once() {
     assert!(errors[0].contains("missing.tar"), "{stderr}");
     // Found before the fork: no daemon started, so none left its log behind.
     let abs = std::path::absolute(dir.path().join("mnt")).unwrap();
-    let log = packfs::daemon::stats::default_path(&abs).with_extension("log");
+    let log = packfs::daemon::stats::log_path(&abs);
     assert!(
         !log.exists(),
         "a daemon ran and logged to {}",

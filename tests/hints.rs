@@ -479,7 +479,9 @@ fn a_mount_without_lookahead_has_no_hints_socket() {
     let c = counters(&mnt);
     assert!(c["hints"].is_null() && c["lookahead"].is_null(), "{c}");
     read_all(&mnt, &src, &order, 2);
-    let sock = packfs::daemon::hints::socket_path(&packfs::daemon::mounts::absolute(&mnt).unwrap());
+    let abs = packfs::daemon::mounts::absolute(&mnt).unwrap();
+    let device = packfs::daemon::mounts::packfs_device(&abs).unwrap();
+    let sock = packfs::daemon::hints::socket_path(&abs, &device);
     assert!(!sock.exists());
 }
 

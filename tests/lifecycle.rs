@@ -380,3 +380,131 @@ fn a_mountpoint_given_through_a_symlink_is_found_by_status_and_umount() {
     assert!(!is_mounted(&real), "unmounted through the link");
     assert!(link.is_symlink() && real.is_dir(), "both left as they were");
 }
+
+/// Processes seeing the mount at `mnt` as a copy in a mount namespace of their own: `unshare -m`
+/// started while it is mounted, as a container would be. Killed when dropped.
+struct Copy(std::process::Child);
+
+impl Copy {
+    fn of(mnt: &Path) -> Copy {
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "120"])
+            .spawn()
+            .unwrap();
+        let copy = Copy(child);
+        let info = format!("/proc/{}/mountinfo", copy.0.id());
+        let start = std::time::Instant::now();
+        while !std::fs::read_to_string(&info)
+            .is_ok_and(|t| t.contains(mnt.to_str().unwrap()) && t.contains("fuse.packfs"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no copy in {info}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        copy
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A daemon whose mount lives on as a copy in another mount namespace (detached here by a plain
+/// `umount -l`) keeps serving the copy, and the next mount at the same place has runtime files
+/// of its own: `packfs status` answers from the new daemon in 8 of 8 polls, and hints reach it
+/// (they went to the old daemon, whose socket had the same name, while the sender was told ok).
+/// `packfs umount` then ends the old daemon's service too, saying who held it.
+#[test]
+fn a_daemon_serving_a_copy_elsewhere_shares_nothing_with_the_next_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let names: Vec<String> = (0..20).map(|i| format!("f{i:02}.bin")).collect();
+    for (i, n) in names.iter().enumerate() {
+        write_file(&src.join(n), &bytes(i as u64, 5_000 + i * 100), 0o644);
+    }
+    let shard = dir.path().join("s.tar");
+    tar_members(&src, &shard, &names);
+    let mnt = dir.path().join("mnt");
+    let old = Mount::new(&[&shard], &mnt, &[]);
+    let abs = packfs::daemon::mounts::absolute(&mnt).unwrap();
+    let old_device = packfs::daemon::mounts::packfs_device(&abs).unwrap();
+    let copy = Copy::of(&mnt);
+    // Detached here without packfs: the daemon serves on, for the copy.
+    assert!(
+        Command::new("umount")
+            .arg("-l")
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(old.daemon_alive(), "the old daemon serves the copy");
+    let new = Mount::new(&[&shard], &mnt, &[]);
+    // Each daemon's runtime files are its own: named by its mount's device.
+    let new_device = packfs::daemon::mounts::packfs_device(&abs).unwrap();
+    assert_ne!(old_device, new_device);
+    let (old_stats, new_stats) = (
+        packfs::daemon::stats::default_path(&abs, &old_device),
+        packfs::daemon::stats::default_path(&abs, &new_device),
+    );
+    assert_ne!(old_stats, new_stats);
+    let status: serde_json::Value =
+        serde_json::from_str(&run(packfs().args(["status", "--json"]).arg(&mnt))).unwrap();
+    assert_eq!(
+        status[0]["stats_file"],
+        new_stats.to_str().unwrap(),
+        "{status}"
+    );
+    assert_eq!(
+        status[0]["hints"],
+        packfs::daemon::hints::socket_path(&abs, &new_device)
+            .to_str()
+            .unwrap(),
+        "{status}"
+    );
+    assert_ne!(
+        packfs::daemon::hints::socket_path(&abs, &old_device),
+        packfs::daemon::hints::socket_path(&abs, &new_device)
+    );
+    for _ in 0..8 {
+        let out = run(packfs().args(["status", "--json"]).arg(&mnt));
+        let all: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(all[0]["counters"]["pid"], new.pid, "{out}");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    // Hints go to the new daemon's socket, and its lists count them.
+    let c = counters(&mnt);
+    let socket = c["hints"].as_str().unwrap().to_string();
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let line = serde_json::json!({"stream": "train", "rank": 0, "epoch": 1, "paths": names});
+    std::io::Write::write_all(&mut stream, format!("{line}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stream), &mut answer).unwrap();
+    assert!(answer.contains("\"ok\":true"), "{answer}");
+    let c = counters(&mnt);
+    assert_eq!(c["pid"], new.pid);
+    assert!(c["lookahead"]["samples"].as_u64().unwrap() >= 20, "{c}");
+    // The new mount unmounted by packfs, and a copy made of it too: the unmount ends its
+    // daemon's service of the copy, says who held it, and takes less than the 60 s it waited.
+    let second = Copy::of(&mnt);
+    let started = std::time::Instant::now();
+    let out = packfs().arg("umount").arg(&mnt).output().unwrap();
+    assert_ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("still served copies") && said.contains(&format!("pid {}", second.0.id())),
+        "{said}"
+    );
+    assert!(new.wait_daemon_exit(Duration::from_secs(10)), "{said}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    drop(second);
+    drop(copy);
+    assert!(old.wait_daemon_exit(Duration::from_secs(10)));
+}

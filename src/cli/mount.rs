@@ -238,7 +238,7 @@ impl Args {
         }
         let mountpoint = crate::daemon::mounts::absolute(&self.mountpoint)
             .unwrap_or_else(|_| self.mountpoint.clone());
-        let fallback = daemon::stats::default_path(&mountpoint).with_extension("log");
+        let fallback = daemon::stats::log_path(&mountpoint);
         if self.log_file.is_none() && daemon::stats::check_default_dir().is_err() {
             // The mount fails on the same check, and says why; log to stderr until then.
             return None;

@@ -11,6 +11,9 @@ use std::path::{Component, Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
+    /// The mounted file system's device, `major:minor`: for FUSE, one per connection, so one
+    /// per daemon (a copy of the mount in another namespace has its daemon's).
+    pub device: String,
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -46,9 +49,11 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
+            let device = left.split(' ').nth(2)?.to_string();
             let mount_point = left.split(' ').nth(4)?;
             let mut right = right.split(' ');
             Some(MountEntry {
+                device,
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fstype: right.next()?.to_string(),
                 source: unescape(right.next().unwrap_or("")),
@@ -88,6 +93,52 @@ pub fn find(path: &Path) -> io::Result<Option<MountEntry>> {
         .into_iter()
         .rev()
         .find(|m| m.mount_point == path))
+}
+
+/// The device of the packfs mount on top at `path` (absolute), as this namespace sees it.
+pub fn packfs_device(path: &Path) -> Option<String> {
+    find(path)
+        .ok()
+        .flatten()
+        .filter(MountEntry::is_packfs)
+        .map(|m| m.device)
+}
+
+/// Processes, one per mount namespace other than this process's, that see a packfs mount of
+/// `device` (a copy of it, made by `unshare -m` or a container started while it was mounted),
+/// with where they see it. Namespaces of processes this user may not look into are not seen.
+pub fn copies_elsewhere(device: &str) -> Vec<(i32, PathBuf)> {
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let mut seen = std::collections::HashSet::new();
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(ns) = std::fs::read_link(entry.path().join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == ours.as_ref() || !seen.insert(ns) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path().join("mountinfo")) else {
+            continue;
+        };
+        if let Some(m) = parse_mountinfo(&text)
+            .into_iter()
+            .find(|m| m.is_packfs() && m.device == device)
+        {
+            found.push((pid, m.mount_point));
+        }
+    }
+    found
 }
 
 /// Makes `path` absolute and resolves symlinks in its parent; its last component is resolved
@@ -155,6 +206,10 @@ mod tests {
         assert_eq!(mounts[1].fstype, "fuse.packfs");
         assert_eq!(mounts[1].source, "packfs");
         assert_eq!(mounts[1].fuse_owner(), Some(0));
+        assert_eq!(
+            (mounts[0].device.as_str(), mounts[1].device.as_str()),
+            ("98:0", "0:55")
+        );
         assert!(mounts[1].is_packfs());
         assert_eq!(mounts[0].fuse_owner(), None);
     }

@@ -153,14 +153,23 @@ pub fn serve(
     set_readahead(&mountpoint, req.readahead, mounted.max_read());
     // Do not pin the directory the job started in.
     let _ = std::env::set_current_dir("/");
+    // This daemon's mount, as the kernel numbers it: its runtime files are named by it too.
+    let device = super::mounts::packfs_device(&mountpoint).unwrap_or_default();
     let hints = engine.lookahead().and_then(|la| {
         let memory = files.images().ram().memory().clone();
         let serves = req.fs.owner().uid;
-        hints::HintsSocket::start(&mountpoint, catalog.clone(), la.clone(), memory, serves)
-            .map_err(|e| warn!("{e}: samplers cannot send hints to this mount"))
-            .ok()
+        hints::HintsSocket::start(
+            &mountpoint,
+            &device,
+            catalog.clone(),
+            la.clone(),
+            memory,
+            serves,
+        )
+        .map_err(|e| warn!("{e}: samplers cannot send hints to this mount"))
+        .ok()
     });
-    let default_stats = stats::default_path(&mountpoint);
+    let default_stats = stats::default_path(&mountpoint, &device);
     let mut stats_paths = vec![default_stats.clone()];
     stats_paths.extend(req.stats_file.clone().filter(|p| *p != default_stats));
     let mut about = about(req, &catalog);

@@ -19,12 +19,32 @@ use indexmap::IndexMap;
 
 const PERIOD: Duration = Duration::from_secs(1);
 
-/// Where the stats of the mount at `mountpoint` (absolute) are written by default:
-/// `/run/packfs` for root, `$XDG_RUNTIME_DIR/packfs` or `/tmp/packfs-UID` for others, then the
-/// mount point's name and a hash of its whole path.
-pub fn default_path(mountpoint: &Path) -> PathBuf {
+/// Where the stats of the mount at `mountpoint` (absolute) whose file system is `device`
+/// (`major:minor`, `mounts::MountEntry::device`) are written by default: `/run/packfs` for root,
+/// `$XDG_RUNTIME_DIR/packfs` or `/tmp/packfs-UID` for others, then the mount point's name, a
+/// hash of its whole path and the device. The device is the daemon's own (one per FUSE
+/// connection): a daemon that outlives its unmount, serving a copy of the mount in another
+/// mount namespace, keeps its files apart from the next mount at the same place (they shared
+/// one stats file and one hints socket).
+pub fn default_path(mountpoint: &Path, device: &str) -> PathBuf {
+    default_dir().0.join(format!(
+        "{}.{}.json",
+        base_name(mountpoint),
+        device.replace(':', "-")
+    ))
+}
+
+/// Where the log of a mount at `mountpoint` goes when it has nowhere else (no syslog, no
+/// `--log-file`): beside the stats files, one per mount point.
+pub fn log_path(mountpoint: &Path) -> PathBuf {
+    default_dir()
+        .0
+        .join(format!("{}.log", base_name(mountpoint)))
+}
+
+/// The mount point's name and a hash of its whole path.
+fn base_name(mountpoint: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let dir = default_dir().0;
     let hash = xxhash_rust::xxh3::xxh3_64(mountpoint.as_os_str().as_bytes());
     let name: String = mountpoint
         .file_name()
@@ -39,13 +59,13 @@ pub fn default_path(mountpoint: &Path) -> PathBuf {
             }
         })
         .collect();
-    dir.join(format!("{name}.{hash:016x}.json"))
+    format!("{name}.{hash:016x}")
 }
 
 /// Where a daemon run by `uid` may have written the stats of `mountpoint` by default, for
 /// `packfs status` (the user's runtime directory is only known to their own processes).
-pub fn candidate_paths(mountpoint: &Path, uid: u32) -> Vec<PathBuf> {
-    let mine = default_path(mountpoint);
+pub fn candidate_paths(mountpoint: &Path, device: &str, uid: u32) -> Vec<PathBuf> {
+    let mine = default_path(mountpoint, device);
     let name = mine.file_name().expect("a file name").to_os_string();
     let mut paths = vec![];
     if uid == nix::unistd::getuid().as_raw() {
@@ -91,8 +111,8 @@ pub fn check_default_dir() -> Result<(), crate::util::safe_file::DirError> {
 /// Removes the stats file a daemon that died left for `mountpoint` (found at the default path;
 /// the file names its pid, which must no longer run), and gives its counters (what that daemon
 /// was doing: its stage, to remove).
-pub fn remove_if_orphaned(mountpoint: &Path) -> Option<Counters> {
-    let path = default_path(mountpoint);
+pub fn remove_if_orphaned(mountpoint: &Path, device: &str) -> Option<Counters> {
+    let path = default_path(mountpoint, device);
     let text = std::fs::read_to_string(&path).ok()?;
     let value = serde_json::from_str::<serde_json::Value>(&text).ok();
     let pid = value
@@ -110,8 +130,8 @@ pub fn remove_if_orphaned(mountpoint: &Path) -> Option<Counters> {
 
 /// The pid of the daemon serving `mountpoint`, from its stats file at the default path, if it
 /// runs.
-pub fn daemon_pid(mountpoint: &Path) -> Option<i64> {
-    let text = std::fs::read_to_string(default_path(mountpoint)).ok()?;
+pub fn daemon_pid(mountpoint: &Path, device: &str) -> Option<i64> {
+    let text = std::fs::read_to_string(default_path(mountpoint, device)).ok()?;
     let value = serde_json::from_str::<serde_json::Value>(&text).ok()?;
     let pid = value.get("pid")?.as_i64()?;
     (pid > 0 && alive(pid)).then_some(pid)

@@ -105,7 +105,7 @@ fn status_of(m: &MountEntry) -> MountStatus {
     // The stats file first: a live daemon's mount is not touched (a statfs of a mount whose
     // daemon is stuck would hang the status command).
     let owner = m.fuse_owner().unwrap_or(0);
-    let candidates = stats::candidate_paths(&m.mount_point, owner);
+    let candidates = stats::candidate_paths(&m.mount_point, &m.device, owner);
     status.hints = candidates
         .iter()
         .map(|p| super::hints::socket_beside(p))

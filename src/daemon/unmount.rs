@@ -69,8 +69,8 @@ pub enum UnmountError {
 /// first. Other mounts are refused. The stats file and hints socket a daemon that died left are
 /// removed.
 pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, UnmountError> {
-    let abs = checked_mount(path, any_fuse)?;
-    let daemon = super::stats::daemon_pid(&abs);
+    let (abs, device) = checked_mount(path, any_fuse)?;
+    let daemon = super::stats::daemon_pid(&abs, &device);
     let done = if nix::unistd::geteuid().is_root() {
         unmount_as_root(&abs, lazy)
     } else {
@@ -80,10 +80,10 @@ pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, Unm
     // released): a mount of the same stage right after would find it held. A detached mount's
     // daemon ends only once its open files close: not waited for.
     if let (Unmounted::Now, Some(pid)) = (done, daemon) {
-        wait_for_exit(pid, &abs);
+        wait_for_exit(pid, &abs, &device);
     }
-    let orphaned = super::stats::remove_if_orphaned(&abs);
-    super::hints::remove_if_orphaned(&abs);
+    let orphaned = super::stats::remove_if_orphaned(&abs, &device);
+    super::hints::remove_if_orphaned(&abs, &device);
     // A killed daemon's --stage-in copy (in /dev/shm: RAM) would stay until the dataset is
     // mounted on the node again.
     if let Some(counters) = orphaned.filter(|c| c.about.stage_goes)
@@ -108,16 +108,30 @@ pub fn unmount(path: &Path, lazy: bool, any_fuse: bool) -> Result<Unmounted, Unm
 const EXIT_PATIENCE: Duration = Duration::from_secs(60);
 const EXIT_SAID: Duration = Duration::from_secs(2);
 
-/// Waits until process `pid` (the daemon of `mountpoint`) has ended, saying so if it takes long.
-fn wait_for_exit(pid: i64, mountpoint: &Path) {
+/// Waits until process `pid` (the daemon of `mountpoint`, on `device`) has ended, saying so if
+/// it takes long. A daemon whose mount was copied into other mount namespaces while it was
+/// mounted (a container, `unshare -m`) goes on serving the copies after the unmount here, for as
+/// long as they last: once it has had `EXIT_SAID` to finish, it is told to stop (SIGTERM) and
+/// the user is told who held it, so an unmount ends the daemon's service everywhere.
+fn wait_for_exit(pid: i64, mountpoint: &Path, device: &str) {
     let started = Instant::now();
     let mut said = false;
+    let mut stopped = false;
     while super::stats::alive(pid) {
         let waited = started.elapsed();
+        if waited >= EXIT_SAID && !stopped {
+            stopped = true;
+            let copies = mounts::copies_elsewhere(device);
+            if !copies.is_empty() {
+                stop_serving_copies(pid, mountpoint, &copies);
+                continue;
+            }
+        }
         if waited >= EXIT_PATIENCE {
             warn!(
                 "the daemon of {} (pid {pid}) still runs {}s after its unmount; its stage may \
-                 stay locked until it ends",
+                 stay locked until it ends. If a copy of the mount lives on in a mount namespace \
+                 this user cannot look into (another user's container), `kill {pid}` ends it",
                 mountpoint.display(),
                 waited.as_secs()
             );
@@ -135,10 +149,31 @@ fn wait_for_exit(pid: i64, mountpoint: &Path) {
     }
 }
 
+/// Tells the daemon `pid` to stop (it unmounts what it can and ends; the copies then fail
+/// with "Transport endpoint is not connected"), saying which processes held copies.
+fn stop_serving_copies(pid: i64, mountpoint: &Path, copies: &[(i32, PathBuf)]) {
+    let held: Vec<String> = copies
+        .iter()
+        .take(8)
+        .map(|(p, at)| format!("pid {p} at {}", at.display()))
+        .collect();
+    eprintln!(
+        "packfs: the daemon of {} (pid {pid}) still served copies of the mount in {} other mount \
+         namespace(s) ({}{}: a container or `unshare -m` started while it was mounted); stopping \
+         it, so those copies end too",
+        mountpoint.display(),
+        copies.len(),
+        held.join(", "),
+        if copies.len() > 8 { ", ..." } else { "" }
+    );
+    // SAFETY: a plain signal to a process of this user's (or root's) that `alive` just saw.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+}
+
 /// Unmounts the packfs mount at `path` only if nothing uses it (no open file, no working
 /// directory under it): false if it is busy. For `--idle-timeout`.
 pub fn unmount_if_unused(path: &Path) -> Result<bool, UnmountError> {
-    let abs = checked_mount(path, false)?;
+    let (abs, _) = checked_mount(path, false)?;
     if nix::unistd::geteuid().is_root() {
         return match umount2(&abs, MntFlags::empty()) {
             Ok(()) => Ok(true),
@@ -156,8 +191,8 @@ pub fn unmount_if_unused(path: &Path) -> Result<bool, UnmountError> {
 }
 
 /// The absolute path of `path` if it is a packfs mount (any FUSE mount with `any_fuse`) that
-/// this user may unmount.
-fn checked_mount(path: &Path, any_fuse: bool) -> Result<PathBuf, UnmountError> {
+/// this user may unmount, and its device.
+fn checked_mount(path: &Path, any_fuse: bool) -> Result<(PathBuf, String), UnmountError> {
     let abs = mounts::absolute(path).map_err(|error| UnmountError::Resolve {
         path: path.to_path_buf(),
         error,
@@ -190,7 +225,7 @@ fn checked_mount(path: &Path, any_fuse: bool) -> Result<PathBuf, UnmountError> {
             owner: user_name(owner),
         });
     }
-    Ok(abs)
+    Ok((abs, entry.device))
 }
 
 /// `name (uid N)`, or `uid N` for a uid without a name.

@@ -45,10 +45,11 @@ const MAX_STREAM: usize = 256;
 /// between messages a connection may stay quiet for as long as it likes.
 const STALL: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Where the hints socket of `mountpoint` is: the stats file's path with `.sock`, or, when that
-/// is longer than a socket address holds, the hash alone in the same directory.
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    socket_beside(&super::stats::default_path(mountpoint))
+/// Where the hints socket of the mount at `mountpoint` on `device` is: the stats file's path
+/// with `.sock`, or, when that is longer than a socket address holds, the hash and device alone
+/// in the same directory.
+pub fn socket_path(mountpoint: &Path, device: &str) -> PathBuf {
+    socket_beside(&super::stats::default_path(mountpoint, device))
 }
 
 /// The hints socket of the mount whose stats file is `stats_file` (a default path).
@@ -58,11 +59,13 @@ pub fn socket_beside(stats_file: &Path) -> PathBuf {
         return beside;
     }
     let name = beside.file_name().map(|n| n.to_string_lossy().into_owned());
-    let hash = name
-        .as_deref()
-        .and_then(|n| n.rsplit('.').nth(1))
-        .unwrap_or("hints");
-    beside.with_file_name(format!("{hash}.sock"))
+    // NAME.HASH.DEVICE.sock: the hash and the device.
+    let mut parts = name.as_deref().unwrap_or("").rsplit('.').skip(1);
+    let (device, hash) = (parts.next(), parts.next());
+    match (hash, device) {
+        (Some(hash), Some(device)) => beside.with_file_name(format!("{hash}.{device}.sock")),
+        _ => beside.with_file_name("hints.sock"),
+    }
 }
 
 /// The listening socket; removed when dropped.
@@ -100,12 +103,13 @@ impl HintsSocket {
     /// daemon's and the one the mount serves; the socket is given to the latter).
     pub fn start(
         mountpoint: &Path,
+        device: &str,
         catalog: Arc<Catalog>,
         lookahead: Arc<Lookahead>,
         memory: Arc<MemoryBudget>,
         serves: u32,
     ) -> Result<HintsSocket, HintsError> {
-        let path = socket_path(mountpoint);
+        let path = socket_path(mountpoint, device);
         clear_stale(&path)?;
         let listener = UnixListener::bind(&path).map_err(|error| HintsError::Bind {
             path: path.clone(),
@@ -177,8 +181,8 @@ impl Drop for HintsSocket {
 
 /// Removes the socket a daemon that died left for `mountpoint`, as its stats file is removed at
 /// unmount (`stats::remove_if_orphaned`): one a daemon listens on, or anything not a socket, stays.
-pub fn remove_if_orphaned(mountpoint: &Path) {
-    let _ = clear_stale(&socket_path(mountpoint));
+pub fn remove_if_orphaned(mountpoint: &Path, device: &str) {
+    let _ = clear_stale(&socket_path(mountpoint, device));
 }
 
 /// Removes a socket a dead daemon left at `path`; anything else there is refused.
