@@ -143,9 +143,12 @@ fn ordinary_user_mounts_reads_and_unmounts() {
 
     // The daemon dies; the user cleans the stale mount (and the stats file the daemon left) and
     // mounts again.
+    // Named by the mount point and the mount's device (one per daemon).
+    let device = packfs::daemon::mounts::packfs_device(&mnt).expect("mounted");
     let stats = Path::new("/tmp/packfs-65534").join(format!(
-        "mnt.{:016x}.json",
-        xxhash_rust::xxh3::xxh3_64(mnt_s.as_bytes())
+        "mnt.{:016x}.{}.json",
+        xxhash_rust::xxh3::xxh3_64(mnt_s.as_bytes()),
+        device.replace(':', "-")
     ));
     let start = std::time::Instant::now();
     while !stats.exists() && start.elapsed() < Duration::from_secs(5) {

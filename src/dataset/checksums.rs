@@ -209,7 +209,7 @@ mod tests {
             .unwrap();
         assert!(made.success());
         let stores = Stores::default();
-        let location = ImageLocation::new(&tar);
+        let location = ImageLocation::from_arg(&tar).unwrap();
         let mut scanned = vec![crate::dataset::scan_image(&location, &stores).unwrap()];
         let files = scanned[0]
             .members
