@@ -349,6 +349,54 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     assert_eq!(c["errors"], 0, "{c}");
 }
 
+/// A node of the job whose staged copy changed after its own check serves wrong ranges. Files
+/// with a CRC-32 in the index (here `packfs index --checksums`) catch them: the asking node stops
+/// asking that node, reads its share from the source, and every byte is right with no error
+/// (the reads failed with EIO, where docs/semantics.md promised the source).
+#[test]
+fn a_peer_whose_bytes_fail_the_index_checksums_costs_source_reads_not_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (images, files) = images(dir.path());
+    let index = dir.path().join("data.packfs-index");
+    run(packfs()
+        .args(["index", "--checksums", "-q", "-o"])
+        .arg(&index)
+        .args(&images));
+    let job = secret(dir.path(), "job", "a-secret-of-this-job-only\n");
+    let (pa, pb) = (free_port(), free_port());
+    let peers = format!("127.0.0.1:{pa},127.0.0.1:{pb}");
+    let indexed = [index.clone()];
+    let a = node(dir.path(), "a", &indexed, "0/2", &peers, &job);
+    let b = node(dir.path(), "b", &indexed, "1/2", &peers, &job);
+    staged(&a);
+    staged(&b);
+    // Every chunk of b's read back once (b checks each on its first read back), then b's disk
+    // changes under it: b trusts what it checked, and sends the changed bytes.
+    read_all(&a, &files);
+    let damaged = fs::read_dir(dir.path().join("stage-b"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "data"))
+        .unwrap();
+    let mut bytes_now = fs::read(&damaged).unwrap();
+    for byte in bytes_now.iter_mut().step_by(4096) {
+        *byte ^= 0xff;
+    }
+    fs::write(&damaged, &bytes_now).unwrap();
+    drop(a);
+    let a = node(dir.path(), "a", &indexed, "0/2", &peers, &job);
+    read_all(&a, &files);
+    let c = fresh(&a);
+    eprintln!("a lying peer: {}", c["peers"]);
+    assert_eq!(c["errors"], 0, "{c}");
+    assert!(
+        c["peers"]["fallbacks"]["mismatch"].as_u64().unwrap() >= 1,
+        "{c}"
+    );
+    assert!(c["peers"]["source_bytes"].as_u64().unwrap() > 0, "{c}");
+    drop(b);
+}
+
 /// Nodes a (share 0/2) and b (1/2, with `b_extra`) of one job on this machine, and the files.
 fn two_nodes(dir: &Path, b_extra: &[&str]) -> (Vec<(String, Vec<u8>)>, Node, Node) {
     let (images, files) = images(dir);

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::xxh3_64;
@@ -52,6 +52,8 @@ pub struct PeerLink {
     counters: Arc<PeerTierCounters>,
     /// Per node: until when (ms since `epoch`) it is left alone after failing to answer.
     resting_until: Vec<AtomicU64>,
+    /// Per node: its bytes failed the index's checksums; never asked again by this mount.
+    distrusted: Vec<AtomicBool>,
     epoch: Instant,
 }
 
@@ -83,6 +85,7 @@ impl PeerLink {
                 .build(),
         );
         let resting_until = (0..nodes.0.len()).map(|_| AtomicU64::new(0)).collect();
+        let distrusted = (0..nodes.0.len()).map(|_| AtomicBool::new(false)).collect();
         PeerLink {
             agent,
             nodes,
@@ -92,6 +95,7 @@ impl PeerLink {
             chunk_size,
             counters,
             resting_until,
+            distrusted,
             epoch: Instant::now(),
         }
     }
@@ -123,6 +127,9 @@ impl PeerLink {
     /// checked; why not, otherwise.
     fn fetch(&self, share: u32, piece: Piece, buf: &mut [u8]) -> Result<(), Fallback> {
         let node = self.nodes.of(share).ok_or(Fallback::Other)?;
+        if self.distrusted[share as usize].load(Ordering::Relaxed) {
+            return Err(Fallback::Mismatch);
+        }
         let now_ms = self.epoch.elapsed().as_millis() as u64;
         let rest = &self.resting_until[share as usize];
         if rest.load(Ordering::Relaxed) > now_ms {
@@ -147,6 +154,22 @@ impl PeerLink {
             }
         }
         got
+    }
+
+    /// Stops asking the node of `share`: bytes it gave failed the index's checksums (a node of
+    /// the job whose staged copy changed after its own check, or one that lies). Said once.
+    fn distrust(&self, share: u32) {
+        let Some(flag) = self.distrusted.get(share as usize) else {
+            return;
+        };
+        if !flag.swap(true, Ordering::Relaxed) {
+            self.counters.fell_back(Fallback::Mismatch);
+            tracing::warn!(
+                "node {} (share {share}) gave bytes that fail the index's checksums: this mount \
+                 reads its share from the source from now on",
+                self.nodes.of(share).unwrap_or("?")
+            );
+        }
     }
 
     fn ask(&self, node: &str, piece: Piece, buf: &mut [u8]) -> Result<(), Fallback> {
@@ -274,7 +297,10 @@ impl PeerFirst {
                 chunk_len,
             };
             if let Err(why) = self.link.fetch(self.share, piece, &mut buf[at..at + len]) {
-                self.link.counters.fell_back(why);
+                // A node no longer trusted is not asked, and not counted again.
+                if !self.link.distrusted[self.share as usize].load(Ordering::Relaxed) {
+                    self.link.counters.fell_back(why);
+                }
                 return at;
             }
             at += len;
@@ -308,5 +334,10 @@ impl ReadAt for PeerFirst {
 
     fn current(&self) -> Option<io::Result<Stamp>> {
         self.inner.current()
+    }
+
+    fn distrust(&self) -> bool {
+        self.link.distrust(self.share);
+        true
     }
 }

@@ -87,6 +87,13 @@ pub trait ReadAt: Send + Sync {
     /// Hints that `len` bytes at `offset` will be read soon; the default does nothing.
     fn will_need(&self, _offset: u64, _len: u64) {}
 
+    /// Stops trusting whatever gives the image's bytes besides its own source (another node of
+    /// the job), once bytes read through it failed the index's checksum: true if there was such
+    /// a giver, so that a read again now comes from the source. The default has none.
+    fn distrust(&self) -> bool {
+        false
+    }
+
     /// The descriptor of a plain file whose bytes at an offset are the image's at that offset,
     /// for replies spliced from it (`tiers::FileRange`); `None` for anything else (memory, stores,
     /// wrappers that change or count what is read).

@@ -428,6 +428,14 @@ impl OpenedImages {
         true
     }
 
+    /// Stops reading `image` from anything but its source (`ReadAt::distrust`): true if its
+    /// bytes came from elsewhere (another node of the job) and a read again comes from the
+    /// source.
+    pub fn distrust(&self, image: u32) -> bool {
+        let (image, _) = self.resolve(image, 0);
+        self.data(image).is_ok_and(|data| data.distrust())
+    }
+
     /// Hints that `len` bytes at `offset` of `image` will be read soon (the kernel reads ahead).
     pub fn will_need(&self, image: u32, offset: u64, len: u64) {
         let (image, offset) = self.resolve(image, offset);
