@@ -294,16 +294,7 @@ fn a_node_reads_the_other_share_from_its_peer_and_falls_back_on_any_failure() {
     // Node b's disk changed after its check (it then trusts the chunks, as its own reads do).
     // A whole chunk goes with the source's record: node a, reading in whole chunks, catches the
     // damage end to end, counts it, and reads the source instead.
-    let damaged = fs::read_dir(dir.path().join("stage-b"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "data"))
-        .unwrap();
-    let mut bytes_now = fs::read(&damaged).unwrap();
-    for b in bytes_now.iter_mut().step_by(4096) {
-        *b ^= 0xff;
-    }
-    fs::write(&damaged, &bytes_now).unwrap();
+    damage_stage(&dir.path().join("stage-b"));
     drop(a);
     let whole = ["--ram-chunks", "true"];
     let a = node_with(dir.path(), "a", &images, "0/2", &peers, &job, &whole);
@@ -373,16 +364,7 @@ fn a_peer_whose_bytes_fail_the_index_checksums_costs_source_reads_not_errors() {
     // Every chunk of b's read back once (b checks each on its first read back), then b's disk
     // changes under it: b trusts what it checked, and sends the changed bytes.
     read_all(&a, &files);
-    let damaged = fs::read_dir(dir.path().join("stage-b"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "data"))
-        .unwrap();
-    let mut bytes_now = fs::read(&damaged).unwrap();
-    for byte in bytes_now.iter_mut().step_by(4096) {
-        *byte ^= 0xff;
-    }
-    fs::write(&damaged, &bytes_now).unwrap();
+    damage_stage(&dir.path().join("stage-b"));
     drop(a);
     let a = node(dir.path(), "a", &indexed, "0/2", &peers, &job);
     read_all(&a, &files);
@@ -395,6 +377,20 @@ fn a_peer_whose_bytes_fail_the_index_checksums_costs_source_reads_not_errors() {
     );
     assert!(c["peers"]["source_bytes"].as_u64().unwrap() > 0, "{c}");
     drop(b);
+}
+
+/// Changes a node's staged copy under it: a byte in every 4 KiB of its first image's data.
+fn damage_stage(stage: &Path) {
+    let damaged = fs::read_dir(stage)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "data"))
+        .unwrap();
+    let mut bytes_now = fs::read(&damaged).unwrap();
+    for byte in bytes_now.iter_mut().step_by(4096) {
+        *byte ^= 0xff;
+    }
+    fs::write(&damaged, &bytes_now).unwrap();
 }
 
 /// Nodes a (share 0/2) and b (1/2, with `b_extra`) of one job on this machine, and the files.
