@@ -927,10 +927,70 @@ fn a_stranger_on_the_node_or_the_wire_reads_nothing_and_denies_nothing() {
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
     assert!(warnings.len() <= 1, "{log}");
     assert!(!log.contains("refused"), "{log}");
+    // The one line, read as a sentence (its continuation lines once came as runs of spaces).
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.contains("to make room") && !w.contains("    ")),
+        "{log}"
+    );
     let text = run(packfs().arg("status").arg(&b.mount.dir));
     assert!(
         text.contains("replay") && text.contains("closed before a signed request"),
         "{text}"
+    );
+}
+
+/// A node of the job whose clock is off (its requests signed with the job's secret, an hour
+/// old) is refused as stale, counted every time, and said once in the log, in a line that reads
+/// as one sentence (its continuation lines once came as runs of spaces).
+#[test]
+fn a_job_node_off_the_clock_is_said_once_in_one_readable_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (images, _) = images(dir.path());
+    let job = secret(dir.path(), "job", "a-secret-of-this-job-only\n");
+    let (pa, pb) = (free_port(), free_port());
+    let peers = format!("127.0.0.1:{pa},127.0.0.1:{pb}");
+    let b_log = dir.path().join("b.log");
+    let b = node_with(
+        dir.path(),
+        "b",
+        &images,
+        "1/2",
+        &peers,
+        &job,
+        &["--log-file", b_log.to_str().unwrap()],
+    );
+    let key = packfs::peers::auth::Secret::load(&job).unwrap();
+    let host = format!("127.0.0.1:{pb}");
+    for _ in 0..3 {
+        let nonce = packfs::peers::auth::new_nonce();
+        let what = packfs::peers::server::signed_part("/v2/x/0/0", None);
+        let time = now_secs() - 3600;
+        let signature = key.sign_request(&packfs::peers::auth::SignedRequest {
+            host: &host,
+            what: &what,
+            time,
+            nonce: &nonce,
+        });
+        let request = format!(
+            "GET /v2/x/0/0 HTTP/1.1\r\nHost: {host}\r\nx-packfs-time: {time}\r\n\
+             x-packfs-nonce: {nonce}\r\nx-packfs-signature: {signature}\r\n\r\n"
+        );
+        let head = ask_once(pb, request.as_bytes());
+        assert!(head.contains("x-packfs-why: stale"), "{head}");
+    }
+    assert_eq!(fresh(&b)["peers"]["refusals"]["stale"], 3);
+    let log = fs::read_to_string(&b_log).unwrap();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("off this node's clock"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains("(more than 60 s)") && !said[0].contains("    "),
+        "{}",
+        said[0]
     );
 }
 

@@ -147,7 +147,9 @@ async fn serve(
         ctx.counters.evicted.fetch_add(evicted, Ordering::Relaxed);
         if evicted > 0 && !ctx.said_evicting.swap(true, Ordering::Relaxed) {
             warn!(
-                "the peer server is closing connections that sent no signed request, to make                  room (the newest from {}): someone who is not of this job is opening many;                  the job's nodes keep theirs (counted in packfs status)",
+                "the peer server is closing connections that sent no signed request, to make \
+                 room (the newest from {}): someone who is not of this job is opening many; \
+                 the job's nodes keep theirs (counted in packfs status)",
                 from.ip()
             );
         }
@@ -280,7 +282,9 @@ async fn answer(
             // once; counted always.
             if !ctx.said_stale.swap(true, Ordering::Relaxed) {
                 warn!(
-                    "refused a peer request signed {skew} s off this node's clock (more than                      60 s): check the job's nodes' clocks (NTP); further ones are counted in                      packfs status (peers.refusals.stale)"
+                    "refused a peer request signed {skew} s off this node's clock (more than \
+                     60 s): check the job's nodes' clocks (NTP); further ones are counted in \
+                     packfs status (peers.refusals.stale)"
                 );
             }
             return refuse(Refusal::Stale, StatusCode::FORBIDDEN, true);
