@@ -331,43 +331,49 @@ async fn answer(
         },
         None => None,
     };
-    let stage = ctx.stage.clone();
     let whole = range.is_none();
+    // Read and sealed in the blocking pool: sealing a chunk takes a fraction of a millisecond,
+    // which on the server's one thread would hold every other connection and accept.
+    let sealer = ctx.clone();
     let read = tokio::task::spawn_blocking(move || {
         let mut buf = Vec::new();
-        stage
-            .chunk_for_peer(image, chunk, range, &mut buf)
-            .map(|got| (got, buf))
+        let record = match sealer.stage.chunk_for_peer(image, chunk, range, &mut buf)? {
+            ForPeer::Checked { record } => record,
+            refused => return Ok(Err(refused)),
+        };
+        // A whole chunk goes with the source's record of it: the asker checks the bytes
+        // against the source end to end. A range is covered by the seal alone.
+        let sum = if whole { record } else { 0 };
+        let len = buf.len() as u64;
+        let salt = sealer
+            .secret
+            .seal_answer(&signed.signature, &signed.nonce, sum, &mut buf);
+        std::io::Result::Ok(Ok((sum, len, salt, buf)))
     })
     .await;
     let answer = match read {
-        Ok(Ok((ForPeer::Checked { record }, mut bytes))) => {
-            // A whole chunk goes with the source's record of it: the asker checks the bytes
-            // against the source end to end. A range is covered by the seal alone.
-            let (status, sum) = match whole {
-                true => (StatusCode::OK, record),
-                false => (StatusCode::PARTIAL_CONTENT, 0),
+        Ok(Ok(Ok((sum, len, salt, sealed)))) => {
+            let status = match whole {
+                true => StatusCode::OK,
+                false => StatusCode::PARTIAL_CONTENT,
             };
-            let len = bytes.len() as u64;
-            let salt = ctx
-                .secret
-                .seal_answer(&signed.signature, &signed.nonce, sum, &mut bytes);
             ctx.counters.served_chunks.fetch_add(1, Ordering::Relaxed);
             ctx.counters.served_bytes.fetch_add(len, Ordering::Relaxed);
             Response::builder()
                 .status(status)
                 .header("x-packfs-xxh3", format!("{sum:016x}"))
                 .header("x-packfs-salt", salt)
-                .body(Full::new(Bytes::from(bytes)))
+                .body(Full::new(Bytes::from(sealed)))
                 .expect("a valid response")
         }
-        Ok(Ok((ForPeer::NotStaged, _))) => {
-            ctx.counters.not_staged.fetch_add(1, Ordering::Relaxed);
-            refusal(StatusCode::NOT_FOUND, "not-staged", false)
-        }
-        Ok(Ok((ForPeer::Damaged, _))) => {
+        Ok(Ok(Err(ForPeer::Damaged))) => {
             ctx.counters.damaged.fetch_add(1, Ordering::Relaxed);
             refusal(StatusCode::INTERNAL_SERVER_ERROR, "damaged", false)
+        }
+        // `Checked` never comes here: it is sealed and answered above.
+        Ok(Ok(Err(ForPeer::NotStaged | ForPeer::Checked { .. }))) => {
+            ctx.counters.not_staged.fetch_add(1, Ordering::Relaxed);
+            refusal(StatusCode::NOT_FOUND, "not-staged", false)
         }
         Ok(Err(e)) => {
             warn!("a peer asked for chunk {chunk} of image {image}: {e}");
