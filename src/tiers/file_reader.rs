@@ -375,24 +375,17 @@ impl FileReader {
                 )),
             };
         }
-        let mut hasher = crc32fast::Hasher::new();
-        CHECK_BUF.with_borrow_mut(|piece| -> Result<(), ReadError> {
-            let mut done = 0;
-            while done < member.len {
-                let n = (member.len - done).min(CHECK_PIECE) as usize;
-                piece.resize(n, 0);
-                let at = member.at + done;
-                self.images
-                    .read_exact_at(req, image, at, piece, Fetch::Exact)
-                    .map_err(failed(at))?;
-                hasher.update(piece);
-                done += n as u64;
-            }
-            Ok(())
+        let mut got = crc_in_pieces(member, |at, piece| {
+            self.images
+                .read_exact_at(req, image, at, piece, Fetch::Exact)
         })?;
-        let mut got = hasher.finalize();
+        // Bytes another node gave: from the image's own source again.
         if got != member.crc && self.images.source().distrust(image) {
-            got = self.crc_from_source(image, member)?;
+            got = crc_in_pieces(member, |at, piece| {
+                self.images
+                    .source()
+                    .read_exact_at(image, at, piece, Wait::May)
+            })?;
         }
         let outcome = if got == member.crc {
             Ok(())
@@ -419,25 +412,6 @@ impl FileReader {
             .read_exact_at(image, at, buf, Wait::May)
             .map_err(failed(at))?;
         Ok(true)
-    }
-
-    /// The CRC-32 of `member` of `image` read from its own source, in pieces (`check_whole`'s
-    /// again, once another node's bytes failed it).
-    fn crc_from_source(&self, image: u32, member: WholeCrc) -> Result<u32, ReadError> {
-        let mut hasher = crc32fast::Hasher::new();
-        let mut piece = vec![0u8; CHECK_PIECE.min(member.len) as usize];
-        let mut done = 0;
-        while done < member.len {
-            let n = (member.len - done).min(CHECK_PIECE) as usize;
-            let at = member.at + done;
-            self.images
-                .source()
-                .read_exact_at(image, at, &mut piece[..n], Wait::May)
-                .map_err(failed(at))?;
-            hasher.update(&piece[..n]);
-            done += n as u64;
-        }
-        Ok(hasher.finalize())
     }
 
     /// Remembers the outcome of a check, and turns a failed one into this read's error. A
@@ -493,6 +467,27 @@ impl FileReader {
         }
         Ok(block)
     }
+}
+
+/// The CRC-32 of `member`, its bytes read by `read` `CHECK_PIECE` at a time into this thread's
+/// buffer (no more memory than one piece).
+fn crc_in_pieces(
+    member: WholeCrc,
+    mut read: impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+) -> Result<u32, ReadError> {
+    let mut hasher = crc32fast::Hasher::new();
+    CHECK_BUF.with_borrow_mut(|piece| {
+        let mut done = 0;
+        while done < member.len {
+            let n = (member.len - done).min(CHECK_PIECE) as usize;
+            piece.resize(n, 0);
+            let at = member.at + done;
+            read(at, piece).map_err(failed(at))?;
+            hasher.update(piece);
+            done += n as u64;
+        }
+        Ok(hasher.finalize())
+    })
 }
 
 /// `n` bytes of `buf` from `at`, to be overwritten: the buffer grows (with zeros) only past what

@@ -72,51 +72,51 @@ impl Codec {
         limit: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
-        out.clear();
-        out.reserve_exact(limit.saturating_add(1));
-        let failed = |e: &dyn std::fmt::Display| format!("{} data is corrupt: {e}", self.name());
         // Pieces of 1 MiB from the image (a read each), as the decoder needs them.
         let input = io::BufReader::with_capacity(STREAM_PIECE, input.take(len));
-        match self {
-            Codec::Xz => xz::decompress_from(input, limit, out).map_err(|e| failed(&e))?,
+        self.within_limit(limit, out, |out| match self {
+            Codec::Xz => xz::decompress_from(input, limit, out),
             Codec::XzBlock { check, pad } => {
                 xz::decompress_block_from(input, len, check, pad, limit, out)
-                    .map_err(|e| failed(&e))?
             }
-            _ => return Err(format!("{} pieces are decoded whole", self.name())),
-        }
-        if out.len() > limit {
-            return Err(failed(&format!("it decodes to more than {limit} bytes")));
-        }
-        Ok(())
+            _ => Err(io::Error::other("its pieces are decoded whole")),
+        })
     }
 
     /// Decodes one whole compressed block into `out` (replacing its content). A block that
     /// decodes to more than `limit` bytes is corrupt. The error is a sentence naming the codec.
     pub fn decompress(self, input: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        self.within_limit(limit, out, |out| match self {
+            Codec::Zstd => zstd::decompress(input, out),
+            Codec::Zlib | Codec::Deflate => {
+                deflate::decompress(input, self == Codec::Zlib, limit, out)
+                    .map_err(io::Error::other)
+            }
+            Codec::Lz4 => lz4::decompress(input, limit, out).map_err(io::Error::other),
+            Codec::Xz => xz::decompress(input, limit, out),
+            Codec::XzBlock { check, pad } => xz::decompress_block(input, check, pad, limit, out),
+            Codec::Bzip2Block {
+                shift,
+                unused,
+                level,
+            } => bzip2::decompress_block(input, shift, unused, level, limit, out),
+        })
+    }
+
+    /// Runs `decode` into `out` (emptied, with room for the limit), and says what went wrong as
+    /// a sentence naming the codec: its error, or more than `limit` bytes.
+    fn within_limit<E: std::fmt::Display>(
+        self,
+        limit: usize,
+        out: &mut Vec<u8>,
+        decode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), String> {
         out.clear();
         // The byte past the limit too: the decoders read one more to see an oversized piece,
         // and a full vector would double (a 16 MiB limit made a 32 MiB buffer).
         out.reserve_exact(limit.saturating_add(1));
         let failed = |e: &dyn std::fmt::Display| format!("{} data is corrupt: {e}", self.name());
-        match self {
-            Codec::Zstd => zstd::decompress(input, out).map_err(|e| failed(&e))?,
-            Codec::Zlib | Codec::Deflate => {
-                deflate::decompress(input, self == Codec::Zlib, limit, out)
-                    .map_err(|e| failed(&e))?
-            }
-            Codec::Lz4 => lz4::decompress(input, limit, out).map_err(|e| failed(&e))?,
-            Codec::Xz => xz::decompress(input, limit, out).map_err(|e| failed(&e))?,
-            Codec::XzBlock { check, pad } => {
-                xz::decompress_block(input, check, pad, limit, out).map_err(|e| failed(&e))?
-            }
-            Codec::Bzip2Block {
-                shift,
-                unused,
-                level,
-            } => bzip2::decompress_block(input, shift, unused, level, limit, out)
-                .map_err(|e| failed(&e))?,
-        }
+        decode(out).map_err(|e| failed(&e))?;
         if out.len() > limit {
             return Err(failed(&format!("it decodes to more than {limit} bytes")));
         }
