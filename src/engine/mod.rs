@@ -138,7 +138,8 @@ impl Engine {
         page_cache: Option<PageCacheProbe>,
     ) -> Result<Engine, EngineError> {
         let mut source = match opts.reopened {
-            true => tiers::OpenedImages::open_each(catalog.images(), &stores),
+            true => tiers::OpenedImages::open_each(catalog.images(), &stores)
+                .map_err(|error| OpenError::Source { error, stale: None })?,
             false => tiers::open_source(&catalog, &stores)?,
         };
         let link = match &opts.peers {

@@ -112,8 +112,10 @@ impl OpenedImages {
     /// serve. For a process that opens a dataset another one already serves (a forked or
     /// spawned DataLoader worker), so that an image changed under the job costs that image's
     /// files in the worker, as it does in the first process (which finds it rewritten).
-    pub fn open_each(images: &[ImageInfo], stores: &Stores) -> OpenedImages {
-        OpenedImages::open_as(images, stores, true).expect("each image's failure is its own")
+    /// A catalog that lists an inner archive before its outer image still fails the whole (the
+    /// index refuses such a list already).
+    pub fn open_each(images: &[ImageInfo], stores: &Stores) -> Result<OpenedImages, SourceError> {
+        OpenedImages::open_as(images, stores, true)
     }
 
     fn open_as(
